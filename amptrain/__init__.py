@@ -1,0 +1,8 @@
+"""amptrain: fast, safe and measurable mixed-precision training for PyTorch."""
+from __future__ import annotations
+
+__version__ = "0.1.0"
+
+from .precision import Precision  # noqa: E402
+
+__all__ = ["Precision", "__version__"]

@@ -1,0 +1,196 @@
+"""Global batches, split into per-device micro-batches: the data order contract.
+
+The samples that form each optimizer step depend only on the seed, the epoch and the
+global batch size. Micro-batch size, accumulation and world size only decide how a
+global batch is cut up, so a 4-way accumulated run, a 2-process DDP run and a plain
+run see exactly the same samples in the same steps.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any, Iterator, Sequence
+
+import torch
+from torch.utils.data import DataLoader, Dataset
+
+
+@dataclass(frozen=True)
+class WindowPlan:
+    """One optimizer step for one rank: its micro-batches and the global sample count."""
+
+    micro_indices: list[list[int]]
+    global_samples: int
+
+
+@dataclass
+class Window:
+    """Materialised micro-batches of one optimizer step, already on the device."""
+
+    micro_batches: list[Any]
+    micro_samples: list[int]
+    global_samples: int
+
+
+class GlobalBatchPlan:
+    """Shuffle, cut into global batches, shard across ranks, cut into micro-batches.
+
+    The final global batch of an epoch may be smaller; it is shared across ranks as
+    evenly as possible, and dropped only when it has fewer samples than processes.
+    """
+
+    def __init__(self, num_samples: int, global_batch: int, micro_batch: int, *,
+                 world_size: int = 1, rank: int = 0, seed: int = 0, shuffle: bool = True,
+                 drop_last: bool = False) -> None:
+        self.num_samples = num_samples
+        self.global_batch = global_batch
+        self.micro_batch = micro_batch
+        self.world_size = world_size
+        self.rank = rank
+        self.seed = seed
+        self.shuffle = shuffle
+        self.drop_last = drop_last
+
+    def __len__(self) -> int:
+        """Optimizer steps per epoch."""
+        full, rest = divmod(self.num_samples, self.global_batch)
+        keep_rest = rest >= self.world_size and not self.drop_last
+        return full + (1 if keep_rest else 0)
+
+    def order(self, epoch: int) -> list[int]:
+        """The sample order of an epoch (same on every rank)."""
+        if not self.shuffle:
+            return list(range(self.num_samples))
+        generator = torch.Generator().manual_seed(self.seed * 1_000_003 + epoch)
+        return torch.randperm(self.num_samples, generator=generator).tolist()
+
+    def epoch(self, epoch: int, start: int = 0) -> Iterator[WindowPlan]:
+        """The rank's windows of ``epoch``, starting at window ``start`` (for resume)."""
+        order = self.order(epoch)
+        for w in range(start, len(self)):
+            batch = order[w * self.global_batch:(w + 1) * self.global_batch]
+            yield self._window(batch)
+
+    def _window(self, batch: Sequence[int]) -> WindowPlan:
+        n, world = len(batch), self.world_size
+        bounds = [r * n // world for r in range(world + 1)]
+        shard = list(batch[bounds[self.rank]:bounds[self.rank + 1]])
+        smallest = min(bounds[r + 1] - bounds[r] for r in range(world))
+        largest = max(bounds[r + 1] - bounds[r] for r in range(world))
+        # All ranks must run the same number of micro-steps (DDP syncs at the last one),
+        # and none may be empty.
+        count = min(math.ceil(largest / self.micro_batch), smallest)
+        cuts = [i * len(shard) // count for i in range(count + 1)]
+        return WindowPlan([shard[cuts[i]:cuts[i + 1]] for i in range(count)], n)
+
+
+def to_device(batch: Any, device: torch.device, non_blocking: bool = True) -> Any:
+    """Move every tensor in a (nested) batch to ``device``."""
+    if isinstance(batch, torch.Tensor):
+        return batch.to(device, non_blocking=non_blocking)
+    if isinstance(batch, (list, tuple)):
+        return type(batch)(to_device(b, device, non_blocking) for b in batch)
+    if isinstance(batch, dict):
+        return {k: to_device(v, device, non_blocking) for k, v in batch.items()}
+    if hasattr(batch, "to") and callable(batch.to):  # e.g. transformers' BatchEncoding
+        return batch.to(device)
+    return batch
+
+
+def batch_size_of(batch: Any) -> int:
+    """Number of samples in a batch: the leading dimension of its labels or first tensor."""
+    if isinstance(batch, dict):
+        for key in ("labels", "label", "y"):
+            if key in batch:
+                return int(batch[key].shape[0])
+        return int(next(v for v in batch.values() if isinstance(v, torch.Tensor)).shape[0])
+    if isinstance(batch, (list, tuple)):
+        return batch_size_of(batch[-1] if len(batch) > 1 else batch[0])
+    if isinstance(batch, torch.Tensor):
+        return int(batch.shape[0])
+    raise TypeError(f"cannot tell the batch size of a {type(batch).__name__}")
+
+
+class DatasetWindows:
+    """Windows of a map-style dataset following a :class:`GlobalBatchPlan`.
+
+    Datasets that expose ``tensors`` (see :class:`amptrain.data.TensorData`) are indexed
+    directly, on the device when they live there: no workers, no collation, no copies.
+    Others go through a DataLoader driven by the plan's micro-batches.
+    """
+
+    def __init__(self, dataset: Dataset, plan: GlobalBatchPlan, device: torch.device, *,
+                 num_workers: int = 0) -> None:
+        self.dataset = dataset
+        self.plan = plan
+        self.device = device
+        self.num_workers = num_workers
+
+    def __len__(self) -> int:
+        return len(self.plan)
+
+    def epoch(self, epoch: int, start: int = 0) -> Iterator[Window]:
+        plans = list(self.plan.epoch(epoch, start))
+        tensors = getattr(self.dataset, "tensors", None)
+        if tensors is not None:
+            yield from self._indexed(plans, tensors)
+        else:
+            yield from self._loaded(plans)
+
+    def _indexed(self, plans: list[WindowPlan], tensors: Sequence[torch.Tensor]) -> Iterator[Window]:
+        where = tensors[0].device
+        for plan in plans:
+            micro = []
+            for idx in plan.micro_indices:
+                index = torch.as_tensor(idx, device=where)
+                micro.append(to_device(tuple(t.index_select(0, index) for t in tensors), self.device))
+            yield Window(micro, [len(i) for i in plan.micro_indices], plan.global_samples)
+
+    def _loaded(self, plans: list[WindowPlan]) -> Iterator[Window]:
+        flat = [idx for plan in plans for idx in plan.micro_indices]
+        loader = DataLoader(self.dataset, batch_sampler=flat, num_workers=self.num_workers,
+                            pin_memory=self.device.type == "cuda",
+                            persistent_workers=False)
+        batches = iter(loader)
+        for plan in plans:
+            micro = [to_device(next(batches), self.device) for _ in plan.micro_indices]
+            yield Window(micro, [len(i) for i in plan.micro_indices], plan.global_samples)
+
+
+class LoaderWindows:
+    """Windows of ``accumulate`` consecutive batches of a user's DataLoader (or iterable).
+
+    The last window of an epoch may hold fewer batches; the loss is normalised by the
+    samples it really holds. Each rank is assumed to see equally sized batches.
+    """
+
+    def __init__(self, loader: Any, accumulate: int, device: torch.device,
+                 world_size: int = 1) -> None:
+        self.loader = loader
+        self.accumulate = accumulate
+        self.device = device
+        self.world_size = world_size
+
+    def __len__(self) -> int:
+        return math.ceil(len(self.loader) / self.accumulate)
+
+    def epoch(self, epoch: int, start: int = 0) -> Iterator[Window]:
+        sampler = getattr(self.loader, "sampler", None)
+        if hasattr(sampler, "set_epoch"):
+            sampler.set_epoch(epoch)
+        pending: list[Any] = []
+        index = 0
+        for batch in self.loader:
+            pending.append(batch)
+            if len(pending) == self.accumulate:
+                if index >= start:
+                    yield self._window(pending)
+                index += 1
+                pending = []
+        if pending and index >= start:
+            yield self._window(pending)
+
+    def _window(self, batches: list[Any]) -> Window:
+        micro = [to_device(b, self.device) for b in batches]
+        sizes = [batch_size_of(b) for b in micro]
+        return Window(micro, sizes, sum(sizes) * self.world_size)

@@ -1,0 +1,73 @@
+"""Optimizer and learning-rate schedule construction from a :class:`TrainConfig`."""
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import nn
+from torch.optim.lr_scheduler import LambdaLR, LRScheduler, OneCycleLR
+
+from .config import TrainConfig
+
+
+def scaled_lr(config: TrainConfig) -> float:
+    """--lr after --lr-scaling: k x batch -> k x lr (linear) or sqrt(k) x lr (sqrt)."""
+    lr = config.resolved_lr()
+    if config.lr_scaling == "none" or not config.base_batch_size:
+        return lr
+    ratio = config.batch_size / config.base_batch_size
+    return lr * (ratio if config.lr_scaling == "linear" else math.sqrt(ratio))
+
+
+def parameter_groups(model: nn.Module, weight_decay: float) -> list[dict]:
+    """Decay matrices and filters; leave biases and norm scales (1-d tensors) undecayed."""
+    decay, no_decay = [], []
+    for param in model.parameters():
+        if param.requires_grad:
+            (no_decay if param.ndim <= 1 else decay).append(param)
+    groups = [{"params": decay, "weight_decay": weight_decay}]
+    if no_decay:
+        groups.append({"params": no_decay, "weight_decay": 0.0})
+    return [g for g in groups if g["params"]]
+
+
+def _fused_ok(model: nn.Module) -> bool:
+    # Fused kernels take the loss scaler's found_inf/grad_scale, which is what lets a
+    # step skip on overflow without reading the flag on the host.
+    devices = {p.device.type for p in model.parameters()}
+    return bool(devices) and devices <= {"cuda", "cpu"} and len(devices) == 1
+
+
+def build_optimizer(config: TrainConfig, model: nn.Module) -> torch.optim.Optimizer:
+    """AdamW or SGD (momentum, Nesterov off), fused where the device supports it."""
+    lr = scaled_lr(config)
+    groups = parameter_groups(model, config.weight_decay)
+    fused = _fused_ok(model)
+    if config.optimizer == "adamw":
+        return torch.optim.AdamW(groups, lr=lr, fused=fused or None)
+    return torch.optim.SGD(groups, lr=lr, momentum=config.momentum, fused=fused or None)
+
+
+def build_scheduler(config: TrainConfig, optimizer: torch.optim.Optimizer,
+                    total_steps: int) -> LRScheduler:
+    """The per-optimizer-step schedule: linear warm-up, then none/cosine/onecycle.
+
+    The Trainer advances it only after steps that really updated the weights.
+    """
+    total_steps = max(1, total_steps)
+    warmup = min(config.warmup_steps, total_steps)
+    if config.scheduler == "onecycle":
+        pct = warmup / total_steps if warmup else 0.3
+        return OneCycleLR(optimizer, max_lr=[g["lr"] for g in optimizer.param_groups],
+                          total_steps=total_steps, pct_start=min(max(pct, 1e-3), 0.999))
+    decay = config.scheduler == "cosine"
+
+    def factor(step: int) -> float:
+        if step < warmup:
+            return (step + 1) / warmup
+        if not decay:
+            return 1.0
+        progress = min(1.0, (step - warmup) / max(1, total_steps - warmup))
+        return 0.5 * (1.0 + math.cos(math.pi * progress))
+
+    return LambdaLR(optimizer, factor)

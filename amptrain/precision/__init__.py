@@ -1,0 +1,347 @@
+"""The precision layer: every difference between precision modes lives here.
+
+:class:`Precision` wraps autocast, the gradient guard (loss scaler or non-finite skip),
+master weights and fp32 islands behind one step protocol::
+
+    prec = Precision("16-mixed")
+    model, optimizer = prec.setup(model, optimizer)
+    with prec.autocast():
+        loss = criterion(model(x), y)
+    prec.backward(loss)                              # scaled for fp16
+    prec.clip_grad_norm_(model.parameters(), 1.0)   # unscales first
+    stepped = prec.step(optimizer)                   # False when skipped (inf/NaN)
+
+The Trainer uses :meth:`Precision.step_async`, which leaves the skip flag on the device
+and lets it be read one step later, so a steady-state step never waits for the GPU.
+"""
+from __future__ import annotations
+
+import contextlib
+import logging
+from typing import Any, ContextManager, Iterable
+
+import torch
+from torch import nn
+
+from ..errors import TrainingHalted, UserError
+from .islands import ForwardPatches, install_cpu_fp16_conv, install_fp32_islands, match_modules
+from .master import MasterWeights, cast_model, modules_kept_fp32
+from .modes import (ALIASES, MODES, PRECISION_NAMES, ModeSpec, auto_mode, canonical_name,
+                    unsupported_reason)
+from .scaling import DynamicLossScaler, NonFiniteGuard
+
+__all__ = ["Precision", "StepOutcome", "NonFiniteHalt", "MODES", "PRECISION_NAMES", "ALIASES",
+           "ModeSpec", "canonical_name"]
+
+log = logging.getLogger("amptrain")
+
+
+class NonFiniteHalt(TrainingHalted):
+    """Training stopped: too many consecutive non-finite steps, or the loss scale hit its floor."""
+
+    def __init__(self, message: str, step: int | None) -> None:
+        super().__init__(message)
+        self.step = step
+
+
+class StepOutcome:
+    """Whether an optimizer step was skipped, kept on the device until someone asks.
+
+    On CUDA the flag is copied to pinned host memory without blocking; by the time the
+    Trainer reads it (one step later) the copy has landed, so the read does not stall.
+    """
+
+    __slots__ = ("found_inf", "_host", "_event")
+
+    def __init__(self, found_inf: torch.Tensor | None, host_buffer: torch.Tensor | None = None):
+        self.found_inf = found_inf
+        self._host = None
+        self._event = None
+        if found_inf is not None and found_inf.is_cuda and host_buffer is not None:
+            host_buffer.copy_(found_inf.detach().reshape(()), non_blocking=True)
+            self._event = torch.cuda.Event()
+            self._event.record()
+            self._host = host_buffer
+
+    def skipped(self) -> bool:
+        """True when the optimizer did not update the weights (reads the flag)."""
+        if self.found_inf is None:
+            return False
+        if self._event is not None:
+            self._event.synchronize()
+            return bool(self._host.item())
+        return bool(self.found_inf.item())
+
+
+class Precision:
+    """One precision mode: autocast, loss scaling, master weights and fp32 islands.
+
+    Args:
+        name: a mode from :data:`PRECISION_NAMES` (Lightning spellings accepted) or ``auto``.
+        device: where the model runs; default CUDA when available, else CPU.
+        init_scale, growth_factor, backoff_factor, growth_interval: dynamic loss-scaler
+            settings (fp16 modes only), as in ``torch.amp.GradScaler``.
+        min_scale: the loss-scale floor; reaching it stops training with advice.
+        keep_fp32: glob patterns of module names that run in fp32 inside autocast.
+        max_bad_steps: consecutive non-finite steps tolerated in modes without a scaler.
+    """
+
+    def __init__(self, name: str = "32-true", *, device: str | torch.device | None = None,
+                 init_scale: float = 65536.0, growth_factor: float = 2.0,
+                 backoff_factor: float = 0.5, growth_interval: int = 2000,
+                 min_scale: float = 1.0, keep_fp32: Iterable[str] = (),
+                 max_bad_steps: int = 10) -> None:
+        self.requested = canonical_name(name)
+        self.device = torch.device(device) if device is not None else _default_device()
+        self._scaler_options = dict(init_scale=init_scale, growth_factor=growth_factor,
+                                    backoff_factor=backoff_factor, growth_interval=growth_interval)
+        self.min_scale = min_scale
+        self.keep_fp32 = list(keep_fp32)
+        self.max_bad_steps = max_bad_steps
+        self.skipped_steps = 0
+        self.consecutive_skips = 0
+        self._first_bad_step: int | None = None
+        self._master: MasterWeights | None = None
+        self._patches = ForwardPatches()
+        self._optimizers: list[torch.optim.Optimizer] = []
+        self._grads_moved: set[int] = set()
+        self._host_flags: list[torch.Tensor] = []
+        self._flag_index = 0
+        self._select_mode()
+
+    # ------------------------------------------------------------------ mode
+    def _select_mode(self) -> None:
+        name = auto_mode(self.device) if self.requested == "auto" else self.requested
+        self.spec: ModeSpec = MODES[name]
+        reason = unsupported_reason(self.spec, self.device)
+        if reason:
+            raise UserError(reason)
+        self.guard = (DynamicLossScaler(self.device.type, **self._scaler_options,
+                                        half_grads=self.spec.half_weights
+                                        and not self.spec.master_weights)
+                      if self.spec.loss_scaling else NonFiniteGuard())
+
+    @property
+    def name(self) -> str:
+        """The mode actually used (``auto`` resolved)."""
+        return self.spec.name
+
+    # ----------------------------------------------------------------- setup
+    def setup(self, model: nn.Module, optimizer: torch.optim.Optimizer | None = None
+              ) -> tuple[nn.Module, torch.optim.Optimizer | None]:
+        """Prepare ``model`` (and ``optimizer``) for this mode; call once, before training.
+
+        Casts half-weight modes (keeping norm layers and fp32 islands in fp32), swaps fp32
+        master copies into the optimizer where the mode keeps them, installs fp32 islands,
+        and sets the TF32 switches. The model must already be on its device.
+        """
+        param = next(model.parameters(), None)
+        if param is not None and param.device.type != self.device.type:
+            self.device = param.device
+            self._select_mode()
+        islands = match_modules(model, self.keep_fp32)
+        if self.spec.half_weights:
+            kept = modules_kept_fp32(model, islands.values())
+            if self.spec.master_weights and optimizer is not None:
+                self._master = MasterWeights(model, optimizer, self.spec.param_dtype, kept)
+            else:  # no optimizer (evaluation): nothing to keep masters for
+                cast_model(model, self.spec.param_dtype, kept)
+        if optimizer is not None and self.spec.min_adam_eps is not None:
+            self._raise_adam_eps(optimizer)
+        install_fp32_islands(self._patches, islands.values(), self.device.type)
+        if self.device.type == "cpu" and self.spec.compute_dtype == torch.float16:
+            install_cpu_fp16_conv(self._patches, model, skip=set(islands.values()))
+        self._set_tf32()
+        if optimizer is not None:
+            self._optimizers.append(optimizer)
+        return model, optimizer
+
+    def _raise_adam_eps(self, optimizer: torch.optim.Optimizer) -> None:
+        floor = self.spec.min_adam_eps
+        raised = False
+        for group in optimizer.param_groups:
+            if "eps" in group and isinstance(group["eps"], float) and group["eps"] < floor:
+                group["eps"] = floor
+                raised = True
+        if raised:
+            log.info("%s keeps Adam's moments in fp16: eps raised to %g so they cannot "
+                     "divide by a flushed-to-zero second moment", self.name, floor)
+
+    def teardown(self) -> None:
+        """Remove the forward wrappers installed by :meth:`setup`."""
+        self._patches.remove()
+
+    def _set_tf32(self) -> None:
+        if self.device.type != "cuda":
+            if self.spec.tf32:
+                log.info("tf32 has no effect on %s: training as 32-true", self.device.type)
+            return
+        # Set every time: these switches are process-global and a previous run in the same
+        # process (compare) may have changed them. Other modes get PyTorch's defaults.
+        matmul, cudnn = (True, True) if self.spec.tf32 else \
+            (False, False) if self.spec.name == "32-true" else (False, True)
+        torch.backends.cuda.matmul.allow_tf32 = matmul
+        torch.backends.cudnn.allow_tf32 = cudnn
+        if self.spec.tf32 and torch.cuda.get_device_capability(self.device)[0] < 8:
+            log.info("this GPU has no TF32 (compute capability < 8.0): tf32 trains as 32-true")
+
+    # --------------------------------------------------------------- forward
+    def autocast(self) -> ContextManager:
+        """The autocast context for forward passes (and the loss) in this mode."""
+        if self.spec.compute_dtype is None:
+            return contextlib.nullcontext()
+        return torch.autocast(self.device.type, dtype=self.spec.compute_dtype)
+
+    # -------------------------------------------------------------- backward
+    def backward(self, loss: torch.Tensor) -> None:
+        """Backpropagate ``loss``, scaled where the mode uses loss scaling."""
+        self.guard.scale(loss).backward()
+
+    def _optimizer(self, optimizer: torch.optim.Optimizer | None) -> torch.optim.Optimizer:
+        if optimizer is not None:
+            return optimizer
+        if len(self._optimizers) != 1:
+            raise UserError("pass the optimizer explicitly: setup() registered "
+                            f"{len(self._optimizers)} optimizers")
+        return self._optimizers[0]
+
+    def unscale_(self, optimizer: torch.optim.Optimizer | None = None) -> None:
+        """Make the optimizer's gradients true (unscaled, fp32 masters) and check them.
+
+        Idempotent within a step; :meth:`clip_grad_norm_` and :meth:`step` call it.
+        """
+        optimizer = self._optimizer(optimizer)
+        if self._master is not None and id(optimizer) not in self._grads_moved:
+            self._master.copy_grads_to_masters()
+            self._grads_moved.add(id(optimizer))
+        self.guard.unscale_(optimizer)
+
+    def _grads_of(self, parameters: Iterable[torch.Tensor]) -> list[torch.Tensor]:
+        params = list(parameters)
+        if self._master is not None:
+            params = self._master.map_params(params)
+        return [p for p in params if p.grad is not None]
+
+    def clip_grad_norm_(self, parameters: Iterable[torch.Tensor], max_norm: float,
+                        norm_type: float = 2.0,
+                        optimizer: torch.optim.Optimizer | None = None) -> torch.Tensor:
+        """Unscale, then clip the gradient norm; returns the (unscaled) norm on the device."""
+        self.unscale_(optimizer)
+        return torch.nn.utils.clip_grad_norm_(self._grads_of(parameters), max_norm, norm_type,
+                                              foreach=True)
+
+    def grad_norm(self, parameters: Iterable[torch.Tensor],
+                  optimizer: torch.optim.Optimizer | None = None) -> torch.Tensor:
+        """The unscaled gradient norm without clipping (a device tensor)."""
+        self.unscale_(optimizer)
+        grads = [p.grad for p in self._grads_of(parameters)]
+        if not grads:
+            return torch.zeros((), device=self.device)
+        return torch.nn.utils.get_total_norm(grads, foreach=True)
+
+    # ------------------------------------------------------------------ step
+    def step_async(self, optimizer: torch.optim.Optimizer | None = None) -> StepOutcome:
+        """Step (or skip on inf/NaN), update the loss scale, refresh half weights.
+
+        Returns a :class:`StepOutcome` whose flag is still on the device; pass it to
+        :meth:`confirm` when the answer is needed.
+        """
+        optimizer = self._optimizer(optimizer)
+        self.unscale_(optimizer)
+        found_inf = self.guard.step(optimizer)
+        self.guard.update()
+        self._grads_moved.discard(id(optimizer))
+        if self._master is not None:
+            # A skipped step left the masters unchanged, so copying back is harmless and
+            # avoids reading the flag here.
+            self._master.copy_masters_to_model()
+        return StepOutcome(found_inf, self._next_host_flag())
+
+    def step(self, optimizer: torch.optim.Optimizer | None = None) -> bool:
+        """:meth:`step_async` and :meth:`confirm` in one call: True when the weights changed."""
+        return self.confirm(self.step_async(optimizer))
+
+    def confirm(self, outcome: StepOutcome, step: int | None = None) -> bool:
+        """Account for a finished step; raise :class:`NonFiniteHalt` when training must stop.
+
+        Returns True when the optimizer updated the weights. ``step`` (the optimizer-step
+        number) only improves the error message.
+        """
+        if not outcome.skipped():
+            self.consecutive_skips = 0
+            self._first_bad_step = None
+            return True
+        self.skipped_steps += 1
+        self.consecutive_skips += 1
+        if self._first_bad_step is None:
+            self._first_bad_step = step
+        where = f" at step {step}" if step is not None else ""
+        scale = self.loss_scale
+        if scale is not None and scale <= self.min_scale:
+            raise NonFiniteHalt(
+                f"fp16 loss scale fell to {scale:g} (--min-scale {self.min_scale:g}){where} after "
+                f"{self.consecutive_skips} consecutive overflowing steps: the model overflows fp16 "
+                f"even unscaled. Train with --precision bf16-mixed, keep the overflowing modules "
+                f"in fp32 with --keep-fp32, or find them with `amptrain diagnose`", step)
+        if scale is None and self.consecutive_skips >= self.max_bad_steps:
+            first = f" (first at step {self._first_bad_step})" \
+                if self._first_bad_step is not None else ""
+            raise NonFiniteHalt(
+                f"{self.consecutive_skips} consecutive steps had a non-finite loss or gradient"
+                f"{where}{first} (--max-bad-steps {self.max_bad_steps}); lower --lr, set "
+                f"--clip-grad-norm, or run `amptrain diagnose`", step)
+        return False
+
+    def _next_host_flag(self) -> torch.Tensor | None:
+        if self.device.type != "cuda":
+            return None
+        if not self._host_flags:
+            # Two buffers: the Trainer reads step t's flag while step t+1's copy is in flight.
+            self._host_flags = [torch.zeros((), dtype=torch.float32).pin_memory() for _ in range(2)]
+        self._flag_index ^= 1
+        return self._host_flags[self._flag_index]
+
+    # --------------------------------------------------------------- state
+    @property
+    def loss_scale(self) -> float | None:
+        """The current loss scale (reads the device), or None without a scaler."""
+        scale = self.guard.scale_tensor
+        return None if scale is None else float(scale.item())
+
+    @property
+    def loss_scale_tensor(self) -> torch.Tensor | None:
+        """The current loss scale on the device (no sync), or None without a scaler."""
+        return self.guard.scale_tensor
+
+    def state_dict(self) -> dict[str, Any]:
+        """Scaler state and skip counters, for checkpoints."""
+        return {"name": self.name, "scaler": self.guard.state_dict(),
+                "skipped_steps": self.skipped_steps, "consecutive_skips": self.consecutive_skips}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore :meth:`state_dict`; scaler state only applies when both modes scale."""
+        if state.get("scaler") and self.spec.loss_scaling:
+            self.guard.load_state_dict(state["scaler"])
+        self.skipped_steps = int(state.get("skipped_steps", 0))
+        self.consecutive_skips = int(state.get("consecutive_skips", 0))
+
+    def fp32_state_dict(self, model: nn.Module) -> dict[str, torch.Tensor]:
+        """The model's state with fp32 weights (the master copies where the mode keeps them)."""
+        state = model.state_dict()
+        if self._master is not None:
+            for name, param in model.named_parameters():
+                master = self._master.map_params([param])[0]
+                if master is not param:
+                    state[name] = master.detach()
+        return {k: v.float() if v.is_floating_point() else v for k, v in state.items()}
+
+    def load_fp32_state_dict(self, model: nn.Module, state: dict[str, torch.Tensor]) -> None:
+        """Load fp32 weights into a set-up model, its half weights and its masters."""
+        model.load_state_dict(state)
+        if self._master is not None:
+            values = {id(p): state[name] for name, p in model.named_parameters() if name in state}
+            self._master.load_fp32(values)
+
+
+def _default_device() -> torch.device:
+    return torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu")

@@ -1,0 +1,141 @@
+"""Per-module precision overrides installed by wrapping ``module.forward``.
+
+* fp32 islands (``keep_fp32``): the matching modules see fp32 inputs and run with
+  autocast disabled, the generalised Keras rule "keep the output layer in float32".
+* CPU fp16 convolutions: on CPUs without AMX-FP16, PyTorch's fp16 convolution backward
+  falls back to a reference kernel over 100x slower than fp32. We run the forward in
+  fp16 as autocast would and compute the backward in fp32, rounding the results to
+  fp16 -- what a GPU's tensor cores do (fp32 accumulation, fp16 outputs).
+
+Wrapping ``forward`` on the instance leaves parameter names and state_dict keys
+untouched, so checkpoints do not depend on the precision.
+"""
+from __future__ import annotations
+
+import fnmatch
+import functools
+from typing import Any, Callable, Iterable
+
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+from ..errors import UserError
+
+
+def match_modules(model: nn.Module, patterns: Iterable[str]) -> dict[str, nn.Module]:
+    """Modules whose qualified name matches any glob; a pattern matching none is an error."""
+    named = dict(model.named_modules())
+    matched: dict[str, nn.Module] = {}
+    for pattern in patterns:
+        hits = {name: m for name, m in named.items() if name and fnmatch.fnmatchcase(name, pattern)}
+        if not hits:
+            examples = ", ".join(n for n in list(named)[1:7])
+            raise UserError(f"--keep-fp32 {pattern!r} matches no module; "
+                            f"names look like: {examples}")
+        matched.update(hits)
+    # A matched module's descendants already run inside its fp32 region.
+    return {name: m for name, m in matched.items()
+            if not any(name.startswith(other + ".") for other in matched)}
+
+
+def _cast_floats(value: Any, dtype: torch.dtype) -> Any:
+    if isinstance(value, torch.Tensor):
+        return value.to(dtype) if value.is_floating_point() else value
+    if isinstance(value, (list, tuple)):
+        return type(value)(_cast_floats(v, dtype) for v in value)
+    if isinstance(value, dict):
+        return {k: _cast_floats(v, dtype) for k, v in value.items()}
+    return value
+
+
+class ForwardPatches:
+    """Installed forward wrappers, removable to give the user back an untouched module."""
+
+    def __init__(self) -> None:
+        self._patched: list[nn.Module] = []
+
+    def wrap(self, module: nn.Module, make_forward: Callable[[Callable], Callable]) -> None:
+        original = module.forward
+        module.forward = functools.wraps(original)(make_forward(original))
+        self._patched.append(module)
+
+    def remove(self) -> None:
+        for module in self._patched:
+            module.__dict__.pop("forward", None)
+        self._patched.clear()
+
+
+def install_fp32_islands(patches: ForwardPatches, modules: Iterable[nn.Module],
+                         device_type: str) -> None:
+    """Run ``modules`` in fp32 with autocast off; their outputs come back fp32."""
+    def make_forward(original: Callable) -> Callable:
+        def forward(*args: Any, **kwargs: Any) -> Any:
+            args, kwargs = _cast_floats(args, torch.float32), _cast_floats(kwargs, torch.float32)
+            with torch.autocast(device_type, enabled=False):
+                return original(*args, **kwargs)
+        return forward
+
+    for module in modules:
+        patches.wrap(module, make_forward)
+
+
+_CONV_FUNCTIONS = {nn.Conv1d: F.conv1d, nn.Conv2d: F.conv2d, nn.Conv3d: F.conv3d}
+
+
+class _HalfConvFp32Backward(torch.autograd.Function):
+    """fp16 convolution forward; backward computed in fp32 and rounded to fp16."""
+
+    @staticmethod
+    def forward(ctx, x, weight, bias, conv, stride, padding, dilation, groups):  # noqa: D102
+        ctx.dtypes = (x.dtype, weight.dtype, None if bias is None else bias.dtype)
+        ctx.conf = (stride, padding, dilation, groups)
+        x16, w16 = x.to(torch.float16), weight.to(torch.float16)
+        b16 = None if bias is None else bias.to(torch.float16)
+        ctx.save_for_backward(x16, w16)
+        ctx.bias_shape = None if bias is None else list(bias.shape)
+        with torch.autocast("cpu", enabled=False):
+            return conv(x16, w16, b16, stride, padding, dilation, groups)
+
+    @staticmethod
+    def backward(ctx, grad_out):  # noqa: D102
+        x16, w16 = ctx.saved_tensors
+        stride, padding, dilation, groups = ctx.conf
+        need_x, need_w, need_b = ctx.needs_input_grad[:3]
+        gx, gw, gb = torch.ops.aten.convolution_backward(
+            grad_out.float(), x16.float(), w16.float(), ctx.bias_shape, stride, padding,
+            dilation, False, [0] * len(stride), groups, [need_x, need_w, need_b])
+        x_dtype, w_dtype, b_dtype = ctx.dtypes
+
+        def rounded(g, dtype):
+            # Round through fp16 as an fp16 kernel's output would be, then hand back the
+            # dtype autocast's cast node would have produced.
+            return None if g is None else g.to(torch.float16).to(dtype)
+
+        return (rounded(gx, x_dtype), rounded(gw, w_dtype), rounded(gb, b_dtype),
+                None, None, None, None, None)
+
+
+def install_cpu_fp16_conv(patches: ForwardPatches, model: nn.Module,
+                          skip: set[nn.Module]) -> int:
+    """Route the model's zero-padded convolutions through :class:`_HalfConvFp32Backward`."""
+    count = 0
+    for module in model.modules():
+        conv = _CONV_FUNCTIONS.get(type(module))
+        if conv is None or module in skip or module.padding_mode != "zeros" \
+                or isinstance(module.padding, str):
+            continue
+
+        def make_forward(original: Callable, module: nn.Module = module, conv=conv) -> Callable:
+            def forward(x: torch.Tensor) -> torch.Tensor:
+                if not (torch.is_autocast_enabled("cpu")
+                        and torch.get_autocast_dtype("cpu") == torch.float16):
+                    return original(x)
+                return _HalfConvFp32Backward.apply(
+                    x, module.weight, module.bias, conv, module.stride, module.padding,
+                    module.dilation, module.groups)
+            return forward
+
+        patches.wrap(module, make_forward)
+        count += 1
+    return count

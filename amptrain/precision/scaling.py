@@ -1,0 +1,131 @@
+"""Gradient guards: dynamic loss scaling for fp16, and non-finite step skipping for the rest.
+
+Both guards share one small protocol so the precision layer never asks which one it has:
+``scale(loss)``, ``unscale_(optimizer)``, ``step(optimizer) -> found_inf``, ``update()``,
+``scale_tensor``, ``state_dict()``. ``found_inf`` stays on the device; reading it is the
+caller's choice, which is what keeps steady-state steps free of host-device syncs.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch.amp import GradScaler
+
+
+def _supports_fused_skip(optimizer: torch.optim.Optimizer) -> bool:
+    # Fused Adam/AdamW/SGD take `found_inf` (and `grad_scale`) as attributes and skip the
+    # update inside the kernel, so deciding whether to step needs no `.item()`.
+    return bool(getattr(optimizer, "_step_supports_amp_scaling", False))
+
+
+class _HalfGradsScaler(GradScaler):
+    """A GradScaler that also unscales fp16 gradients (16-true keeps no fp32 copy).
+
+    torch refuses fp16 grads because unscaling them in fp16 can underflow; with a
+    half model there is no other place for the gradients to live, so we accept it.
+    """
+
+    def _unscale_grads_(self, optimizer, inv_scale, found_inf, allow_fp16):  # noqa: D401
+        return super()._unscale_grads_(optimizer, inv_scale, found_inf, True)
+
+
+class DynamicLossScaler:
+    """torch.amp.GradScaler, exposing found_inf on the device instead of a Python bool."""
+
+    def __init__(self, device_type: str, *, init_scale: float, growth_factor: float,
+                 backoff_factor: float, growth_interval: int, half_grads: bool = False) -> None:
+        cls = _HalfGradsScaler if half_grads else GradScaler
+        self.scaler = cls(device_type, init_scale=init_scale, growth_factor=growth_factor,
+                          backoff_factor=backoff_factor, growth_interval=growth_interval)
+        self._unscaled: set[int] = set()
+
+    def scale(self, loss: torch.Tensor) -> torch.Tensor:
+        return self.scaler.scale(loss)
+
+    def unscale_(self, optimizer: torch.optim.Optimizer) -> None:
+        if id(optimizer) not in self._unscaled:
+            self.scaler.unscale_(optimizer)
+            self._unscaled.add(id(optimizer))
+
+    def step(self, optimizer: torch.optim.Optimizer) -> torch.Tensor:
+        self.unscale_(optimizer)
+        self.scaler.step(optimizer)
+        # GradScaler keeps the per-device inf flags until update(); their sum is the
+        # device-side "this step was skipped" flag.
+        state = self.scaler._per_optimizer_states[id(optimizer)]
+        return sum(t.to(self.scaler._scale.device) for t in state["found_inf_per_device"].values())
+
+    def update(self) -> None:
+        self.scaler.update()
+        self._unscaled.clear()
+
+    @property
+    def scale_tensor(self) -> torch.Tensor | None:
+        return self.scaler._scale
+
+    def state_dict(self) -> dict[str, Any]:
+        return self.scaler.state_dict()
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.scaler.load_state_dict(state)
+
+
+class NonFiniteGuard:
+    """No loss scaling; a step whose gradients hold inf/NaN is skipped and reported.
+
+    bf16 and fp32 have fp32's range, so scaling buys nothing, but a NaN from bad data
+    or a diverging model must still not reach the weights.
+    """
+
+    def __init__(self) -> None:
+        self._found_inf: dict[int, torch.Tensor] = {}
+
+    def scale(self, loss: torch.Tensor) -> torch.Tensor:
+        return loss
+
+    def unscale_(self, optimizer: torch.optim.Optimizer) -> None:
+        if id(optimizer) in self._found_inf:
+            return
+        grads_by_device: dict[tuple[torch.device, torch.dtype], list[torch.Tensor]] = {}
+        for group in optimizer.param_groups:
+            for p in group["params"]:
+                if p.grad is not None:
+                    grads_by_device.setdefault((p.grad.device, p.grad.dtype), []).append(p.grad)
+        found = None
+        for (device, _), grads in grads_by_device.items():
+            flag = torch.zeros((), dtype=torch.float32, device=device)
+            one = torch.ones((), dtype=torch.float32, device=device)
+            # A fused in-place check over all grads of a device; multiplying by 1 is free.
+            torch._amp_foreach_non_finite_check_and_unscale_(grads, flag, one)
+            found = flag if found is None else found + flag.to(found.device)
+        if found is None:
+            found = torch.zeros((), dtype=torch.float32)
+        self._found_inf[id(optimizer)] = found
+
+    def step(self, optimizer: torch.optim.Optimizer) -> torch.Tensor:
+        self.unscale_(optimizer)
+        found_inf = self._found_inf[id(optimizer)]
+        if _supports_fused_skip(optimizer):
+            optimizer.grad_scale = None
+            optimizer.found_inf = found_inf
+            try:
+                optimizer.step()
+            finally:
+                del optimizer.grad_scale, optimizer.found_inf
+        elif not found_inf.item():  # non-fused optimizers need the flag on the host
+            optimizer.step()
+        return found_inf
+
+    def update(self) -> None:
+        self._found_inf.clear()
+
+    @property
+    def scale_tensor(self) -> torch.Tensor | None:
+        return None
+
+    def state_dict(self) -> dict[str, Any]:
+        return {}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        pass

@@ -1,0 +1,84 @@
+"""Command-level orchestration: build data and model from names, then run the Trainer.
+
+``train``, ``eval`` and later ``compare``/``diagnose`` all go through these functions,
+so a run started from the command line and one started by ``compare`` are the same.
+"""
+from __future__ import annotations
+
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+from torch import nn
+
+from . import checkpoint
+from .config import RunConfig
+from .data import DataBundle, DataOptions, build_data
+from .errors import UserError
+from .metrics import EvalResult
+from .models import ModelInputs, build_model
+from .trainer import FitResult, Trainer, seed_everything
+
+
+def model_inputs(data: DataBundle) -> ModelInputs:
+    """The data facts a model factory needs."""
+    return ModelInputs(num_classes=data.num_classes, input_shape=tuple(data.input_shape),
+                       kind=data.kind, vocab_size=data.vocab_size)
+
+
+def run_info(config: RunConfig, data: DataBundle) -> dict[str, Any]:
+    """What a checkpoint must remember to rebuild the model without the training flags."""
+    return {"model": config.model, "data": config.data, "class_names": data.class_names,
+            "inputs": asdict(model_inputs(data))}
+
+
+def check_out_dir(config: RunConfig) -> None:
+    """Refuse to mix a new run into a directory that already holds one."""
+    out = Path(config.out)
+    if config.resume:
+        return
+    if (out / "checkpoints" / "last.pt").exists() or (out / "metrics.jsonl").exists():
+        raise UserError(f"--out {out} already holds a run; continue it with --resume auto "
+                        f"or choose another --out")
+
+
+def prepare_run(config: RunConfig) -> tuple[DataBundle, nn.Module]:
+    """Build the data and a freshly initialised model (seeded: same seed, same weights)."""
+    data = build_data(config.data, DataOptions(seed=config.seed, val_fraction=config.val_fraction))
+    seed_everything(config.seed)
+    model = build_model(config.model, model_inputs(data))
+    return data, model
+
+
+def run_training(config: RunConfig, **trainer_options: Any) -> FitResult:
+    """Train as ``amptrain train`` does; returns the Trainer's result."""
+    check_out_dir(config)
+    data, model = prepare_run(config)
+    trainer = Trainer(config, run_info=run_info(config, data), **trainer_options)
+    return trainer.fit(model, data.train, data.val, class_names=data.class_names)
+
+
+def run_evaluation(*, checkpoint_path: str, data: str | None, precision: str, out: str,
+                   batch_size: int = 256, device: str = "auto",
+                   progress: bool = True) -> tuple[EvalResult, str]:
+    """Evaluate a checkpoint as ``amptrain eval`` does; returns (result, trained precision)."""
+    state = checkpoint.load(checkpoint_path)
+    run = state.get("run") or {}
+    if "model" not in run or "inputs" not in run:
+        raise UserError(f"checkpoint {checkpoint_path} was not written by `amptrain train` "
+                        f"(no model name inside); evaluate it with the library API")
+    data_spec = data or run.get("data")
+    bundle = build_data(data_spec, DataOptions(val_fraction=state["config"].get("val_fraction", 0.2)))
+    inputs = ModelInputs(**{**run["inputs"], "input_shape": tuple(run["inputs"]["input_shape"])})
+    if bundle.num_classes != inputs.num_classes or tuple(bundle.input_shape) != inputs.input_shape:
+        raise UserError(f"--data {data_spec} has {bundle.num_classes} classes and inputs "
+                        f"{tuple(bundle.input_shape)}, but the checkpoint's model expects "
+                        f"{inputs.num_classes} classes and {inputs.input_shape}")
+    model = build_model(run["model"], inputs)
+    trainer = Trainer(precision=precision, device=device, batch_size=batch_size, out=out,
+                      no_progress=not progress)
+    trainer.prepare(model)
+    trainer.load_weights(state["model"])
+    trainer.class_names = run.get("class_names") or bundle.class_names
+    result = trainer.evaluate(trainer.model, bundle.val, write_dir=Path(out) / "eval")
+    return result, state.get("precision_name", "unknown")

@@ -1,0 +1,560 @@
+"""The training loop. It owns no precision logic: every precision difference lives in
+:class:`~amptrain.precision.Precision`, every process-group difference in the strategy.
+
+One optimizer step ("step") is one global batch: ``accumulate`` micro-batches per rank.
+``--max-steps``, ``--log-every``, ``--save-every`` and the LR schedule count steps.
+"""
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import logging
+import os
+import random
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Iterable
+
+import numpy as np
+import torch
+from torch import nn
+from torch.nn import functional as F
+from torch.utils.data import DataLoader, Dataset
+
+from . import __version__, checkpoint
+from .batches import DatasetWindows, GlobalBatchPlan, LoaderWindows, Window
+from .config import TrainConfig, build_config, to_dict, write_yaml
+from .devices import peak_memory_bytes, reset_peak_memory, resolve_device
+from .distributed import Strategy
+from .errors import UserError
+from .logs import RunLogger
+from .metrics import EvalResult, class_names_for
+from .models import is_conv_net
+from .optim import build_optimizer, build_scheduler, scaled_lr
+from .precision import NonFiniteHalt, Precision, StepOutcome
+from .probe import first_nonfinite_module
+
+log = logging.getLogger("amptrain")
+
+LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+
+#: In-memory datasets up to this size are moved to the accelerator once, so batches
+#: are sliced there instead of being copied over every step.
+DEVICE_DATA_LIMIT_BYTES = 1 << 30
+
+
+def seed_everything(seed: int, deterministic: bool = False) -> None:
+    """Seed python, numpy and torch (all devices); optionally force deterministic kernels."""
+    random.seed(seed)
+    np.random.seed(seed % (2 ** 32))
+    torch.manual_seed(seed)
+    if deterministic:
+        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+        torch.use_deterministic_algorithms(True, warn_only=True)
+        torch.backends.cudnn.benchmark = False
+
+
+def split_outputs(output: Any) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+    """(logits, loss) from a tensor, a dict, or an object with ``logits``/``loss`` (HF style)."""
+    if isinstance(output, torch.Tensor):
+        return output, None
+    if isinstance(output, dict):
+        return output.get("logits"), output.get("loss")
+    if isinstance(output, (tuple, list)) and output and isinstance(output[0], torch.Tensor):
+        return output[0], None
+    return getattr(output, "logits", None), getattr(output, "loss", None)
+
+
+def forward_batch(model: nn.Module, batch: Any, loss_fn: LossFn
+                  ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
+    """Run the model on a batch: returns (mean loss, logits, targets).
+
+    A batch is a tuple ``(*inputs, targets)`` or a dict of keyword inputs (with
+    ``labels``). A model-computed ``loss`` wins over ``loss_fn``.
+    """
+    if isinstance(batch, dict):
+        output = model(**batch)
+        targets = batch.get("labels")
+    else:
+        *inputs, targets = batch
+        output = model(*inputs)
+    logits, loss = split_outputs(output)
+    if loss is None:
+        if logits is None or targets is None:
+            raise UserError("the model returned no loss and no logits with targets: return logits "
+                            "(a tensor) or an object with .loss")
+        loss = loss_fn(logits, targets)
+    return loss, logits, targets
+
+
+@dataclass
+class FitResult:
+    """What a finished :meth:`Trainer.fit` reports."""
+
+    precision: str
+    steps: int
+    epochs_completed: int
+    final_loss: float | None
+    val_loss: float | None
+    val_acc: float | None
+    skipped_steps: int
+    samples_per_s: float | None
+    peak_mem_bytes: int
+    out: str | None
+    history: list[dict[str, Any]] = field(default_factory=list, repr=False)
+
+
+class Trainer:
+    """The whole training loop: accumulation, clipping, logging, evaluation, checkpoints.
+
+    ``Trainer(precision="bf16-mixed", accumulate=4, clip_grad_norm=1.0, out="runs/x")``
+    takes any :class:`TrainConfig` field as a keyword, or a ready ``config``.
+    ``callbacks`` are objects with any of ``on_fit_start(trainer)``,
+    ``on_step_end(trainer)``, ``on_log(trainer, record)`` and ``on_fit_end(trainer)``.
+    """
+
+    def __init__(self, config: TrainConfig | None = None, *, strategy: Strategy | None = None,
+                 callbacks: Iterable[Any] = (), run_info: dict[str, Any] | None = None,
+                 **options: Any) -> None:
+        base = to_dict(config) if config is not None else {}
+        base.update(options)
+        self.config: TrainConfig = build_config(type(config) if config is not None else TrainConfig,
+                                                base)
+        self.device = strategy.device if strategy is not None else resolve_device(self.config.device)
+        self.strategy = strategy or Strategy(self.device)
+        c = self.config
+        self.precision = Precision(c.precision, device=self.device, init_scale=c.init_scale,
+                                   growth_factor=c.growth_factor, backoff_factor=c.backoff_factor,
+                                   growth_interval=c.growth_interval, min_scale=c.min_scale,
+                                   keep_fp32=c.keep_fp32, max_bad_steps=c.max_bad_steps)
+        self.callbacks = list(callbacks)
+        self.run_info = dict(run_info or {})
+        self.out = Path(c.out) if c.out else None
+        self.logger = RunLogger(None, enabled=False)
+        # Loop position: optimizer steps done, current epoch, windows done in that epoch.
+        self.step = 0
+        self.epoch = 0
+        self.window_in_epoch = 0
+        self.history: list[dict[str, Any]] = []
+        self.model: nn.Module | None = None          # the user's module, set up for precision
+        self.train_model: nn.Module | None = None    # what the loop calls (wrapped/compiled)
+        self.optimizer: torch.optim.Optimizer | None = None
+        self.scheduler: Any = None
+        self.loss_fn: LossFn = F.cross_entropy
+        self.class_names: list[str] | None = None
+        self.last_eval: EvalResult | None = None
+        self._val_data: Any = None
+        self._pending: StepOutcome | None = None
+        self._last_window: Window | None = None
+        self._grad_norm: torch.Tensor | None = None
+        self._loss_sum = torch.zeros((), device=self.device)
+        self._loss_samples = 0
+        self._samples_since_log = 0
+        self._last_log_time = 0.0
+        self._last_log_step = 0
+        self._last_saved_step: int | None = None
+        self._step_epoch = 0  # epoch of the last trained step (for records)
+        self.stop_requested: str | None = None
+
+    # ---------------------------------------------------------------- public
+    def fit(self, model: nn.Module, train_data: Dataset | DataLoader | Iterable,
+            val_data: Dataset | DataLoader | Iterable | None = None, *,
+            optimizer: torch.optim.Optimizer | None = None, scheduler: Any = None,
+            loss_fn: LossFn | None = None, class_names: list[str] | None = None) -> FitResult:
+        """Train ``model`` on ``train_data``; evaluate on ``val_data`` each epoch and at the end.
+
+        Data may be a map-style Dataset (amptrain then owns batching, shuffling, sharding
+        and exact resume) or a DataLoader / iterable of batches (each batch is one
+        micro-batch; ``accumulate`` of them make a step).
+        """
+        c = self.config
+        seed_everything(c.seed, c.deterministic)
+        self.loss_fn = loss_fn or F.cross_entropy
+        self.class_names = class_names
+        self._prepare_model(model, optimizer)
+        micro, accumulate = c.batching(self.strategy.world_size)
+        self.train_windows = self._windows(train_data, micro, accumulate, shuffle=True)
+        self._val_data = val_data
+        total = len(self.train_windows) * c.epochs
+        self.total_steps = min(total, c.max_steps) if c.max_steps else total
+        self.scheduler = scheduler or build_scheduler(c, self.optimizer, self.total_steps)
+        self.micro_batch_size, self.accumulate = micro, accumulate
+        if self.strategy.is_main and self.out is not None:
+            self.out.mkdir(parents=True, exist_ok=True)
+        self._resume_if_requested()
+        if self.strategy.is_main and self.out is not None:
+            write_yaml(self.resolved_config(), self.out / "config.yaml")
+        self.logger = RunLogger(self.out, enabled=self.strategy.is_main,
+                                progress=not c.no_progress)
+        self.logger.message(self._banner())
+        self._emit("on_fit_start")
+        try:
+            self._loop()
+        except NonFiniteHalt as halt:
+            raise self._explain_halt(halt) from None
+        finally:
+            self.logger.close()
+        self._emit("on_fit_end")
+        return self._result()
+
+    def evaluate(self, model: nn.Module | None = None, data: Any = None, *,
+                 write_dir: str | Path | None = None) -> EvalResult:
+        """Loss, accuracy and predictions on ``data`` under the training autocast.
+
+        With ``write_dir`` the classification report goes there (rank 0 only).
+        """
+        model = model if model is not None else self.model
+        data = data if data is not None else self._val_data
+        if model is None or data is None:
+            raise UserError("evaluate() needs a model and data (or a finished fit)")
+        windows = self._windows(data, self._eval_micro(), 1, shuffle=False)
+        was_training = model.training
+        model.eval()
+        loss_sum = torch.zeros((), device=self.device, dtype=torch.float64)
+        preds, targets = [], []
+        self.logger.bar(len(windows), "eval")
+        with torch.no_grad():
+            for window in windows.epoch(0):
+                for batch, n in zip(window.micro_batches, window.micro_samples):
+                    with self.precision.autocast():
+                        loss, logits, target = forward_batch(model, batch, self.loss_fn)
+                    loss_sum += loss.detach().double() * n
+                    if logits is not None and target is not None:
+                        preds.append(logits.argmax(dim=-1).flatten())
+                        targets.append(target.flatten())
+                self.logger.advance()
+        self.logger.close_bar()
+        model.train(was_training)
+        pred = self.strategy.gather(torch.cat(preds)) if preds else torch.empty(0)
+        target = self.strategy.gather(torch.cat(targets)) if targets else torch.empty(0)
+        total_loss = self.strategy.reduce_sum(loss_sum).item()
+        samples = int(target.numel()) or 1
+        y_pred, y_true = pred.cpu().numpy(), target.cpu().numpy()
+        num_classes = len(self.class_names) if self.class_names else \
+            int(max(y_true.max(initial=0), y_pred.max(initial=0)) + 1)
+        result = EvalResult(loss=total_loss / samples,
+                            accuracy=float((y_pred == y_true).mean()) if len(y_true) else 0.0,
+                            samples=len(y_true), predictions=y_pred, targets=y_true,
+                            class_names=class_names_for(num_classes, self.class_names))
+        if write_dir is not None and self.strategy.is_main:
+            result.write(write_dir)
+        return result
+
+    def prepare(self, model: nn.Module) -> nn.Module:
+        """Set a model up for this precision and device without training (for evaluation)."""
+        model = model.to(self.device)
+        if self.config.channels_last and is_conv_net(model):
+            model = model.to(memory_format=torch.channels_last)
+        self.model, _ = self.precision.setup(model, None)
+        self.model.eval()
+        return self.model
+
+    def load_weights(self, state: dict[str, torch.Tensor]) -> None:
+        """Load fp32 weights (a checkpoint's ``model`` entry) into the prepared model."""
+        try:
+            self.precision.load_fp32_state_dict(self.model, state)
+        except RuntimeError as exc:
+            raise UserError(f"checkpoint does not fit this model: {_first_line(exc)}") from None
+
+    def save_checkpoint(self, path: str | Path | None = None) -> Path | None:
+        """Write the full training state (rank 0) to ``path`` or ``OUT/checkpoints/last.pt``."""
+        self._resolve_pending()
+        state = self.state_dict()
+        if not self.strategy.is_main:
+            return None
+        if path is not None:
+            checkpoint.atomic_save(state, path)
+            return Path(path)
+        if self.out is None:
+            return None
+        path = checkpoint.save_run_checkpoint(state, self.out / "checkpoints", self.step,
+                                              self.config.keep_last)
+        self._last_saved_step = self.step
+        return path
+
+    def state_dict(self) -> dict[str, Any]:
+        """Everything needed to continue exactly: weights (fp32), optimizer, scaler, RNG, position."""
+        rng = {"python": random.getstate(), "numpy": np.random.get_state(),
+               "torch": torch.get_rng_state()}
+        if torch.cuda.is_available():
+            rng["cuda"] = torch.cuda.get_rng_state_all()
+        return {
+            "format": checkpoint.FORMAT, "format_version": checkpoint.FORMAT_VERSION,
+            "amptrain_version": __version__, "torch_version": torch.__version__,
+            "precision_name": self.precision.name,
+            "model": self.precision.fp32_state_dict(self.model),
+            "optimizer": self.optimizer.state_dict(),
+            "scheduler": self.scheduler.state_dict() if self.scheduler is not None else None,
+            "precision": self.precision.state_dict(),
+            "rng": rng, "step": self.step, "epoch": self.epoch,
+            "window_in_epoch": self.window_in_epoch,
+            "config": self.resolved_config(), "run": self.run_info,
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore :meth:`state_dict` into a prepared Trainer (after model/optimizer setup)."""
+        self.load_weights(state["model"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        if self.scheduler is not None and state.get("scheduler") is not None:
+            self.scheduler.load_state_dict(state["scheduler"])
+        self.precision.load_state_dict(state.get("precision", {}))
+        rng = state.get("rng", {})
+        if "python" in rng:
+            random.setstate(rng["python"])
+            np.random.set_state(rng["numpy"])
+            torch.set_rng_state(rng["torch"])
+        if "cuda" in rng and torch.cuda.is_available():
+            torch.cuda.set_rng_state_all(rng["cuda"])
+        self.step, self.epoch = int(state["step"]), int(state["epoch"])
+        self.window_in_epoch = int(state["window_in_epoch"])
+
+    def resolved_config(self) -> dict[str, Any]:
+        """The config as run: precision resolved, batching and learning rate derived."""
+        resolved = to_dict(self.config)
+        resolved["precision"] = self.precision.name
+        resolved["device"] = str(self.device)
+        if hasattr(self, "micro_batch_size"):
+            resolved["micro_batch_size"] = self.micro_batch_size
+            resolved["accumulate"] = self.accumulate
+        resolved["lr"] = scaled_lr(self.config)
+        resolved["world_size"] = self.strategy.world_size
+        resolved.update({k: v for k, v in self.run_info.items() if k in ("model", "data")})
+        return resolved
+
+    # ----------------------------------------------------------------- setup
+    def _prepare_model(self, model: nn.Module, optimizer: torch.optim.Optimizer | None) -> None:
+        model = model.to(self.device)
+        if self.config.channels_last and is_conv_net(model):
+            model = model.to(memory_format=torch.channels_last)
+        optimizer = optimizer or build_optimizer(self.config, model)
+        self.model, self.optimizer = self.precision.setup(model, optimizer)
+        train_model = self.strategy.wrap(self.model)
+        if self.config.compile:
+            train_model = torch.compile(train_model)
+        self.train_model = train_model
+        self.model.train()
+
+    def _windows(self, data: Any, micro: int, accumulate: int, shuffle: bool) -> Any:
+        if isinstance(data, Dataset) and hasattr(data, "__len__") and not isinstance(data, DataLoader):
+            data = self._maybe_on_device(data)
+            world = self.strategy.world_size
+            plan = GlobalBatchPlan(len(data), micro * accumulate * world, micro,
+                                   world_size=world, rank=self.strategy.rank,
+                                   seed=self.config.seed, shuffle=shuffle)
+            return DatasetWindows(data, plan, self.device, num_workers=self.config.num_workers)
+        return LoaderWindows(data, accumulate, self.device, self.strategy.world_size)
+
+    def _maybe_on_device(self, data: Dataset) -> Dataset:
+        if self.device.type == "cpu" or not hasattr(data, "tensors") or not hasattr(data, "to"):
+            return data
+        if data.tensors[0].device == self.device:
+            return data
+        return data.to(self.device) if data.nbytes() <= DEVICE_DATA_LIMIT_BYTES else data
+
+    def _eval_micro(self) -> int:
+        micro, accumulate = self.config.batching(self.strategy.world_size)
+        return micro * accumulate  # no gradients to hold: one pass per per-device batch
+
+    def _resume_if_requested(self) -> None:
+        target = self.config.resume
+        if not target:
+            return
+        if target == "auto":
+            if self.out is None:
+                raise UserError("--resume auto needs --out (the run directory to continue)")
+            path = self.out / "checkpoints" / "last.pt"
+            if not path.exists():
+                log.info("--resume auto: no checkpoint in %s, starting fresh", self.out)
+                return
+        else:
+            path = Path(target)
+        state = checkpoint.load(path)
+        self.load_state_dict(state)
+        trained_with = state.get("precision_name")
+        note = f" (trained with {trained_with})" if trained_with != self.precision.name else ""
+        log.info("resumed from %s at step %d%s", path, self.step, note)
+
+    # ------------------------------------------------------------------ loop
+    def _loop(self) -> None:
+        c = self.config
+        reset_peak_memory(self.device)
+        self._last_log_time = time.perf_counter()
+        self._last_log_step = self.step
+        while self.epoch < c.epochs and not self._done():
+            start = self.window_in_epoch
+            self.logger.bar(len(self.train_windows), f"epoch {self.epoch + 1}/{c.epochs}", start)
+            for window in self.train_windows.epoch(self.epoch, start):
+                self._train_step(window)
+                self._step_epoch = self.epoch
+                self.step += 1
+                self.window_in_epoch += 1
+                self.logger.advance()
+                self._after_step()
+                if self._done():
+                    break
+            if self.window_in_epoch >= len(self.train_windows):
+                self.epoch += 1
+                self.window_in_epoch = 0
+                self._end_of_epoch()
+        self._resolve_pending()
+        if self.step != self._last_log_step:
+            self._log_train()
+        self.logger.close_bar()
+        if self._val_data is not None:
+            self._evaluate_and_log(final=True)
+        if self.out is not None and not self._saved_at_current_step():
+            self.save_checkpoint()
+
+    def _done(self) -> bool:
+        return bool(self.config.max_steps and self.step >= self.config.max_steps) \
+            or self.stop_requested is not None
+
+    def _train_step(self, window: Window) -> None:
+        world = self.strategy.world_size
+        last = len(window.micro_batches) - 1
+        for i, (batch, n) in enumerate(zip(window.micro_batches, window.micro_samples)):
+            with self.strategy.accumulation_context(self.train_model, boundary=i == last):
+                with self.precision.autocast():
+                    loss, _, _ = forward_batch(self.train_model, batch, self.loss_fn)
+                # The loss is a mean over this micro-batch, so its share of the step is
+                # n / N (N = samples in the global batch). DDP then averages gradients over
+                # ranks, which the factor `world` undoes: the sum over all ranks and
+                # micro-batches is exactly the mean over the global batch.
+                self.precision.backward(loss * (n * world / window.global_samples))
+            self._loss_sum += loss.detach() * n
+            self._loss_samples += n
+        self._last_window = window
+        self._samples_since_log += window.global_samples
+        # Reading the previous step's skip flag only now lets the GPU run this step's
+        # forward/backward meanwhile; the LR it sets is still the one this step needs.
+        self._resolve_pending()
+        params = self.model.parameters()
+        if self.config.clip_grad_norm:
+            self._grad_norm = self.precision.clip_grad_norm_(params, self.config.clip_grad_norm)
+        elif (self.step + 1) % self.config.log_every == 0:
+            self._grad_norm = self.precision.grad_norm(params)
+        self._pending = self.precision.step_async(self.optimizer)
+        self.optimizer.zero_grad(set_to_none=True)
+
+    def _resolve_pending(self) -> None:
+        outcome, self._pending = self._pending, None
+        if outcome is None:
+            return
+        if self.precision.confirm(outcome, step=self.step) and self.scheduler is not None:
+            self.scheduler.step()
+
+    def _after_step(self) -> None:
+        c = self.config
+        if self.step % c.log_every == 0:
+            self._resolve_pending()
+            self._log_train()
+        self._emit("on_step_end")
+        if c.eval_every and self.step % c.eval_every == 0 and self._val_data is not None:
+            self._evaluate_and_log()
+        if c.save_every and self.step % c.save_every == 0 and self.out is not None:
+            self.save_checkpoint()
+
+    def _end_of_epoch(self) -> None:
+        if self._done() or self.epoch >= self.config.epochs:
+            return  # the final evaluation and checkpoint follow right away
+        if not self.config.eval_every and self._val_data is not None:
+            self._evaluate_and_log()
+        if self.out is not None and not self._saved_at_current_step():
+            self.save_checkpoint()
+
+    def _saved_at_current_step(self) -> bool:
+        return self._last_saved_step == self.step
+
+    # --------------------------------------------------------------- metrics
+    def _log_train(self) -> None:
+        loss_sum = self.strategy.reduce_sum(self._loss_sum.detach().double())
+        samples = self.strategy.reduce_sum(torch.tensor(float(self._loss_samples),
+                                                        device=self.device, dtype=torch.float64))
+        now = time.perf_counter()
+        elapsed = now - self._last_log_time
+        grad_norm = self._grad_norm
+        record = {
+            "step": self.step, "epoch": self._step_epoch,
+            "loss": float((loss_sum / samples.clamp(min=1)).item()),
+            "lr": float(self.optimizer.param_groups[0]["lr"]),
+            "loss_scale": self.precision.loss_scale,
+            "grad_norm": float(grad_norm.item()) if grad_norm is not None else None,
+            "skipped_steps": self.precision.skipped_steps,
+            "samples_per_s": self._samples_since_log / elapsed if elapsed > 0 else None,
+            "peak_mem_bytes": peak_memory_bytes(self.device),
+        }
+        self._loss_sum.zero_()
+        self._loss_samples = 0
+        self._samples_since_log = 0
+        self._last_log_time = time.perf_counter()
+        self._last_log_step = self.step
+        self._record(record)
+
+    def _evaluate_and_log(self, final: bool = False) -> None:
+        self._resolve_pending()
+        started = time.perf_counter()
+        write_dir = self.out / "eval" if (final and self.out is not None) else None
+        result = self.evaluate(self.model, self._val_data, write_dir=write_dir)
+        self.last_eval = result
+        self._record({"step": self.step, "epoch": self._step_epoch, "val_loss": result.loss,
+                      "val_acc": result.accuracy})
+        # Evaluation time is not training time: keep it out of samples_per_s.
+        self._last_log_time += time.perf_counter() - started
+
+    def _record(self, record: dict[str, Any]) -> None:
+        self.history.append(record)
+        self.logger.log(record)
+        for cb in self.callbacks:
+            if hasattr(cb, "on_log"):
+                cb.on_log(self, record)
+
+    def _emit(self, event: str) -> None:
+        for cb in self.callbacks:
+            hook = getattr(cb, event, None)
+            if hook is not None:
+                hook(self)
+
+    def _banner(self) -> str:
+        p = self.precision
+        chosen = f" (auto: {p.name})" if p.requested == "auto" else ""
+        return (f"amptrain: precision {p.name}{chosen} [{p.spec.summary}] on {self.device}; "
+                f"{self.total_steps} steps of {self.config.batch_size} samples "
+                f"({self.micro_batch_size} x {self.accumulate} accumulated"
+                f"{f' x {self.strategy.world_size} processes' if self.strategy.world_size > 1 else ''})")
+
+    def _explain_halt(self, halt: NonFiniteHalt) -> NonFiniteHalt:
+        """Add the first module that produced a non-finite value to a halt message."""
+        window = self._last_window
+        if window is None:
+            return halt
+
+        def rerun() -> None:
+            with self.precision.autocast():
+                loss, _, _ = forward_batch(self.model, window.micro_batches[0], self.loss_fn)
+            self.precision.guard.scale(loss).backward()
+
+        where = first_nonfinite_module(self.model, rerun)
+        self.optimizer.zero_grad(set_to_none=True)
+        if where is None:
+            return halt
+        module, phase = where
+        return NonFiniteHalt(f"{halt}. First non-finite value: module '{module}' ({phase})",
+                             halt.step)
+
+    def _result(self) -> FitResult:
+        train = [r for r in self.history if "loss" in r]
+        speeds = [r["samples_per_s"] for r in train if r.get("samples_per_s")]
+        return FitResult(
+            precision=self.precision.name, steps=self.step, epochs_completed=self.epoch,
+            final_loss=train[-1]["loss"] if train else None,
+            val_loss=self.last_eval.loss if self.last_eval else None,
+            val_acc=self.last_eval.accuracy if self.last_eval else None,
+            skipped_steps=self.precision.skipped_steps,
+            samples_per_s=float(np.median(speeds)) if speeds else None,
+            peak_mem_bytes=peak_memory_bytes(self.device),
+            out=str(self.out) if self.out else None, history=list(self.history))
+
+
+def _first_line(exc: BaseException) -> str:
+    return str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
