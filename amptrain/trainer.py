@@ -168,18 +168,30 @@ class Trainer:
         and exact resume) or a DataLoader / iterable of batches (each batch is one
         micro-batch; ``accumulate`` of them make a step).
         """
+        self.setup(model, train_data, val_data, optimizer=optimizer, scheduler=scheduler,
+                   loss_fn=loss_fn, class_names=class_names)
+        return self.run()
+
+    def setup(self, model: nn.Module, train_data: Any, val_data: Any = None, *,
+              optimizer: torch.optim.Optimizer | None = None, scheduler: Any = None,
+              loss_fn: LossFn | None = None, class_names: list[str] | None = None) -> None:
+        """Everything :meth:`fit` does before its first step (resume included).
+
+        Split out so that tools (``compare``'s interleaved timing) can drive single steps
+        with :meth:`train_step` on a fully prepared Trainer.
+        """
         c = self.config
         seed_everything(c.seed, c.deterministic)
         self.loss_fn = loss_fn or F.cross_entropy
         self.class_names = class_names
         self._prepare_model(model, optimizer)
         micro, accumulate = c.batching(self.strategy.world_size)
+        self.micro_batch_size, self.accumulate = micro, accumulate
         self.train_windows = self._windows(train_data, micro, accumulate, shuffle=True)
         self._val_data = val_data
         total = len(self.train_windows) * c.epochs
         self.total_steps = min(total, c.max_steps) if c.max_steps else total
         self.scheduler = scheduler or build_scheduler(c, self.optimizer, self.total_steps)
-        self.micro_batch_size, self.accumulate = micro, accumulate
         if self.strategy.is_main and self.out is not None:
             self.out.mkdir(parents=True, exist_ok=True)
         self._resume_if_requested()
@@ -188,6 +200,9 @@ class Trainer:
         self.logger = RunLogger(self.out, enabled=self.strategy.is_main,
                                 progress=not c.no_progress)
         self.logger.message(self._banner())
+
+    def run(self) -> FitResult:
+        """The training loop on a Trainer prepared by :meth:`setup`."""
         self._emit("on_fit_start")
         try:
             self._loop()
@@ -197,6 +212,15 @@ class Trainer:
             self.logger.close()
         self._emit("on_fit_end")
         return self._result()
+
+    def train_step(self, window: Window) -> None:
+        """One optimizer step on ``window`` (micro-batches on the device), without the
+        loop's bookkeeping (logging, evaluation, checkpoints, step counter)."""
+        self._train_step(window)
+
+    def finish_step(self) -> None:
+        """Wait for the last step and account for it (skip flag, LR schedule)."""
+        self._resolve_pending()
 
     def evaluate(self, model: nn.Module | None = None, data: Any = None, *,
                  write_dir: str | Path | None = None) -> EvalResult:
