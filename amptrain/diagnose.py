@@ -25,10 +25,11 @@ from __future__ import annotations
 import argparse
 import copy
 import dataclasses
+import fnmatch
 import json
 import logging
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
@@ -42,7 +43,7 @@ from .devices import resolve_device
 from .env import cpu_flags, device_features, gpu_info, supported_precisions
 from .errors import UserError
 from .precision import NonFiniteHalt
-from .probe import NonFiniteEvent, NonFiniteWatch, floating_tensors
+from .probe import NonFiniteEvent, NonFiniteWatch, extremes, floating_tensors
 from .runner import prepare_run
 from .trainer import Trainer
 
@@ -80,7 +81,7 @@ BF16 = FormatLimits("bf16", BF16_MAX, -126, -134)
 FORMATS = (FP16, BF16)
 
 #: Values per tensor per call that feed the histogram (abs-max always sees everything).
-SAMPLE_LIMIT = 1 << 16
+SAMPLE_LIMIT = 1 << 12
 #: The recommended loss scale keeps the largest gradient this many times below fp16's max,
 #: room for gradients to grow before the dynamic scaler has to back off.
 SCALE_HEADROOM = 8.0
@@ -102,51 +103,133 @@ _NORM_TYPES = (nn.modules.batchnorm._NormBase, nn.LayerNorm, nn.GroupNorm,
                getattr(nn, "RMSNorm", nn.LayerNorm))
 
 
-class TensorStats:
-    """Running range statistics of one stream of tensors, accumulated on the device."""
+def floor_log2(a: torch.Tensor) -> torch.Tensor:
+    """floor(log2(a)) of positive finite float32 values, exactly, from the exponent bits.
+
+    (``torch.frexp`` is a scalar loop on CPU; this is a few vectorised integer ops.)
+    Subnormals are scaled by 2**24 into the normal range first, which is exact.
+    """
+    def exponent(x: torch.Tensor) -> torch.Tensor:
+        return ((x.view(torch.int32) >> 23) & 0xFF).to(torch.int64) - 127
+
+    e = exponent(a)
+    return torch.where(e == -127, exponent(a * 2.0 ** 24) - 24, e)
+
+
+class RangeStats:
+    """Range statistics of many value streams ("slots"), accumulated on the device.
+
+    :meth:`add` costs two small device ops per tensor: its extremes and a copy of a strided
+    sample (a copy, because in-place layers may change the tensor afterwards). The
+    samples are binned in one batch per :meth:`flush` (one forward/backward), so the
+    number of kernel launches does not grow with the number of modules.
+    """
 
     def __init__(self) -> None:
-        self.hist: torch.Tensor | None = None
-        self.abs_max: torch.Tensor | None = None
-        self.min_nonzero: torch.Tensor | None = None
-        self.above: dict[str, torch.Tensor] = {}
-        self.calls = 0
+        self.slots: dict[Any, int] = {}
+        self._samples: list[torch.Tensor] = []
+        self._sample_slots: list[int] = []
+        self._peaks: list[torch.Tensor] = []
+        self._peak_slots: list[int] = []
+        self._index_cache: dict[tuple, tuple[torch.Tensor, torch.Tensor]] = {}
+        self.hist: torch.Tensor | None = None        # [slots, N_BINS] counts
+        self.abs_max: torch.Tensor | None = None     # [slots]
+        self.min_nonzero: torch.Tensor | None = None  # [slots]
+        self.above: torch.Tensor | None = None       # [slots, len(FORMATS)] counts
 
-    def update(self, tensor: torch.Tensor) -> None:
-        """Fold one tensor in: a few reductions and a bincount, no host-device sync."""
+    def slot(self, key: Any) -> int:
+        return self.slots.setdefault(key, len(self.slots))
+
+    def add_peak(self, key: Any, tensor: torch.Tensor) -> None:
+        """Queue only the abs-max of a tensor (over all its values)."""
+        if tensor.numel():
+            self._peaks.append(extremes(tensor))
+            self._peak_slots.append(self.slot(key))
+
+    def add(self, key: Any, tensor: torch.Tensor) -> None:
+        """Queue one tensor of stream ``key``: its abs-max and a sample (no host-device sync)."""
         x = tensor.detach()
         if x.numel() == 0:
             return
-        device = x.device
-        if self.hist is None:
-            self.hist = torch.zeros(N_BINS, dtype=torch.int64, device=device)
-            self.abs_max = torch.zeros((), dtype=torch.float32, device=device)
-            self.min_nonzero = torch.full((), math.inf, dtype=torch.float32, device=device)
-            self.above = {f.name: torch.zeros((), dtype=torch.int64, device=device)
-                          for f in FORMATS}
-        self.calls += 1
-        self.abs_max = torch.maximum(self.abs_max,
-                                     torch.linalg.vector_norm(x, math.inf).float())
+        self.add_peak(key, x)
+        slot = self.slot(key)
         flat = x.reshape(-1)
         stride = flat.numel() // SAMPLE_LIMIT
         if stride > 1:
-            # An odd stride never lines up with power-of-two channel counts.
-            flat = flat[::stride | 1]
-        a = flat.float().abs()
-        finite = torch.isfinite(a)
-        exponent = torch.frexp(a)[1].to(torch.int64) - 1   # floor(log2 a) for a > 0
-        index = (exponent - E_MIN + 1).clamp(1, N_BINS - 2)
-        index = torch.where(a == 0, 0, torch.where(finite, index, N_BINS - 1))
-        self.hist += torch.bincount(index, minlength=N_BINS)
-        positive = torch.where(finite & (a > 0), a, math.inf)
-        self.min_nonzero = torch.minimum(self.min_nonzero, positive.amin())
-        for f in FORMATS:
-            self.above[f.name] += (a > f.max).sum()
+            flat = flat[::stride | 1]  # an odd stride never lines up with channel counts
+        self._samples.append(flat.to(torch.float32, copy=True))
+        self._sample_slots.append(slot)
 
-    def device_tensors(self) -> list[torch.Tensor]:
-        """Everything to read at the end, for one batched transfer."""
-        return [self.hist.float(), torch.stack([self.abs_max, self.min_nonzero,
-                                                *(v.float() for v in self.above.values())])]
+    def _allocate(self, device: torch.device) -> None:
+        n = len(self.slots)
+        old = self.hist.shape[0] if self.hist is not None else 0
+        if n <= old:
+            return
+
+        def grow(t: torch.Tensor | None, shape: tuple, fill: float, dtype: torch.dtype):
+            new = torch.full(shape, fill, dtype=dtype, device=device)
+            return new if t is None else torch.cat([t, new[old:]])
+        self.hist = grow(self.hist, (n, N_BINS), 0, torch.int64)
+        self.abs_max = grow(self.abs_max, (n,), 0.0, torch.float32)
+        self.min_nonzero = grow(self.min_nonzero, (n,), math.inf, torch.float32)
+        self.above = grow(self.above, (n, len(FORMATS)), 0, torch.float64)
+        self._index_cache.clear()
+
+    def _index(self, slots: list[int], sizes: list[int] | None,
+               device: torch.device) -> torch.Tensor:
+        # The same modules queue the same sizes every step: build each index tensor once
+        # per pattern, so steady-state flushes copy nothing from the host.
+        key = (tuple(slots), tuple(sizes) if sizes is not None else None)
+        cached = self._index_cache.get(key)
+        if cached is None:
+            index = torch.tensor(slots)
+            if sizes is not None:
+                index = torch.repeat_interleave(index, torch.tensor(sizes))
+            cached = self._index_cache[key] = index.to(device)
+        return cached
+
+    def flush(self) -> None:
+        """Bin everything queued since the last flush."""
+        if not self._peaks:
+            return  # every queued sample comes with its peak
+        device = self._peaks[0].device
+        self._allocate(device)
+        peak_slots = self._index(self._peak_slots, None, device)
+        peaks = torch.stack(self._peaks).abs().amax(dim=1)
+        self.abs_max.scatter_reduce_(0, peak_slots, peaks, "amax")
+        self._peaks.clear()
+        self._peak_slots.clear()
+        if not self._samples:
+            return
+        sizes = [t.numel() for t in self._samples]
+        segment = self._index(self._sample_slots, sizes, device)
+        n = self.hist.shape[0]
+        a = torch.cat(self._samples).abs_()
+        finite = torch.isfinite(a)
+        index = (floor_log2(a) - E_MIN + 1).clamp_(1, N_BINS - 2)
+        index = torch.where(a == 0, 0, torch.where(finite, index, N_BINS - 1))
+        self.hist += torch.bincount(segment * N_BINS + index,
+                                    minlength=n * N_BINS).view(n, N_BINS)
+        positive = torch.where(finite & (a > 0), a, math.inf)
+        # One vectorised min per queued tensor beats a scatter over every value.
+        mins = torch.stack([part.amin() for part in positive.split(sizes)])
+        self.min_nonzero.scatter_reduce_(0, self._index(self._sample_slots, None, device),
+                                         mins, "amin")
+        for j, f in enumerate(FORMATS):
+            self.above[:, j] += torch.bincount(segment, weights=(a > f.max).to(torch.float32),
+                                               minlength=n)
+        self._samples.clear()
+        self._sample_slots.clear()
+
+    def read(self) -> dict[Any, tuple[np.ndarray, np.ndarray]]:
+        """{key: (histogram, [abs_max, min_nonzero, above per format])}, one transfer."""
+        self.flush()
+        if self.hist is None:
+            return {}
+        scalars = torch.cat([self.abs_max[:, None], self.min_nonzero[:, None],
+                             self.above.float()], dim=1)
+        hist, scalars = (t.cpu().numpy().astype(np.float64) for t in (self.hist, scalars))
+        return {key: (hist[i], scalars[i]) for key, i in self.slots.items()}
 
 
 def fractions(hist: np.ndarray, limits: FormatLimits, scale_log2: int = 0,
@@ -169,7 +252,7 @@ def fractions(hist: np.ndarray, limits: FormatLimits, scale_log2: int = 0,
 
 
 def summarize(hist: np.ndarray, scalars: np.ndarray) -> dict[str, Any]:
-    """The JSON form of one :class:`TensorStats` after it was read back."""
+    """The JSON form of one stream's statistics after :meth:`RangeStats.read`."""
     total = float(hist.sum())
     abs_max, min_nonzero = float(scalars[0]), float(scalars[1])
     above = dict(zip((f.name for f in FORMATS), scalars[2:]))
@@ -186,55 +269,41 @@ def summarize(hist: np.ndarray, scalars: np.ndarray) -> dict[str, Any]:
     }
 
 
-@dataclass
-class ModuleRecord:
-    """What the statistics run saw of one module."""
-
-    name: str
-    type: str
-    leaf: bool
-    order: int | None = None
-    activation: TensorStats = field(default_factory=TensorStats)
-    gradient: TensorStats = field(default_factory=TensorStats)
-    param_gradient: TensorStats = field(default_factory=TensorStats)
-    input_abs_max: torch.Tensor | None = None
-
-
 class RangeRecorder:
     """Forward hooks (and tensor gradient hooks) on every module of ``model``.
 
-    Gradients are caught with hooks on output tensors and on parameters, not with
-    module backward hooks, which break on in-place activations (``ReLU(inplace=True)``).
+    Per module it records three streams: ``activation`` (outputs), ``gradient`` (the
+    gradient arriving at those outputs) and ``param_gradient`` (its own parameters'),
+    plus the abs-max of its floating inputs. Gradients are caught with hooks on output
+    tensors and on parameters, not with module backward hooks, which break on in-place
+    activations (``ReLU(inplace=True)``).
     """
 
     def __init__(self, model: nn.Module) -> None:
-        self.records: dict[str, ModuleRecord] = {}
-        self._order = 0
+        self.stats = RangeStats()
+        self.modules: dict[str, tuple[str, bool]] = {}   # label -> (type, leaf)
+        self.order: dict[str, int] = {}
         self._handles: list[Any] = []
         for name, module in model.named_modules():
             label = name or type(module).__name__
-            record = ModuleRecord(label, type(module).__name__, not any(module.children()))
-            self.records[label] = record
-            self._handles.append(module.register_forward_hook(self._forward_hook(record)))
+            self.modules[label] = (type(module).__name__, not any(module.children()))
+            self._handles.append(module.register_forward_hook(self._forward_hook(label)))
             for param in module.parameters(recurse=False):
                 if param.requires_grad:
                     self._handles.append(param.register_hook(
-                        lambda grad, r=record: r.param_gradient.update(grad)))
+                        lambda grad, key=(label, "param_gradient"): self.stats.add(key, grad)))
+        # A new forward means the previous backward has finished: bin what it queued.
+        self._handles.append(model.register_forward_pre_hook(lambda *_: self.stats.flush()))
 
-    def _forward_hook(self, record: ModuleRecord) -> Callable:
+    def _forward_hook(self, label: str) -> Callable:
         def hook(module: nn.Module, args: Any, output: Any) -> None:
-            if record.order is None:
-                record.order = self._order
-                self._order += 1
+            self.order.setdefault(label, len(self.order))
             for t in floating_tensors(args):
-                if t.numel():
-                    peak = torch.linalg.vector_norm(t.detach(), math.inf).float()
-                    record.input_abs_max = peak if record.input_abs_max is None \
-                        else torch.maximum(record.input_abs_max, peak)
+                self.stats.add_peak((label, "input"), t)
             for t in floating_tensors(output):
-                record.activation.update(t)
+                self.stats.add((label, "activation"), t)
                 if t.requires_grad:
-                    t.register_hook(lambda grad: record.gradient.update(grad))
+                    t.register_hook(lambda grad: self.stats.add((label, "gradient"), grad))
         return hook
 
     def remove(self) -> None:
@@ -244,28 +313,18 @@ class RangeRecorder:
 
     def read(self) -> dict[str, dict[str, Any]]:
         """Every module's statistics, read from the device in one transfer."""
-        parts: list[torch.Tensor] = []
-        slots: list[tuple[str, str, int]] = []
-        for name, record in self.records.items():
-            for kind in ("activation", "gradient", "param_gradient"):
-                stats: TensorStats = getattr(record, kind)
-                if stats.hist is not None:
-                    slots.append((name, kind, len(parts)))
-                    parts.extend(t.cpu() for t in stats.device_tensors())
-            if record.input_abs_max is not None:
-                slots.append((name, "input_abs_max", len(parts)))
-                parts.append(record.input_abs_max.reshape(1).cpu())
-        values = [p.numpy().astype(np.float64) for p in parts]
+        values = self.stats.read()
         out: dict[str, dict[str, Any]] = {
-            name: {"type": r.type, "leaf": r.leaf, "order": r.order, "input_abs_max": None,
-                   "activation": None, "gradient": None, "param_gradient": None, "_hist": {}}
-            for name, r in self.records.items()}
-        for name, kind, i in slots:
-            if kind == "input_abs_max":
-                out[name][kind] = float(values[i][0])
+            label: {"type": kind, "leaf": leaf, "order": self.order.get(label),
+                    "input_abs_max": None, "activation": None, "gradient": None,
+                    "param_gradient": None, "_hist": {}}
+            for label, (kind, leaf) in self.modules.items()}
+        for (label, stream), (hist, scalars) in values.items():
+            if stream == "input":
+                out[label]["input_abs_max"] = float(scalars[0])
             else:
-                out[name][kind] = summarize(values[i], values[i + 1])
-                out[name]["_hist"][kind] = values[i]
+                out[label][stream] = summarize(hist, scalars)
+                out[label]["_hist"][stream] = hist
         return out
 
 
@@ -326,8 +385,11 @@ def run_steps(config: TrainConfig, data: DataBundle, model: nn.Module, steps: in
 
 
 # ----------------------------------------------------------- recommendations
-def _in_any(name: str, roots: list[str]) -> bool:
-    return any(name == r or name.startswith(r + ".") for r in roots)
+def _in_island(name: str, patterns: list[str]) -> bool:
+    """True when ``name`` or one of its parents matches a keep_fp32 glob (runs in fp32)."""
+    parts = name.split(".")
+    prefixes = [".".join(parts[:i]) for i in range(1, len(parts) + 1)]
+    return any(fnmatch.fnmatchcase(p, pattern) for p in prefixes for pattern in patterns)
 
 
 def _casts_inputs_to_half(module: nn.Module) -> bool:
@@ -337,11 +399,15 @@ def _casts_inputs_to_half(module: nn.Module) -> bool:
 
 
 def keep_fp32_candidates(stats: dict[str, dict[str, Any]], modules: dict[str, nn.Module],
-                         root: str, first: NonFiniteEvent | None) -> list[dict[str, str]]:
-    """Modules to run in fp32, each with the reason; the most specific module wins."""
+                         root: str, first: NonFiniteEvent | None,
+                         kept: list[str] = ()) -> list[dict[str, str]]:
+    """Modules to run in fp32, each with the reason; the most specific module wins.
+
+    Modules that the ``kept`` patterns (the user's --keep-fp32) already cover are left out.
+    """
     reasons: dict[str, str] = {}
     for name, s in stats.items():
-        if name == root:
+        if name == root or _in_island(name, list(kept)):
             continue
         act = s["activation"]
         if act and _num(act["abs_max"]) > FP16_MAX:
@@ -352,7 +418,7 @@ def keep_fp32_candidates(stats: dict[str, dict[str, Any]], modules: dict[str, nn
             reasons[name] = (f"its inputs reach {_g(s['input_abs_max'])}; autocast would cast "
                              f"them to fp16 (max {FP16_MAX:g})")
     if first is not None and first.phase == "forward" and first.module != root \
-            and first.module not in reasons:
+            and first.module not in reasons and not _in_island(first.module, list(kept)):
         reasons[first.module] = (f"first module to produce inf/NaN in 16-mixed "
                                  f"(forward, step {first.step})")
     # A module whose descendant is a candidate is covered by it (a container's output
@@ -371,7 +437,7 @@ def recommend_loss_scale(stats: dict[str, dict[str, Any]], islands: list[str],
     """
     hists, peaks, smallest, counted = [], [], [], []
     for name, s in stats.items():
-        if _in_any(name, islands):
+        if _in_island(name, islands):
             continue
         for kind in ("gradient", "param_gradient"):
             if s[kind] is not None:
@@ -417,15 +483,22 @@ def recommend_loss_scale(stats: dict[str, dict[str, Any]], islands: list[str],
 
 
 def module_risks(name: str, s: dict[str, Any], first: NonFiniteEvent | None,
-                 scale_log2: int | None, island: bool, casts_to_half: bool
-                 ) -> tuple[float, list[str]]:
-    """A risk score (higher first in the report) and the reasons behind it."""
+                 scale_log2: int | None, island: bool, casts_to_half: bool,
+                 kept_by_user: bool = False) -> tuple[float, list[str]]:
+    """A risk score (higher first in the report) and the reasons behind it.
+
+    ``island``: the module runs in fp32 once the recommendations are applied (its
+    gradients then do not count); ``kept_by_user``: it already does (--keep-fp32), so
+    its forward range is no risk either.
+    """
     score, reasons = 0.0, []
     if first is not None and first.module == name:
         score += 1000
         reasons.append(f"first inf/NaN in 16-mixed ({first.phase}, step {first.step})")
     act = s["activation"]
-    if act:
+    if kept_by_user:
+        reasons.append("runs in fp32 (--keep-fp32)")
+    elif act:
         peak = _num(act["abs_max"])
         if peak > FP16_MAX:
             score += 100 + math.log2(peak / FP16_MAX)
@@ -438,7 +511,8 @@ def module_risks(name: str, s: dict[str, Any], first: NonFiniteEvent | None,
             score += 10 * act["fp16"]["below_min_normal"]
             reasons.append(f"{_pct(act['fp16']['below_min_normal'])} of outputs below fp16 "
                            f"min normal")
-    if s["input_abs_max"] is not None and s["input_abs_max"] > FP16_MAX and casts_to_half:
+    if s["input_abs_max"] is not None and s["input_abs_max"] > FP16_MAX and casts_to_half \
+            and not kept_by_user:
         score += 80
         reasons.append(f"inputs reach {_g(s['input_abs_max'])} > fp16 max")
     if not island:
@@ -507,7 +581,7 @@ def diagnose(config: TrainConfig, steps: int = 20, *, data: DataBundle | None = 
 
     modules = {(n or type(m).__name__): m for n, m in initial.named_modules()}
     root = type(initial).__name__  # how the hooks label the model itself
-    keep = keep_fp32_candidates(stats, modules, root, first)
+    keep = keep_fp32_candidates(stats, modules, root, first, config.keep_fp32)
     islands = list(dict.fromkeys(list(config.keep_fp32) + [k["pattern"] for k in keep]))
     scale = recommend_loss_scale(stats, islands, config.init_scale)
 
@@ -522,9 +596,11 @@ def diagnose(config: TrainConfig, steps: int = 20, *, data: DataBundle | None = 
         bf16_run, _ = run_steps(config, data, copy.deepcopy(initial), steps, "bf16-mixed")
 
     for name, s in stats.items():
-        island = _in_any(name, islands)
+        island = _in_island(name, islands)
         casts = name in modules and _casts_inputs_to_half(modules[name])
-        s["risk"], s["reasons"] = module_risks(name, s, first, scale["log2"], island, casts)
+        s["fp32_with_recommendations"] = island
+        s["risk"], s["reasons"] = module_risks(name, s, first, scale["log2"], island, casts,
+                                               _in_island(name, list(config.keep_fp32)))
         if s["gradient"] is not None and scale["log2"] is not None:
             s["gradient"]["fp16_at_recommended_scale"] = fractions(
                 s["_hist"]["gradient"], FP16, scale["log2"])
@@ -631,7 +707,8 @@ def _pct(fraction: float) -> str:
 def summary_lines(report: dict[str, Any]) -> list[str]:
     """The short summary printed by the command (and atop diagnose.md)."""
     recs = report["recommendations"]
-    lines = [f"diagnose: {report['model']} on {report['data']}, {report['steps']} steps of "
+    lines = [f"diagnose: {report['model']} on {report['data'] or 'the given data'}, "
+             f"{report['steps']} steps of "
              f"{report['batch_size']} on {report['device']} (32-true statistics, then 16-mixed)"]
     first = report["first_nonfinite"]
     fp16 = report["runs"]["16-mixed"]
@@ -643,6 +720,11 @@ def summary_lines(report: dict[str, Any]) -> list[str]:
                      + (" (halted)" if fp16["halted"] else ""))
     else:
         lines.append(f"16-mixed: no non-finite values in {fp16['steps']} steps")
+    fp32 = report["runs"]["32-true"]
+    if fp32["skipped_steps"]:
+        lines.append(f"32-true itself had {fp32['skipped_steps']} non-finite steps of "
+                     f"{fp32['steps']}: that is not a precision problem (lower --lr, "
+                     f"--clip-grad-norm)")
     risky: list[tuple[str, dict[str, Any]]] = []
     for name, m in report["modules"].items():
         # A container usually repeats its last child's numbers: name the child only.
@@ -693,7 +775,9 @@ def markdown_report(report: dict[str, Any]) -> str:
         lines.append("")
     lines += ["## Modules (riskiest first)", "",
               "Fractions are of sampled values; fp16: max 65504, min normal 6.1e-05, "
-              "values below 3.0e-08 flush to zero. Gradients are unscaled (fp32 run).", "",
+              "values below 3.0e-08 flush to zero. Gradients are unscaled (fp32 run); "
+              "\"x scale\" multiplies them by the recommended loss scale, and (fp32) marks "
+              "modules that run in fp32 once the recommendations are applied.", "",
               "| module | type | risk | act abs-max | act min≠0 | act >fp16 max "
               "| act <fp16 normal | act flushed | grad abs-max | grad min≠0 "
               "| grad <fp16 normal | grad flushed | grad <normal x scale | weight-grad abs-max "
@@ -701,7 +785,8 @@ def markdown_report(report: dict[str, Any]) -> str:
               "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for name, m in report["modules"].items():
         act, grad = m["activation"], m["gradient"]
-        scaled = _pct(grad["fp16_at_recommended_scale"]["below_min_normal"]) \
+        scaled = "(fp32)" if m["fp32_with_recommendations"] else \
+            _pct(grad["fp16_at_recommended_scale"]["below_min_normal"]) \
             if grad and "fp16_at_recommended_scale" in grad else ""
         bf16_bad = bf16_trouble(m)
         lines.append(

@@ -17,8 +17,8 @@ from torch import nn
 
 from amptrain.config import TrainConfig
 from amptrain.data import DataBundle
-from amptrain.diagnose import (FP16, FP16_MAX, SCALE_HEADROOM, RangeRecorder, TensorStats,
-                               diagnose, fractions, summarize, write_reports)
+from amptrain.diagnose import (FP16, FP16_MAX, SCALE_HEADROOM, RangeRecorder, RangeStats,
+                               SAMPLE_LIMIT, diagnose, fractions, summarize, write_reports)
 from amptrain.range_demos import Scale
 from amptrain.trainer import Trainer
 from tests.conftest import tiny_classification
@@ -54,9 +54,11 @@ def train_16_mixed(factor: float, steps: int, **options) -> Trainer:
 # ----------------------------------------------------------------- statistics
 def test_tensor_stats_fractions_are_exact_for_known_values():
     values = torch.tensor([0.0, 1e-9, -1e-6, 1.0, 1e5, -7e4, 3e-5, 2.0 ** -140])
-    stats = TensorStats()
-    stats.update(values)
-    hist, scalars = (t.cpu().numpy().astype(np.float64) for t in stats.device_tensors())
+    stats = RangeStats()
+    stats.add("x", values[:3])
+    stats.add("y", torch.ones(5))   # another stream in the same batch
+    stats.add("x", values[3:])      # the same stream twice
+    hist, scalars = stats.read()["x"]
     s = summarize(hist, scalars)
     n = len(values)
     assert s["abs_max"] == pytest.approx(1e5)
@@ -76,10 +78,10 @@ def test_tensor_stats_fractions_are_exact_for_known_values():
 def test_large_tensors_are_sampled_but_abs_max_sees_every_value():
     x = torch.randn(1_000_003)
     x[123_457] = 9e5  # almost surely not on the sampling stride
-    stats = TensorStats()
-    stats.update(x)
-    hist, scalars = (t.cpu().numpy() for t in stats.device_tensors())
-    assert hist.sum() <= 2 * 65536
+    stats = RangeStats()
+    stats.add("x", x)
+    hist, scalars = stats.read()["x"]
+    assert hist.sum() <= 2 * SAMPLE_LIMIT
     assert scalars[0] == pytest.approx(9e5)
 
 
@@ -99,6 +101,9 @@ def test_gradient_hooks_work_with_inplace_relu():
     assert stats["0"]["param_gradient"]["abs_max"] == pytest.approx(
         max(model[0].weight.grad.abs().max().item(), model[0].bias.grad.abs().max().item()))
     assert stats["Sequential"]["activation"]["abs_max"] == pytest.approx(out.abs().max().item())
+    # The Linear's outputs were sampled before the in-place ReLU zeroed half of them.
+    assert stats["0"]["activation"]["abs_max"] == pytest.approx(hidden.abs().max().item())
+    assert stats["0"]["activation"]["zeros"] == 0.0 and stats["1"]["activation"]["zeros"] > 0
 
 
 # -------------------------------------------------------------------- overflow
