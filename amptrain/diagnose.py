@@ -98,7 +98,8 @@ E_MIN, E_MAX = -150, 128
 N_BINS = E_MAX - E_MIN + 3
 _EXPONENTS = np.arange(E_MIN, E_MAX + 1)
 
-#: Module types that autocast runs in fp16 (so a large fp32 input overflows as it is cast).
+#: Norm layers: autocast keeps (layer norm) or passes through (batch norm) their input
+#: dtype, so unlike weight layers they do not cast a large fp32 input down to fp16.
 _NORM_TYPES = (nn.modules.batchnorm._NormBase, nn.LayerNorm, nn.GroupNorm,
                getattr(nn, "RMSNorm", nn.LayerNorm))
 
@@ -119,10 +120,10 @@ def floor_log2(a: torch.Tensor) -> torch.Tensor:
 class RangeStats:
     """Range statistics of many value streams ("slots"), accumulated on the device.
 
-    :meth:`add` costs two small device ops per tensor: its extremes and a copy of a strided
-    sample (a copy, because in-place layers may change the tensor afterwards). The
-    samples are binned in one batch per :meth:`flush` (one forward/backward), so the
-    number of kernel launches does not grow with the number of modules.
+    :meth:`add` costs two small device ops per tensor: its extremes and a copy of a
+    strided sample (a copy, because in-place layers may change the tensor afterwards).
+    All samples are binned together in :meth:`flush` (once per forward/backward), so
+    the binning's kernel launches do not grow with the number of modules.
     """
 
     def __init__(self) -> None:
@@ -131,7 +132,7 @@ class RangeStats:
         self._sample_slots: list[int] = []
         self._peaks: list[torch.Tensor] = []
         self._peak_slots: list[int] = []
-        self._index_cache: dict[tuple, tuple[torch.Tensor, torch.Tensor]] = {}
+        self._index_cache: dict[tuple, torch.Tensor] = {}
         self.hist: torch.Tensor | None = None        # [slots, N_BINS] counts
         self.abs_max: torch.Tensor | None = None     # [slots]
         self.min_nonzero: torch.Tensor | None = None  # [slots]
@@ -650,8 +651,16 @@ def _bf16_verdict(stats: dict[str, dict[str, Any]], first: NonFiniteEvent | None
     """Does bf16-mixed avoid what goes wrong in fp16? From the ranges and the bf16 run."""
     overflow = any(s["activation"] and _num(s["activation"]["abs_max"]) > FP16_MAX
                    for s in stats.values())
-    underflow = (scale["unscaled"] or {}).get("below_min_normal", 0.0) > SIGNIFICANT
-    fp16_problem = first is not None or overflow or underflow
+    unscaled = (scale["unscaled"] or {}).get("below_min_normal", 0.0)
+    fp16_problems = []
+    if first is not None:
+        fp16_problems.append(f"inf/NaN from step {first.step}")
+    if overflow:
+        fp16_problems.append(f"activations above its max {FP16_MAX:g}")
+    if unscaled > SIGNIFICANT:
+        fp16_problems.append(f"{_pct(unscaled)} of gradients below its smallest normal "
+                             f"without loss scaling")
+    fp16_problem = bool(fp16_problems)
     out_of_bf16 = [n for n, s in stats.items() if bf16_trouble(s)]
     clean_run = bf16_run is not None and bf16_run.skipped_steps == 0 and bf16_run.halted is None
     native = supported.get("bf16-mixed", False)
@@ -663,7 +672,8 @@ def _bf16_verdict(stats: dict[str, dict[str, Any]], first: NonFiniteEvent | None
         reason = (f"bf16-mixed had {bf16_run.skipped_steps} non-finite steps in "
                   f"{bf16_run.steps}")
     elif fp16_problem:
-        reason = (f"no recorded value overflows bf16 (it has fp32's exponent range); "
+        reason = (f"fp16: {', '.join(fp16_problems)}; bf16: no recorded value overflows it "
+                  f"(fp32's exponent range, no loss scaling needed); "
                   f"{'0 non-finite steps in a bf16-mixed run; ' if clean_run else ''}{where}")
     else:
         reason = f"fp16 has no range problem here; bf16 would also be fine ({where})"

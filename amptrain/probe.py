@@ -93,9 +93,9 @@ class NonFiniteWatch:
 
     Unlike :func:`first_nonfinite_module` it never reads the device while training:
     each check queues one device-side reduction (the tensor's :func:`extremes`, which
-    are inf/NaN exactly when the tensor holds one), and :meth:`first` reads them all once. ``step_of()``
-    tells the hooks which optimizer step is running (0-based); ``scale_of()`` may
-    return the loss-scale tensor of that step.
+    are inf/NaN exactly when the tensor holds one), and :meth:`first` reads them all
+    once. ``step_of()`` tells the hooks which optimizer step is running (0-based);
+    ``scale_of()`` may return the loss-scale tensor of that step.
     """
 
     def __init__(self, model: nn.Module, step_of: Callable[[], int],
