@@ -130,7 +130,19 @@ COMMANDS: dict[str, tuple[str, Callable[[argparse.ArgumentParser], None],
                           Callable[[argparse.Namespace], int]]] = {
     "train": ("train a model in one precision", _add_train, _run_train),
     "eval": ("evaluate a checkpoint", _add_eval, _run_eval),
+    "diagnose": ("find which modules overflow or underflow in fp16 and what to do about it",
+                 lambda p: _lazy("diagnose", "add_diagnose_args")(p),
+                 lambda a: _lazy("diagnose", "run_diagnose")(a)),
+    "env": ("show versions, hardware and which precisions it supports",
+            lambda p: _lazy("env", "add_env_args")(p), lambda a: _lazy("env", "run_env")(a)),
 }
+
+
+def _lazy(module: str, name: str) -> Callable:
+    """A command's function, imported when used (its module may import this one)."""
+    import importlib
+
+    return getattr(importlib.import_module(f"amptrain.{module}"), name)
 
 
 def build_parser() -> argparse.ArgumentParser:

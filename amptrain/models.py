@@ -104,3 +104,6 @@ def _image_channels(inputs: ModelInputs, name: str) -> int:
 def cnn(argument: str, inputs: ModelInputs) -> nn.Module:
     width = int(argument) if argument else 32
     return SmallCNN(_image_channels(inputs, "cnn"), inputs.num_classes, width)
+
+
+from . import range_demos  # noqa: E402,F401  (registers demo-overflow / demo-underflow)

@@ -1,0 +1,77 @@
+"""What diagnose's hooks cost: step time of 32-true training with and without them.
+
+Three Trainers on the same model and data: plain, with the NonFiniteWatch (the 16-mixed
+runs' hooks) and with the RangeRecorder (the statistics run's hooks). Steps are
+interleaved A/B/C, warm-up steps are excluded, and the medians are compared.
+
+    python benchmarks/diagnose_overhead.py [--model cnn] [--data digits] [--steps 30]
+"""
+from __future__ import annotations
+
+import argparse
+import copy
+import statistics
+import time
+
+import torch
+
+from amptrain.config import RunConfig, build_config
+from amptrain.diagnose import RangeRecorder
+from amptrain.probe import NonFiniteWatch
+from amptrain.runner import prepare_run
+from amptrain.trainer import Trainer
+
+
+def _windows_forever(trainer: Trainer):
+    epoch = 0
+    while True:
+        yield from trainer.train_windows.epoch(epoch)
+        epoch += 1
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", default="cnn")
+    parser.add_argument("--data", default="digits")
+    parser.add_argument("--batch-size", type=int, default=64)
+    parser.add_argument("--steps", type=int, default=30)
+    parser.add_argument("--warmup", type=int, default=3)
+    parser.add_argument("--threads", type=int, default=None, help="CPU threads (default: torch's)")
+    args = parser.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
+
+    config = build_config(RunConfig, dict(model=args.model, data=args.data, precision="32-true",
+                                          batch_size=args.batch_size, no_progress=True,
+                                          scheduler="none"))
+    data, model = prepare_run(config)
+    variants = {}
+    for name in ("plain", "watch", "recorder"):
+        trainer = Trainer(config)
+        trainer.setup(copy.deepcopy(model), data.train)
+        if name == "watch":
+            NonFiniteWatch(trainer.model, lambda t=trainer: t.step)
+        elif name == "recorder":
+            RangeRecorder(trainer.model)
+        variants[name] = (trainer, _windows_forever(trainer))
+    times: dict[str, list[float]] = {name: [] for name in variants}
+    for step in range(args.warmup + args.steps):
+        for name, (trainer, windows) in variants.items():
+            window = next(windows)
+            start = time.perf_counter()
+            trainer.train_step(window)
+            trainer.finish_step()
+            if trainer.device.type == "cuda":
+                torch.cuda.synchronize()
+            if step >= args.warmup:
+                times[name].append(time.perf_counter() - start)
+    base = statistics.median(times["plain"])
+    print(f"{args.model} on {args.data}, batch {args.batch_size}, {args.steps} steps "
+          f"(median, {torch.get_num_threads()} threads, {variants['plain'][0].device}):")
+    for name, values in times.items():
+        median = statistics.median(values)
+        print(f"  {name:<9} {median * 1e3:8.2f} ms/step  {median / base:5.2f}x")
+
+
+if __name__ == "__main__":
+    main()

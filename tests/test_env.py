@@ -1,0 +1,152 @@
+"""amptrain env: versions, CPU flags, per-precision support and the recommendation,
+on this machine and on faked CUDA GPUs."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from amptrain import env
+from amptrain.precision import MODES
+from amptrain.precision.modes import cpu_has_native_bf16
+
+ROOT = Path(__file__).parents[1]
+CPUINFO = Path("/proc/cpuinfo")
+
+
+def _cli(*args: str) -> subprocess.CompletedProcess:
+    environ = {**os.environ, "PYTHONPATH": str(ROOT)}
+    return subprocess.run([sys.executable, "-m", "amptrain", *args], cwd=ROOT, env=environ,
+                          capture_output=True, text=True, timeout=120)
+
+
+def _proc_flags() -> set[str]:
+    for line in CPUINFO.read_text().splitlines():
+        if line.startswith("flags"):
+            return set(line.split(":", 1)[1].split())
+    return set()
+
+
+@pytest.mark.skipif(not CPUINFO.exists() or not _proc_flags(),
+                    reason="needs an x86 Linux /proc/cpuinfo with a flags line")
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the CPU recommendation")
+def test_env_json_reports_this_cpus_flags_and_recommends_bf16_where_native():
+    result = _cli("env", "--json")
+    assert result.returncode == 0, result.stderr
+    info = json.loads(result.stdout)
+    flags = _proc_flags()
+    assert info["cpu_flags"] == {name: name in flags for name in
+                                 ("amx_bf16", "amx_fp16", "amx_tile", "avx512_bf16",
+                                  "avx512_fp16")}
+    native_bf16 = cpu_has_native_bf16() or bool({"amx_bf16", "avx512_bf16"} & flags)
+    assert info["recommended_precision"] == ("bf16-mixed" if native_bf16 else "32-true")
+    assert set(info["supported"]) == set(MODES) | {"fp8"}
+    assert info["supported"]["32-true"] and not info["supported"]["fp8"]
+    assert info["supported"]["bf16-mixed"] == native_bf16
+    assert info["supported"]["tf32"] is False  # a CUDA feature
+    assert info["python"] and info["torch"] == torch.__version__ and info["cpu_cores"] >= 1
+    if native_bf16 and "amx_fp16" not in flags:
+        assert any("AMX-FP16" in note for note in info["notes"])
+
+
+def test_this_machine_with_amx_recommends_bf16_mixed():
+    """The machine this project is developed on has AMX-BF16 (see HELPER_GUIDE)."""
+    if torch.cuda.is_available() or not CPUINFO.exists() or "amx_bf16" not in _proc_flags():
+        pytest.skip("only meaningful on a CPU with AMX-BF16 and no GPU")
+    info = env.collect_env()
+    assert info["cpu_flags"]["amx_bf16"] and info["recommended_precision"] == "bf16-mixed"
+    assert info["channels_last"] is True
+
+
+def test_cpu_flags_are_parsed_from_cpuinfo(tmp_path):
+    fake = tmp_path / "cpuinfo"
+    fake.write_text("processor\t: 0\nmodel name\t: Fake CPU\n"
+                    "flags\t\t: fpu sse avx512f avx512_bf16 amx_tile amx_bf16\n\n")
+    assert env.cpu_flags(str(fake)) == {"amx_bf16": True, "amx_fp16": False, "amx_tile": True,
+                                        "avx512_bf16": True, "avx512_fp16": False}
+    assert set(env.cpu_flags(str(tmp_path / "missing")).values()) == {None}
+
+
+def test_collect_env_keeps_the_keys_other_reports_embed():
+    info = env.collect_env()
+    assert {"python", "torch", "cuda", "cpu", "cpu_cores", "gpus"} <= set(info)
+    json.dumps(info)  # JSON-ready
+
+
+# ---------------------------------------------------------------- fake CUDA
+def fake_gpu(monkeypatch, name: str, major: int, minor: int, memory_gib: int, count: int = 1):
+    """Make torch.cuda.* report ``count`` GPUs of one kind (no CUDA needed)."""
+    props = SimpleNamespace(name=name, major=major, minor=minor,
+                            total_memory=memory_gib * 2 ** 30, multi_processor_count=80)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: count)
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda device=None: props)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (major, minor))
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: name)
+    monkeypatch.setattr(torch.version, "cuda", "12.4")
+    monkeypatch.setattr(torch.backends.cudnn, "version", lambda: 90100)
+    monkeypatch.setattr(torch.cuda.nccl, "version", lambda: (2, 21, 5))
+
+
+def test_fake_h100_supports_fp8_and_recommends_bf16(monkeypatch):
+    fake_gpu(monkeypatch, "NVIDIA H100 80GB HBM3", 9, 0, 80)
+    info = env.collect_env()
+    assert info["device"] == "cuda"
+    assert info["cuda"] == "12.4" and info["cudnn"] == "90100" and info["nccl"] == "2.21.5"
+    gpu = info["gpus"][0]
+    assert gpu["compute_capability"] == "9.0" and gpu["memory_bytes"] == 80 * 2 ** 30
+    assert gpu["tensor_cores"] and gpu["bf16"] and gpu["tf32"] and gpu["fp8"]
+    assert info["supported"] == {name: True for name in list(MODES) + ["fp8"]}
+    assert info["recommended_precision"] == "bf16-mixed"
+    assert info["channels_last"] is True
+    text = env.format_env(info)
+    assert "NVIDIA H100 80GB HBM3, compute capability 9.0" in text
+    assert "recommended: --precision bf16-mixed" in text
+
+
+def test_fake_t4_has_no_bf16_and_recommends_fp16(monkeypatch):
+    fake_gpu(monkeypatch, "Tesla T4", 7, 5, 15, count=2)
+    info = env.collect_env()
+    assert len(info["gpus"]) == 2
+    supported = info["supported"]
+    assert not supported["bf16-mixed"] and not supported["bf16-true"] \
+        and not supported["bf16-master"]
+    assert supported["16-mixed"] and supported["32-true"]
+    assert not supported["fp8"] and not supported["tf32"]
+    assert info["recommended_precision"] == "16-mixed"
+    assert info["features"]["tensor_cores"]
+    assert any("no bf16" in note for note in info["notes"])
+    assert any("--nproc-per-node 2" in note for note in info["notes"])
+
+
+def test_fake_old_gpu_recommends_fp32(monkeypatch):
+    fake_gpu(monkeypatch, "Tesla K80", 3, 7, 12)
+    info = env.collect_env()
+    assert info["recommended_precision"] == "32-true"
+    assert not info["supported"]["16-mixed"] and not info["features"]["tensor_cores"]
+
+
+# -------------------------------------------------------------------- bench
+def test_bench_measures_every_dtype_on_this_device():
+    bench = env.run_bench(torch.device("cpu"), rounds=1, target_s=0.0)
+    rows = {(r["op"], r["dtype"]): r for r in bench["results"]}
+    assert set(rows) == {(op, d) for op in ("matmul", "conv2d") for d in ("fp32", "bf16", "fp16")}
+    assert all(r["tflops"] > 0 and r["ms"] > 0 for r in rows.values())
+    assert rows["matmul", "fp32"]["ratio_to_fp32"] == 1.0
+    assert "TFLOP/s" in env.format_bench(bench)
+
+
+# ---------------------------------------------------------------------- CLI
+def test_cli_env_prints_a_table():
+    result = _cli("env")
+    assert result.returncode == 0, result.stderr
+    assert "precision" in result.stdout and "supported" in result.stdout
+    assert "recommended: --precision" in result.stdout
+    for name in list(MODES) + ["fp8"]:
+        assert f"  {name} " in result.stdout
