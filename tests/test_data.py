@@ -416,3 +416,41 @@ def test_tensor_data_and_bundle_api():
     assert len(data) == 3 and data.nbytes() == 3 * 2 * 4 + 3 * 8
     bundle = DataBundle(data, None, 2, (2,), "features")
     assert bundle.class_names == ["0", "1"] and bundle.fitted == {}
+
+
+# ------------------------------------------------- preprocessing reused by eval
+def sentiment_rows(n: int, seed: int, filler: int, sentiment: int) -> list[tuple[str, str]]:
+    import random
+
+    rng = random.Random(seed)
+    words = {"pos": ["great", "superb", "lovely", "fun"], "neg": ["awful", "dull", "bad", "weak"]}
+    rows = []
+    for _ in range(n):
+        label = rng.choice(["pos", "neg"])
+        text = rng.choices(["the", "film", "was", "a", "plot"], k=filler) \
+            + rng.choices(words[label], k=sentiment)
+        rng.shuffle(text)
+        rows.append((" ".join(text), label))
+    return rows
+
+
+@pytest.mark.slow
+def test_eval_feeds_other_data_through_the_training_preprocessing(tmp_path):
+    from amptrain.config import RunConfig
+    from amptrain.runner import run_evaluation, run_training
+
+    write_csv(tmp_path / "train.csv", sentiment_rows(400, 0, filler=5, sentiment=2))
+    # The same words at other frequencies: a vocabulary built from this file would give
+    # the words other ids than the model learnt (sentiment words would come first).
+    write_csv(tmp_path / "other.csv", sentiment_rows(200, 1, filler=1, sentiment=3))
+    config = RunConfig(model="lstm:embed=16,hidden=16", data=f"csv-text:{tmp_path / 'train.csv'},max_len=8",
+                       precision="32-true", device="cpu", epochs=5, batch_size=32, lr=0.01,
+                       out=str(tmp_path / "run"), no_progress=True)
+    config.validate()
+    fit = run_training(config)
+    assert fit.val_acc >= 0.95
+    result, _ = run_evaluation(checkpoint_path=str(tmp_path / "run" / "checkpoints" / "last.pt"),
+                               data=f"csv-text:{tmp_path / 'other.csv'},max_len=8",
+                               precision="32-true", out=str(tmp_path / "ev"), device="cpu",
+                               progress=False)
+    assert result.accuracy >= 0.9
