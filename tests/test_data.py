@@ -55,7 +55,7 @@ def test_synthetic_seq_reserves_padding_and_checks_options():
     assert data.kind == "sequence" and data.vocab_size == 20 and data.input_shape == (12,)
     assert tokens.dtype == torch.long and tokens.min() >= 1 and tokens.max() < 20
     assert_data_error("synthetic-seq:vocab=3,classes=4", "vocab must be >= 5")
-    assert_data_error("synthetic-image:samples=many", "samples must be a int")
+    assert_data_error("synthetic-image:samples=many", "samples must be an integer")
     assert_data_error("synthetic-image:colour=1", "unknown option 'colour=1'")
     assert_data_error("digits:big", "unknown option 'big'")
 
@@ -443,7 +443,8 @@ def test_eval_feeds_other_data_through_the_training_preprocessing(tmp_path):
     # The same words at other frequencies: a vocabulary built from this file would give
     # the words other ids than the model learnt (sentiment words would come first).
     write_csv(tmp_path / "other.csv", sentiment_rows(200, 1, filler=1, sentiment=3))
-    config = RunConfig(model="lstm:embed=16,hidden=16", data=f"csv-text:{tmp_path / 'train.csv'},max_len=8",
+    config = RunConfig(model="lstm:embed=16,hidden=16",
+                       data=f"csv-text:{tmp_path / 'train.csv'},max_len=8",
                        precision="32-true", device="cpu", epochs=5, batch_size=32, lr=0.01,
                        out=str(tmp_path / "run"), no_progress=True)
     config.validate()

@@ -76,9 +76,11 @@ def test_trains_under_bf16_mixed(spec, inputs):
     ("mlp", SEQUENCES, "lstm or transformer"),
     ("transformer:heads=3", SEQUENCES, "d_model 128 is not divisible by heads 3"),
     ("transformer:depth=2", SEQUENCES, "unknown option 'depth=2'"),
-    ("lstm:hidden=big", SEQUENCES, "hidden must be a int"),
+    ("lstm:hidden=big", SEQUENCES, "hidden must be an integer"),
     ("lstm:dropout=1.5", SEQUENCES, r"dropout must be in \[0, 1\)"),
     ("resnet18:stem=huge", IMAGES, "stem must be auto, cifar or imagenet"),
+    ("cnn:0", IMAGES, "width must be >= 1"),
+    ("mlp:hidden=-3", FEATURES, "hidden must not be negative"),
     ("resnet101", IMAGES, "unknown --model 'resnet101'"),
 ])
 def test_mismatches_and_bad_options_are_user_errors(spec, inputs, match):

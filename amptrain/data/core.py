@@ -7,6 +7,7 @@ followed by options (``imagefolder:photos,size=64``).
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Sequence
@@ -107,6 +108,9 @@ def build_data(spec: str, options: DataOptions | None = None) -> DataBundle:
 
 
 # ------------------------------------------------------------------ spec parsing
+_A_TYPE = {int: "an integer", float: "a number", str: "a string"}
+
+
 def parse_options(argument: str, defaults: dict[str, Any], spec: str) -> dict[str, Any]:
     """Parse ``key=value,key=value`` against typed defaults; unknown keys are errors."""
     values = dict(defaults)
@@ -118,7 +122,7 @@ def parse_options(argument: str, defaults: dict[str, Any], spec: str) -> dict[st
         try:
             values[key] = type(defaults[key])(raw)
         except ValueError:
-            raise UserError(f"--data {spec}: {key} must be a {type(defaults[key]).__name__} "
+            raise UserError(f"--data {spec}: {key} must be {_A_TYPE[type(defaults[key])]} "
                             f"(got {raw!r})") from None
     return values
 
@@ -170,9 +174,10 @@ def split_indices(n: int, val_fraction: float, seed: int = SPLIT_SEED
 def _label_key(name: str) -> tuple[int, float, str]:
     """Numbers sort numerically ("2" before "10"), then everything else alphabetically."""
     try:
-        return (0, float(name), name)
+        number = float(name)
     except ValueError:
         return (1, 0.0, name)
+    return (0, number, name) if math.isfinite(number) else (1, 0.0, name)
 
 
 def label_name(value: Any) -> str:

@@ -49,8 +49,9 @@ def read_idx(path: Path, magic: int, spec: str) -> np.ndarray:
         raise UserError(f"--data {spec}: {path.name} is truncated ({len(raw)} bytes)")
     found = struct.unpack(">I", raw[:4])[0]
     if found != magic:
+        what = "image" if magic == IDX_IMAGES_MAGIC else "label"
         raise UserError(f"--data {spec}: {path.name} has magic number 0x{found:08X}, expected "
-                        f"0x{magic:08X}: not an IDX {'image' if magic == IDX_IMAGES_MAGIC else 'label'} file")
+                        f"0x{magic:08X}: not an IDX {what} file")
     ndim = magic & 0xFF
     header = 4 + 4 * ndim
     if len(raw) < header:

@@ -7,7 +7,7 @@ import torch
 from torch import nn
 
 from ..errors import UserError
-from .core import ModelInputs, image_channels, parse_options, register
+from .core import ModelInputs, image_channels, parse_options, register, require_positive
 
 
 class MLP(nn.Module):
@@ -26,11 +26,13 @@ class MLP(nn.Module):
 @register("mlp")
 def mlp(argument: str, inputs: ModelInputs) -> nn.Module:
     """``mlp[:hidden=256]`` on images or feature vectors (flattened)."""
-    o = parse_options(argument, {"hidden": 256}, f"mlp:{argument}", positional="hidden")
+    spec = f"mlp:{argument}" if argument else "mlp"
+    o = parse_options(argument, {"hidden": 256}, spec, positional="hidden")
+    require_positive(o, spec, "hidden")
     if inputs.kind == "sequence":
-        raise UserError("--model mlp takes images or features; use --model lstm or "
+        raise UserError(f"--model {spec} takes images or features; use --model lstm or "
                         "transformer for token sequences")
-    return MLP(math.prod(inputs.input_shape), inputs.num_classes, max(1, o["hidden"]))
+    return MLP(math.prod(inputs.input_shape), inputs.num_classes, o["hidden"])
 
 
 def _conv_block(c_in: int, c_out: int) -> nn.Sequential:
@@ -57,4 +59,5 @@ def cnn(argument: str, inputs: ModelInputs) -> nn.Module:
     """``cnn[:width=32]``: :class:`SmallCNN` on images."""
     spec = f"cnn:{argument}" if argument else "cnn"
     o = parse_options(argument, {"width": 32}, spec, positional="width")
-    return SmallCNN(image_channels(inputs, spec), inputs.num_classes, max(1, o["width"]))
+    require_positive(o, spec, "width")
+    return SmallCNN(image_channels(inputs, spec), inputs.num_classes, o["width"])

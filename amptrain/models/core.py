@@ -47,6 +47,8 @@ def is_conv_net(model: nn.Module) -> bool:
     return any(isinstance(m, nn.Conv2d) for m in model.modules())
 
 
+_A_TYPE = {int: "an integer", float: "a number", str: "a string"}
+
 
 def parse_options(argument: str, defaults: dict[str, Any], spec: str,
                   positional: str | None = None) -> dict[str, Any]:
@@ -66,18 +68,26 @@ def parse_options(argument: str, defaults: dict[str, Any], spec: str,
         try:
             values[key] = kind(raw)
         except ValueError:
-            raise UserError(f"--model {spec}: {key} must be a {kind.__name__} (got {raw!r})") from None
+            raise UserError(f"--model {spec}: {key} must be {_A_TYPE[kind]} (got {raw!r})") from None
         if isinstance(values[key], (int, float)) and values[key] < 0:
             raise UserError(f"--model {spec}: {key} must not be negative (got {raw})")
     return values
 
 
+def require_positive(values: dict[str, Any], spec: str, *names: str) -> None:
+    """A UserError naming the option when a size option is below 1."""
+    for name in names:
+        if values[name] < 1:
+            raise UserError(f"--model {spec}: {name} must be >= 1 (got {values[name]})")
+
+
 def image_channels(inputs: ModelInputs, spec: str) -> int:
     """The channel count of image data, or a UserError saying which models fit instead."""
     if inputs.kind != "image" or len(inputs.input_shape) != 3:
+        instead = "lstm or transformer" if inputs.kind == "sequence" else "mlp"
         raise UserError(f"--model {spec} needs images (channels x height x width); this data "
                         f"is {inputs.kind} of shape {tuple(inputs.input_shape)}: try "
-                        f"{'--model lstm or transformer' if inputs.kind == 'sequence' else '--model mlp'}")
+                        f"--model {instead}")
     return inputs.input_shape[0]
 
 
@@ -87,5 +97,5 @@ def sequence_vocab(inputs: ModelInputs, spec: str) -> int:
         raise UserError(f"--model {spec} needs token sequences (e.g. --data csv-text:FILE or "
                         f"synthetic-seq); this data is {inputs.kind} of shape "
                         f"{tuple(inputs.input_shape)}: try "
-                        f"{'--model cnn or resnet18' if inputs.kind == 'image' else '--model mlp'}")
+                        f"--model {'cnn or resnet18' if inputs.kind == 'image' else 'mlp'}")
     return int(inputs.vocab_size)

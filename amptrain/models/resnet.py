@@ -12,7 +12,7 @@ import torch
 from torch import nn
 
 from ..errors import UserError
-from .core import ModelInputs, image_channels, parse_options, register
+from .core import ModelInputs, image_channels, parse_options, register, require_positive
 
 #: Smallest input side (pixels) for which ``stem=auto`` picks the ImageNet stem.
 IMAGENET_STEM_MIN_SIZE = 96
@@ -122,8 +122,7 @@ def _resnet(name: str, block: type[BasicBlock] | type[Bottleneck], layers: list[
     o = parse_options(argument, {"width": 64, "stem": "auto"}, spec, positional="width")
     if o["stem"] not in ("auto", "cifar", "imagenet"):
         raise UserError(f"--model {spec}: stem must be auto, cifar or imagenet (got {o['stem']})")
-    if o["width"] < 1:
-        raise UserError(f"--model {spec}: width must be >= 1 (got {o['width']})")
+    require_positive(o, spec, "width")
     channels = image_channels(inputs, spec)
     small_side = min(inputs.input_shape[1:])
     imagenet = o["stem"] == "imagenet" or (o["stem"] == "auto"

@@ -11,7 +11,7 @@ import torch
 from torch import nn
 
 from ..errors import UserError
-from .core import ModelInputs, parse_options, register, sequence_vocab
+from .core import ModelInputs, parse_options, register, require_positive, sequence_vocab
 
 #: The ``transformer`` defaults: BERT-tiny's size (Turc et al. 2019).
 BERT_TINY = {"d_model": 128, "layers": 2, "heads": 2, "ff": 512, "dropout": 0.1}
@@ -78,7 +78,7 @@ def lstm(argument: str, inputs: ModelInputs) -> nn.Module:
     spec = f"lstm:{argument}" if argument else "lstm"
     o = parse_options(argument, {"embed": 128, "hidden": 128, "layers": 1, "dropout": 0.1}, spec)
     vocab = sequence_vocab(inputs, spec)
-    _at_least_one(o, spec, "embed", "hidden", "layers")
+    require_positive(o, spec, "embed", "hidden", "layers")
     return LSTMClassifier(vocab, inputs.num_classes, o["embed"], o["hidden"], o["layers"],
                           _probability(o["dropout"], spec))
 
@@ -89,18 +89,12 @@ def transformer(argument: str, inputs: ModelInputs) -> nn.Module:
     spec = f"transformer:{argument}" if argument else "transformer"
     o = parse_options(argument, dict(BERT_TINY), spec)
     vocab = sequence_vocab(inputs, spec)
-    _at_least_one(o, spec, "d_model", "layers", "heads", "ff")
+    require_positive(o, spec, "d_model", "layers", "heads", "ff")
     if o["d_model"] % o["heads"]:
         raise UserError(f"--model {spec}: d_model {o['d_model']} is not divisible by "
                         f"heads {o['heads']}")
     return TransformerClassifier(vocab, inputs.input_shape[0], inputs.num_classes, o["d_model"],
                                  o["layers"], o["heads"], o["ff"], _probability(o["dropout"], spec))
-
-
-def _at_least_one(options: dict, spec: str, *names: str) -> None:
-    for name in names:
-        if options[name] < 1:
-            raise UserError(f"--model {spec}: {name} must be >= 1 (got {options[name]})")
 
 
 def _probability(value: float, spec: str) -> float:
