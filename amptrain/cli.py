@@ -87,6 +87,8 @@ def _run_train(args: argparse.Namespace) -> int:
     from .runner import run_training
 
     config = build_config(RunConfig, merged_values(args), source="option")
+    if config.resume == "auto" and not config.out:
+        raise UserError("--resume auto needs --out (the run directory to continue)")
     if not config.out:
         config.out = default_out(config)
     result = run_training(config)

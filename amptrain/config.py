@@ -188,6 +188,10 @@ def config_fields(cls: type) -> dict[str, dataclasses.Field]:
     return {f.name: f for f in dataclasses.fields(cls)}
 
 
+#: Keys that ``Trainer.resolved_config()`` writes to config.yaml but that are not options.
+RESOLVED_ONLY_KEYS = frozenset({"world_size"})
+
+
 def load_yaml(path: str | Path) -> dict[str, Any]:
     """Read a --config YAML file into a dict with underscore keys."""
     path = Path(path)
@@ -201,7 +205,10 @@ def load_yaml(path: str | Path) -> dict[str, Any]:
         raise UserError(f"--config {path}: not valid YAML{where}") from None
     if not isinstance(raw, dict):
         raise UserError(f"--config {path}: expected a mapping of option: value")
-    return {str(k).replace("-", "_"): v for k, v in raw.items()}
+    values = {str(k).replace("-", "_"): v for k, v in raw.items()}
+    # A run's resolved config.yaml also records facts that are not options; reading it
+    # back as --config must work, so those are dropped here.
+    return {k: v for k, v in values.items() if k not in RESOLVED_ONLY_KEYS}
 
 
 def build_config(cls: type, values: dict[str, Any], source: str = "option") -> Any:

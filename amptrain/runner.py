@@ -29,7 +29,7 @@ def model_inputs(data: DataBundle) -> ModelInputs:
 def run_info(config: RunConfig, data: DataBundle) -> dict[str, Any]:
     """What a checkpoint must remember to rebuild the model without the training flags."""
     return {"model": config.model, "data": config.data, "class_names": data.class_names,
-            "inputs": asdict(model_inputs(data))}
+            "inputs": asdict(model_inputs(data)), "data_fitted": data.fitted}
 
 
 def check_out_dir(config: RunConfig) -> None:
@@ -68,7 +68,10 @@ def run_evaluation(*, checkpoint_path: str, data: str | None, precision: str, ou
         raise UserError(f"checkpoint {checkpoint_path} was not written by `amptrain train` "
                         f"(no model name inside); evaluate it with the library API")
     data_spec = data or run.get("data")
-    bundle = build_data(data_spec, DataOptions(val_fraction=state["config"].get("val_fraction", 0.2)))
+    # The training split's preprocessing (normalisation, vocabulary, class order) is
+    # reused, so other data is fed to the model exactly as the training data was.
+    bundle = build_data(data_spec, DataOptions(val_fraction=state["config"].get("val_fraction", 0.2),
+                                               fitted=run.get("data_fitted")))
     inputs = ModelInputs(**{**run["inputs"], "input_shape": tuple(run["inputs"]["input_shape"])})
     if bundle.num_classes != inputs.num_classes or tuple(bundle.input_shape) != inputs.input_shape:
         raise UserError(f"--data {data_spec} has {bundle.num_classes} classes and inputs "

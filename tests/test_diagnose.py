@@ -19,7 +19,7 @@ from amptrain.config import TrainConfig
 from amptrain.data import DataBundle
 from amptrain.diagnose import (FP16, FP16_MAX, SCALE_HEADROOM, RangeRecorder, RangeStats,
                                SAMPLE_LIMIT, diagnose, fractions, summarize, write_reports)
-from amptrain.range_demos import Scale
+from amptrain.models.range_demos import Scale
 from amptrain.trainer import Trainer
 from tests.conftest import tiny_classification
 

@@ -11,8 +11,8 @@ import math
 import torch
 from torch import nn
 
-from .errors import UserError
-from .models import ModelInputs, register
+from ..errors import UserError
+from .core import ModelInputs, register
 
 
 class Scale(nn.Module):

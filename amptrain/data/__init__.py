@@ -1,0 +1,22 @@
+"""Built-in datasets: a registry of factories from a spec string to train/val data.
+
+A spec is ``name`` or ``name:argument`` -- a path for file formats (``npz:FILE``,
+``imagefolder:DIR,size=64``), or ``key=value`` options for generated data
+(``synthetic-image:samples=4096,size=32``). One module per format family:
+
+* :mod:`.generated` -- ``digits``, ``synthetic-image``, ``synthetic-seq``
+* :mod:`.arrays` -- ``npz:FILE``
+* :mod:`.images` -- ``idx:DIR`` (MNIST/Fashion-MNIST), ``cifar10:DIR``
+* :mod:`.folders` -- ``imagefolder:DIR``
+* :mod:`.text` -- ``csv-text:FILE``
+
+Every malformed input is a :class:`~amptrain.errors.UserError` naming ``--data``.
+"""
+from __future__ import annotations
+
+from . import arrays, folders, generated, images, text  # noqa: F401  (register factories)
+from .core import (DATASETS, SPLIT_SEED, DataBundle, DataFactory, DataOptions, TensorData,
+                   build_data, labels_to_classes, parse_options, register, split)
+
+__all__ = ["DATASETS", "SPLIT_SEED", "DataBundle", "DataFactory", "DataOptions", "TensorData",
+           "build_data", "labels_to_classes", "parse_options", "register", "split"]

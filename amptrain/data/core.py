@@ -1,0 +1,259 @@
+"""The data registry and what every loader shares: in-memory tensors, the bundle a
+factory returns, spec parsing, the seeded split, label mapping and normalisation.
+
+A spec is ``name`` or ``name:argument``. Generated data takes ``key=value`` options
+(``synthetic-image:samples=4096,size=32``); file formats take a path, optionally
+followed by options (``imagefolder:photos,size=64``).
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+import numpy as np
+import torch
+from torch.utils.data import Dataset
+
+from ..errors import UserError
+
+#: Seed of the train/validation split of sources that have none. Fixed (not --seed) so
+#: that every run, and ``amptrain eval`` later, validates on exactly the same samples.
+SPLIT_SEED = 1234
+
+
+class TensorData(Dataset):
+    """An in-memory dataset of aligned tensors (inputs first, labels last).
+
+    The Trainer indexes ``tensors`` directly -- on the accelerator when the data fits --
+    instead of going through a DataLoader.
+    """
+
+    def __init__(self, *tensors: torch.Tensor) -> None:
+        if not tensors or any(len(t) != len(tensors[0]) for t in tensors):
+            raise ValueError("TensorData needs tensors of equal length")
+        self.tensors = tuple(tensors)
+
+    def __len__(self) -> int:
+        return len(self.tensors[0])
+
+    def __getitem__(self, index: int) -> tuple[torch.Tensor, ...]:
+        return tuple(t[index] for t in self.tensors)
+
+    def to(self, device: torch.device) -> "TensorData":
+        return TensorData(*(t.to(device) for t in self.tensors))
+
+    def nbytes(self) -> int:
+        return sum(t.element_size() * t.numel() for t in self.tensors)
+
+
+@dataclass
+class DataBundle:
+    """What a data factory returns: the splits and what a model needs to know about them."""
+
+    train: Dataset
+    val: Dataset | None
+    num_classes: int
+    input_shape: tuple[int, ...]          # one sample's input shape, e.g. (1, 8, 8) or (64,)
+    kind: str                             # "image", "sequence" or "features"
+    class_names: list[str] = field(default_factory=list)
+    vocab_size: int | None = None         # token datasets (token 0 is padding)
+    name: str = ""
+    #: Preprocessing learnt from the training split (normalisation statistics,
+    #: vocabulary, class names). Stored with a run so that other data given to
+    #: ``amptrain eval`` is preprocessed the same way (see :attr:`DataOptions.fitted`).
+    fitted: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if not self.class_names:
+            self.class_names = [str(i) for i in range(self.num_classes)]
+
+
+@dataclass
+class DataOptions:
+    """Options every factory may use."""
+
+    #: The run's --seed. Built-in loaders do not use it: their content and split depend
+    #: on the spec alone, so ``eval`` rebuilds the same validation set. User factories may.
+    seed: int = 0
+    val_fraction: float = 0.2
+    #: A training run's :attr:`DataBundle.fitted`: reuse it instead of fitting anew.
+    fitted: dict[str, Any] | None = None
+
+
+DataFactory = Callable[[str, DataOptions], DataBundle]
+DATASETS: dict[str, DataFactory] = {}
+
+
+def register(name: str) -> Callable[[DataFactory], DataFactory]:
+    """Add a factory to :data:`DATASETS` under ``name``."""
+    def decorate(factory: DataFactory) -> DataFactory:
+        DATASETS[name] = factory
+        return factory
+    return decorate
+
+
+def build_data(spec: str, options: DataOptions | None = None) -> DataBundle:
+    """Build the dataset named by ``spec`` (``name`` or ``name:argument``)."""
+    options = options or DataOptions()
+    name, _, argument = spec.partition(":")
+    factory = DATASETS.get(name)
+    if factory is None:
+        raise UserError(f"unknown --data {spec!r}; choose one of {', '.join(sorted(DATASETS))} "
+                        f"(file formats take a path, e.g. npz:data.npz)")
+    bundle = factory(argument, options)
+    bundle.name = spec
+    return bundle
+
+
+# ------------------------------------------------------------------ spec parsing
+_A_TYPE = {int: "an integer", float: "a number", str: "a string"}
+
+
+def parse_options(argument: str, defaults: dict[str, Any], spec: str) -> dict[str, Any]:
+    """Parse ``key=value,key=value`` against typed defaults; unknown keys are errors."""
+    values = dict(defaults)
+    for item in filter(None, argument.split(",")):
+        key, eq, raw = item.partition("=")
+        if not eq or key not in defaults:
+            listed = ", ".join(f"{k}={v}" for k, v in defaults.items()) or "none"
+            raise UserError(f"--data {spec}: unknown option {item!r}; options are {listed}")
+        try:
+            values[key] = type(defaults[key])(raw)
+        except ValueError:
+            raise UserError(f"--data {spec}: {key} must be {_A_TYPE[type(defaults[key])]} "
+                            f"(got {raw!r})") from None
+    return values
+
+
+def require_at_least(values: dict[str, Any], spec: str, **minimums: float) -> None:
+    """A UserError naming the option when a numeric option is below its minimum."""
+    for key, minimum in minimums.items():
+        if values[key] < minimum:
+            raise UserError(f"--data {spec}: {key} must be >= {minimum} (got {values[key]})")
+
+
+def path_and_options(argument: str, defaults: dict[str, Any], spec: str, *, what: str
+                     ) -> tuple[Path, dict[str, Any]]:
+    """Split ``PATH[,key=value...]``; the path must exist (``what`` is "file" or "directory").
+
+    An argument that is itself an existing path is taken whole, so only paths that
+    contain a comma *and* need options cannot be written.
+    """
+    if argument and Path(argument).exists():
+        raw_path, option_text = argument, ""
+    else:
+        raw_path, _, option_text = argument.partition(",")
+    path = Path(raw_path)
+    if not raw_path:
+        raise UserError(f"--data {spec}: give a {what} path, e.g. --data {spec.split(':')[0]}:PATH")
+    is_right_kind = path.is_dir() if what == "directory" else path.is_file()
+    if not is_right_kind:
+        problem = f"not a {what}" if path.exists() else f"no such {what}"
+        raise UserError(f"--data {spec}: {problem} {raw_path!r}")
+    return path, parse_options(option_text, defaults, spec)
+
+
+# ------------------------------------------------------------------ splits, labels
+def split(x: torch.Tensor, y: torch.Tensor, val_fraction: float, seed: int = SPLIT_SEED
+          ) -> tuple[TensorData, TensorData]:
+    """A seeded, stratification-free train/validation split of aligned tensors."""
+    train, val = split_indices(len(y), val_fraction, seed)
+    return TensorData(x[train], y[train]), TensorData(x[val], y[val])
+
+
+def split_indices(n: int, val_fraction: float, seed: int = SPLIT_SEED
+                  ) -> tuple[torch.Tensor, torch.Tensor]:
+    """(train, val) index tensors of a seeded permutation; both non-empty when n >= 2."""
+    order = torch.randperm(n, generator=torch.Generator().manual_seed(seed))
+    n_val = min(max(1, int(round(n * val_fraction))), max(n - 1, 1))
+    return order[n_val:], order[:n_val]
+
+
+def _label_key(name: str) -> tuple[int, float, str]:
+    """Numbers sort numerically ("2" before "10"), then everything else alphabetically."""
+    try:
+        number = float(name)
+    except ValueError:
+        return (1, 0.0, name)
+    return (0, number, name) if math.isfinite(number) else (1, 0.0, name)
+
+
+def label_name(value: Any) -> str:
+    """A label's class name: integral numbers lose their ``.0`` (numpy floats from files)."""
+    if isinstance(value, (float, np.floating)) and float(value).is_integer():
+        return str(int(value))
+    if isinstance(value, bytes):
+        return value.decode("utf-8", "replace")
+    return str(value.item() if isinstance(value, np.generic) else value)
+
+
+def labels_to_classes(labels: Sequence[Any], spec: str, known: Sequence[str] | None = None
+                      ) -> tuple[torch.Tensor, list[str]]:
+    """Map arbitrary labels to 0..C-1, returning the class names.
+
+    Classes are sorted (numbers numerically). With ``known`` (a training run's class
+    names) the mapping is that one, and a label outside it is an error.
+    """
+    names_of = [label_name(v) for v in labels]
+    if known:
+        names = list(known)
+        index = {n: i for i, n in enumerate(names)}
+        unknown = sorted({n for n in names_of if n not in index})
+        if unknown:
+            raise UserError(f"--data {spec}: label {unknown[0]!r} is not one of the "
+                            f"{len(names)} classes the model was trained on")
+    else:
+        names = sorted(set(names_of), key=_label_key)
+        if len(names) < 2:
+            raise UserError(f"--data {spec}: needs at least two classes, found {len(names)}")
+        index = {n: i for i, n in enumerate(names)}
+    return torch.tensor([index[n] for n in names_of], dtype=torch.long), names
+
+
+def index_labels(labels: np.ndarray, num_classes: int, spec: str, source: str) -> torch.Tensor:
+    """Integer class indices from a file, checked to lie in ``0..num_classes-1``."""
+    labels = np.asarray(labels)
+    if labels.size and (labels.min() < 0 or labels.max() >= num_classes):
+        raise UserError(f"--data {spec}: {source} has label {int(labels.max())}, outside "
+                        f"0..{num_classes - 1}")
+    return torch.as_tensor(labels.astype(np.int64))
+
+
+# ------------------------------------------------------------------ normalisation
+def channel_stats(x: torch.Tensor, fitted: dict[str, Any] | None) -> tuple[list[float], list[float]]:
+    """Per-channel mean/std of N x C x H x W training images, or a run's fitted ones."""
+    if fitted and "mean" in fitted and "std" in fitted:
+        return list(fitted["mean"]), list(fitted["std"])
+    flat = x.transpose(0, 1).reshape(x.shape[1], -1).double()
+    mean = flat.mean(dim=1)
+    std = flat.std(dim=1).clamp(min=1e-6)
+    return mean.tolist(), std.tolist()
+
+
+def normalise(x: torch.Tensor, mean: Sequence[float], std: Sequence[float]) -> torch.Tensor:
+    """(x - mean) / std per channel of an N x C x H x W float tensor (in place)."""
+    if len(mean) != x.shape[1]:
+        raise UserError(f"the data has {x.shape[1]} channels but the run was trained on "
+                        f"{len(mean)}; check --data")
+    m = torch.tensor(mean, dtype=x.dtype).view(1, -1, 1, 1)
+    s = torch.tensor(std, dtype=x.dtype).view(1, -1, 1, 1)
+    return x.sub_(m).div_(s)
+
+
+def image_bundle(x_train: torch.Tensor, y_train: torch.Tensor,
+                 x_val: torch.Tensor | None, y_val: torch.Tensor | None, *,
+                 num_classes: int, class_names: list[str], options: DataOptions,
+                 fitted: dict[str, Any] | None = None) -> DataBundle:
+    """Split (when there is no validation set), normalise with the training split's
+    per-channel statistics, and bundle N x C x H x W float images."""
+    if x_val is None or y_val is None:
+        train_idx, val_idx = split_indices(len(y_train), options.val_fraction)
+        x_train, y_train, x_val, y_val = (x_train[train_idx], y_train[train_idx],
+                                          x_train[val_idx], y_train[val_idx])
+    mean, std = channel_stats(x_train, options.fitted)
+    x_train, x_val = normalise(x_train, mean, std), normalise(x_val, mean, std)
+    return DataBundle(TensorData(x_train, y_train), TensorData(x_val, y_val), num_classes,
+                      tuple(x_train.shape[1:]), "image", class_names=class_names,
+                      fitted={"mean": mean, "std": std, **(fitted or {})})

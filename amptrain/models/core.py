@@ -1,0 +1,101 @@
+"""The model registry and what factories share: the data facts, option parsing and
+checks that a model fits the kind of data.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable
+
+from torch import nn
+
+from ..errors import UserError
+
+
+@dataclass(frozen=True)
+class ModelInputs:
+    """What a model factory knows about the data."""
+
+    num_classes: int
+    input_shape: tuple[int, ...]
+    kind: str = "image"             # "image", "sequence" or "features"
+    vocab_size: int | None = None
+
+
+ModelFactory = Callable[[str, ModelInputs], nn.Module]
+MODELS: dict[str, ModelFactory] = {}
+
+
+def register(name: str) -> Callable[[ModelFactory], ModelFactory]:
+    """Add a factory to :data:`MODELS` under ``name``."""
+    def decorate(factory: ModelFactory) -> ModelFactory:
+        MODELS[name] = factory
+        return factory
+    return decorate
+
+
+def build_model(spec: str, inputs: ModelInputs) -> nn.Module:
+    """Build the model named by ``spec`` (``name`` or ``name:argument``) for ``inputs``."""
+    name, _, argument = spec.partition(":")
+    factory = MODELS.get(name)
+    if factory is None:
+        raise UserError(f"unknown --model {spec!r}; choose one of {', '.join(sorted(MODELS))}")
+    return factory(argument, inputs)
+
+
+def is_conv_net(model: nn.Module) -> bool:
+    """True when the model has 2-d convolutions (channels_last helps those)."""
+    return any(isinstance(m, nn.Conv2d) for m in model.modules())
+
+
+_A_TYPE = {int: "an integer", float: "a number", str: "a string"}
+
+
+def parse_options(argument: str, defaults: dict[str, Any], spec: str,
+                  positional: str | None = None) -> dict[str, Any]:
+    """Parse ``key=value,...`` against typed defaults (``--model transformer:layers=4``).
+
+    A bare value sets the ``positional`` option (``--model cnn:64`` is ``cnn:width=64``).
+    """
+    values = dict(defaults)
+    for item in filter(None, argument.split(",")):
+        key, eq, raw = item.partition("=")
+        if not eq and positional is not None:
+            key, raw = positional, item
+        elif not eq or key not in defaults:
+            listed = ", ".join(f"{k}={v}" for k, v in defaults.items()) or "none"
+            raise UserError(f"--model {spec}: unknown option {item!r}; options are {listed}")
+        kind = type(defaults[key])
+        try:
+            values[key] = kind(raw)
+        except ValueError:
+            raise UserError(f"--model {spec}: {key} must be {_A_TYPE[kind]} (got {raw!r})") from None
+        if isinstance(values[key], (int, float)) and values[key] < 0:
+            raise UserError(f"--model {spec}: {key} must not be negative (got {raw})")
+    return values
+
+
+def require_positive(values: dict[str, Any], spec: str, *names: str) -> None:
+    """A UserError naming the option when a size option is below 1."""
+    for name in names:
+        if values[name] < 1:
+            raise UserError(f"--model {spec}: {name} must be >= 1 (got {values[name]})")
+
+
+def image_channels(inputs: ModelInputs, spec: str) -> int:
+    """The channel count of image data, or a UserError saying which models fit instead."""
+    if inputs.kind != "image" or len(inputs.input_shape) != 3:
+        instead = "lstm or transformer" if inputs.kind == "sequence" else "mlp"
+        raise UserError(f"--model {spec} needs images (channels x height x width); this data "
+                        f"is {inputs.kind} of shape {tuple(inputs.input_shape)}: try "
+                        f"--model {instead}")
+    return inputs.input_shape[0]
+
+
+def sequence_vocab(inputs: ModelInputs, spec: str) -> int:
+    """The vocabulary size of token data, or a UserError saying which models fit instead."""
+    if inputs.kind != "sequence" or len(inputs.input_shape) != 1 or not inputs.vocab_size:
+        raise UserError(f"--model {spec} needs token sequences (e.g. --data csv-text:FILE or "
+                        f"synthetic-seq); this data is {inputs.kind} of shape "
+                        f"{tuple(inputs.input_shape)}: try "
+                        f"--model {'cnn or resnet18' if inputs.kind == 'image' else 'mlp'}")
+    return int(inputs.vocab_size)

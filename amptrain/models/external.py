@@ -1,0 +1,103 @@
+"""Models from outside amptrain: the user's own factory (``module:``), ``timm:NAME`` and
+``hf:PATH`` (optional packages, imported only when asked for)."""
+from __future__ import annotations
+
+import importlib
+import inspect
+import os
+import sys
+from typing import Any, Callable
+
+from torch import nn
+
+from ..errors import UserError
+from .core import ModelInputs, image_channels, register
+
+
+def import_factory(argument: str, spec: str) -> Callable[..., Any]:
+    """``pkg.mod.factory`` (or ``pkg.mod:factory``) imported, from the current directory too."""
+    module_name, sep, attribute = argument.partition(":")
+    if not sep:
+        module_name, _, attribute = argument.rpartition(".")
+    if not module_name or not attribute:
+        raise UserError(f"--model {spec}: give the factory as module:PACKAGE.MODULE.FUNCTION, "
+                        f"e.g. --model module:mymodels.build")
+    # `python -m amptrain` puts the working directory on sys.path, the `amptrain` script
+    # does not; both should find ./mymodels.py.
+    if os.getcwd() not in sys.path and "" not in sys.path:
+        sys.path.insert(0, os.getcwd())
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise UserError(f"--model {spec}: cannot import {module_name} ({exc}); is it on "
+                        f"PYTHONPATH or in the current directory?") from None
+    except SyntaxError as exc:
+        raise UserError(f"--model {spec}: {exc.filename}:{exc.lineno}: syntax error in "
+                        f"{module_name}") from None
+    factory = getattr(module, attribute, None)
+    if not callable(factory):
+        raise UserError(f"--model {spec}: {module_name} has no callable {attribute!r}")
+    return factory
+
+
+@register("module")
+def user_module(argument: str, inputs: ModelInputs) -> nn.Module:
+    """``module:pkg.mod.factory``: ``factory(num_classes=..., input_shape=...)``.
+
+    ``kind`` and ``vocab_size`` are passed as well when the factory accepts them (by name
+    or through ``**kwargs``). It must return an ``nn.Module`` whose forward takes the
+    inputs and returns logits (or an object/dict with ``logits`` and/or ``loss``).
+    """
+    spec = f"module:{argument}"
+    factory = import_factory(argument, spec)
+    offered = {"num_classes": inputs.num_classes, "input_shape": tuple(inputs.input_shape),
+               "kind": inputs.kind, "vocab_size": inputs.vocab_size}
+    try:
+        parameters = inspect.signature(factory).parameters
+    except (TypeError, ValueError):  # builtins without a signature: pass the two required
+        parameters = {}
+    takes_any = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters.values())
+    kwargs = {k: v for k, v in offered.items()
+              if k in ("num_classes", "input_shape") or takes_any or k in parameters}
+    if parameters:
+        try:
+            inspect.signature(factory).bind(**kwargs)
+        except TypeError as exc:
+            raise UserError(f"--model {spec}: the factory must accept the keywords "
+                            f"num_classes and input_shape ({exc})") from None
+    model = factory(**kwargs)
+    if not isinstance(model, nn.Module):
+        raise UserError(f"--model {spec}: the factory returned a {type(model).__name__}, "
+                        f"not a torch.nn.Module")
+    return model
+
+
+@register("timm")
+def timm_model(argument: str, inputs: ModelInputs) -> nn.Module:
+    """``timm:NAME``: ``timm.create_model(NAME, num_classes=..., in_chans=...)``, untrained."""
+    spec = f"timm:{argument}"
+    try:
+        import timm
+    except ImportError:
+        raise UserError(f"--model {spec} needs the timm package: pip install timm") from None
+    if not argument:
+        raise UserError("--model timm:NAME needs a model name, e.g. timm:resnet18")
+    channels = image_channels(inputs, spec)
+    if not timm.is_model(argument):
+        raise UserError(f"--model {spec}: timm has no model {argument!r} "
+                        f"(list them with timm.list_models())")
+    return timm.create_model(argument, pretrained=False, num_classes=inputs.num_classes,
+                             in_chans=channels)
+
+
+@register("hf")
+def hf_model(argument: str, inputs: ModelInputs) -> nn.Module:
+    """``hf:PATH``: a Hugging Face model (placeholder until amptrain's loader lands)."""
+    spec = f"hf:{argument}"
+    try:
+        importlib.import_module("transformers")
+    except ImportError:
+        raise UserError(f"--model {spec} needs the transformers package: "
+                        f"pip install transformers") from None
+    raise UserError(f"--model {spec}: Hugging Face models are not supported by this amptrain "
+                    f"yet; wrap the model in a factory and use --model module:pkg.mod.factory")
