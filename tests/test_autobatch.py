@@ -236,6 +236,7 @@ def test_peak_rss_meter_resets_between_probes():
     assert 30 << 20 <= small - before_small <= 90 << 20  # its own peak, not the earlier one
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not PeakMemory(torch.device("cpu")).resettable,
                     reason="needs a resettable peak RSS (Linux /proc/self/clear_refs)")
 def test_auto_under_a_cpu_memory_budget_uses_measured_peak_rss():
