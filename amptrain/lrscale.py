@@ -50,8 +50,8 @@ class LrPlan:
         return dataclasses.replace(config, warmup_steps=self.warmup_steps)
 
     def describe(self, config: TrainConfig) -> str | None:
-        """One line for the log when the lr or warm-up differ from what was asked for."""
-        if config.lr_scaling == "none" and self.warmup_steps == self.warmup_given:
+        """One line for the log when --lr-scaling changed the lr (and maybe the warm-up)."""
+        if config.lr_scaling == "none":
             return None
         ratio = f"{config.batch_size}/{config.base_batch_size}"
         how = ratio if config.lr_scaling == "linear" else f"sqrt({ratio})"
