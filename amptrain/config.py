@@ -52,7 +52,11 @@ class TrainConfig:
     batch_size: int = option(64, "effective global batch per optimizer step "
                                  "(micro-batch x accumulate x processes)")
     micro_batch_size: int | str | None = option(
-        None, "samples per forward/backward on each device (an integer, or auto)", kind=str)
+        None, "samples per forward/backward on each device (an integer, or auto: the largest "
+              "that fits, found by probing real steps)", kind=str)
+    memory_budget_gb: float | None = option(
+        None, "memory a step may use, for --micro-batch-size auto (default: the GPU's own "
+              "limit; on CPU the RAM available now; CPU counts peak RSS)", kind=float)
     accumulate: int | None = option(None, "micro-batches accumulated per optimizer step", kind=int)
     lr: float | None = option(None, "learning rate (default: 1e-3 for adamw, 0.05 for sgd)",
                               kind=float)
@@ -108,7 +112,12 @@ class TrainConfig:
                 raise UserError(f"--micro-batch-size must be a positive integer or 'auto' "
                                 f"(got {self.micro_batch_size!r})") from None
             _positive(self, "micro_batch_size")
-        for name in ("lr", "clip_grad_norm", "init_scale", "min_scale"):
+        if self.micro_batch_size == "auto" and self.accumulate is not None:
+            raise UserError("--micro-batch-size auto derives --accumulate from what fits; "
+                            "drop --accumulate (or give an integer --micro-batch-size)")
+        if self.memory_budget_gb is not None and self.micro_batch_size != "auto":
+            raise UserError("--memory-budget-gb only applies with --micro-batch-size auto")
+        for name in ("lr", "clip_grad_norm", "init_scale", "min_scale", "memory_budget_gb"):
             value = getattr(self, name)
             if value is not None and not (math.isfinite(value) and value > 0):
                 raise UserError(f"{flag(name)} must be a positive number (got {value})")
@@ -142,8 +151,11 @@ class TrainConfig:
         """
         per_device, rem = divmod(self.batch_size, world_size)
         if rem:
+            below = self.batch_size - rem
+            nearest = f"{below} or {below + world_size}" if below else str(world_size)
             raise UserError(f"--batch-size {self.batch_size} is not divisible by the "
-                            f"{world_size} processes; use a multiple of {world_size}")
+                            f"{world_size} processes; use a multiple of {world_size} "
+                            f"(nearest: {nearest})")
         micro = self.micro_batch_size if isinstance(self.micro_batch_size, int) else None
         if micro is not None and self.accumulate is not None:
             if micro * self.accumulate != per_device:
@@ -155,8 +167,14 @@ class TrainConfig:
         if micro is not None:
             if per_device % micro:
                 valid = [d for d in range(1, per_device + 1) if per_device % d == 0]
+                near = [d for d in valid if d < micro][-1:] + [d for d in valid if d > micro][:1]
+                step = micro * world_size
+                batches = [b for b in (self.batch_size // step * step,
+                                       self.batch_size // step * step + step) if b]
                 raise UserError(f"--micro-batch-size {micro} does not divide the per-device "
-                                f"batch {per_device}; valid values: {_some(valid)}")
+                                f"batch {per_device}; valid values: {_some(valid)} (nearest: "
+                                f"{' or '.join(map(str, near))}), or keep it with --batch-size "
+                                f"{' or '.join(map(str, batches))}")
             return micro, per_device // micro
         accumulate = self.accumulate or 1
         if per_device % accumulate:

@@ -23,12 +23,14 @@ from torch.nn import functional as F
 from torch.utils.data import DataLoader, Dataset
 
 from . import __version__, checkpoint
+from .autobatch import AutoBatch
 from .batches import DatasetWindows, GlobalBatchPlan, LoaderWindows, Window
 from .config import TrainConfig, build_config, to_dict, write_yaml
 from .devices import peak_memory_bytes, reset_peak_memory, resolve_device
 from .distributed import Strategy
 from .errors import UserError
 from .logs import RunLogger
+from .lrscale import LrPlan, plan_lr
 from .metrics import EvalResult, class_names_for
 from .models import is_conv_net
 from .optim import build_optimizer, build_scheduler, scaled_lr
@@ -141,6 +143,8 @@ class Trainer:
         self.train_model: nn.Module | None = None    # what the loop calls (wrapped/compiled)
         self.optimizer: torch.optim.Optimizer | None = None
         self.scheduler: Any = None
+        self.lr_plan: LrPlan | None = None
+        self.autobatch = AutoBatch(self)  # --micro-batch-size auto, out-of-memory recovery
         self.loss_fn: LossFn = F.cross_entropy
         self.class_names: list[str] | None = None
         self.last_eval: EvalResult | None = None
@@ -186,12 +190,16 @@ class Trainer:
         self.class_names = class_names
         self._prepare_model(model, optimizer)
         micro, accumulate = c.batching(self.strategy.world_size)
+        if c.micro_batch_size == "auto":
+            micro, accumulate = self.autobatch.find_micro_batch(train_data)
         self.micro_batch_size, self.accumulate = micro, accumulate
         self.train_windows = self._windows(train_data, micro, accumulate, shuffle=True)
         self._val_data = val_data
         total = len(self.train_windows) * c.epochs
         self.total_steps = min(total, c.max_steps) if c.max_steps else total
-        self.scheduler = scheduler or build_scheduler(c, self.optimizer, self.total_steps)
+        self.lr_plan = plan_lr(c, len(self.train_windows), self.total_steps)
+        self.scheduler = scheduler or build_scheduler(self.lr_plan.scheduler_config(c),
+                                                      self.optimizer, self.total_steps)
         if self.strategy.is_main and self.out is not None:
             self.out.mkdir(parents=True, exist_ok=True)
         self._resume_if_requested()
@@ -200,6 +208,9 @@ class Trainer:
         self.logger = RunLogger(self.out, enabled=self.strategy.is_main,
                                 progress=not c.no_progress)
         self.logger.message(self._banner())
+        lr_note = self.lr_plan.describe(c)
+        if lr_note:
+            self.logger.message(f"amptrain: {lr_note}")
 
     def run(self) -> FitResult:
         """The training loop on a Trainer prepared by :meth:`setup`."""
@@ -342,6 +353,10 @@ class Trainer:
             resolved["micro_batch_size"] = self.micro_batch_size
             resolved["accumulate"] = self.accumulate
         resolved["lr"] = scaled_lr(self.config)
+        if self.lr_plan is not None:
+            resolved["warmup_steps"] = self.lr_plan.warmup_steps
+            resolved["lr_schedule"] = self.lr_plan.report()
+        resolved.update(self.autobatch.report())
         resolved["world_size"] = self.strategy.world_size
         resolved.update({k: v for k, v in self.run_info.items() if k in ("model", "data")})
         return resolved
@@ -434,9 +449,11 @@ class Trainer:
         return bool(self.config.max_steps and self.step >= self.config.max_steps) \
             or self.stop_requested is not None
 
-    def _train_step(self, window: Window) -> None:
+    def _forward_backward(self, window: Window) -> None:
+        """Forward and backward of every micro-batch of ``window``; gradients accumulate."""
         world = self.strategy.world_size
         last = len(window.micro_batches) - 1
+        window_loss = torch.zeros((), device=self.device)
         for i, (batch, n) in enumerate(zip(window.micro_batches, window.micro_samples)):
             with self.strategy.accumulation_context(self.train_model, boundary=i == last):
                 with self.precision.autocast():
@@ -446,8 +463,14 @@ class Trainer:
                 # ranks, which the factor `world` undoes: the sum over all ranks and
                 # micro-batches is exactly the mean over the global batch.
                 self.precision.backward(loss * (n * world / window.global_samples))
-            self._loss_sum += loss.detach() * n
-            self._loss_samples += n
+            window_loss += loss.detach() * n
+        # Counted once the whole window went through, so a redone window counts once.
+        self._loss_sum += window_loss
+        self._loss_samples += sum(window.micro_samples)
+
+    def _train_step(self, window: Window) -> None:
+        # On out-of-memory, AutoBatch redoes this same global batch in smaller micro-batches.
+        window = self.autobatch.run(window, self._forward_backward)
         self._last_window = window
         self._samples_since_log += window.global_samples
         # Reading the previous step's skip flag only now lets the GPU run this step's

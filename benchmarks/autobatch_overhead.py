@@ -1,0 +1,84 @@
+"""What out-of-memory readiness costs per step: the Trainer's step with and without AutoBatch.run.
+
+Every step, AutoBatch.run saves the RNG state and the module buffers (so that a redo after
+an out-of-memory error starts from the same state) and guards the forward/backward. This
+compares two Trainers on the same model and data: one as shipped, one whose
+``autobatch.run`` is replaced by a direct call of the forward/backward. Steps are
+interleaved A/B, warm-up steps are excluded, and the medians are compared.
+
+    python benchmarks/autobatch_overhead.py [--model cnn] [--data digits] [--steps 40]
+"""
+from __future__ import annotations
+
+import argparse
+import copy
+import statistics
+import time
+
+import torch
+
+from amptrain.config import RunConfig, build_config
+from amptrain.runner import prepare_run
+from amptrain.trainer import Trainer
+
+
+def _windows_forever(trainer: Trainer):
+    epoch = 0
+    while True:
+        yield from trainer.train_windows.epoch(epoch)
+        epoch += 1
+
+
+def _unguarded(window, forward_backward):
+    forward_backward(window)
+    return window
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", default="cnn")
+    parser.add_argument("--data", default="digits")
+    parser.add_argument("--precision", default="32-true")
+    parser.add_argument("--batch-size", type=int, default=64)
+    parser.add_argument("--accumulate", type=int, default=1)
+    parser.add_argument("--steps", type=int, default=40)
+    parser.add_argument("--warmup", type=int, default=3)
+    parser.add_argument("--threads", type=int, default=None, help="CPU threads (default: torch's)")
+    args = parser.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
+
+    config = build_config(RunConfig, dict(model=args.model, data=args.data,
+                                          precision=args.precision, batch_size=args.batch_size,
+                                          accumulate=args.accumulate, no_progress=True,
+                                          scheduler="none"))
+    data, model = prepare_run(config)
+    variants = {}
+    for name in ("unguarded", "guarded"):
+        trainer = Trainer(config)
+        trainer.setup(copy.deepcopy(model), data.train)
+        if name == "unguarded":
+            trainer.autobatch.run = _unguarded
+        variants[name] = (trainer, _windows_forever(trainer))
+    times: dict[str, list[float]] = {name: [] for name in variants}
+    for step in range(args.warmup + args.steps):
+        for name, (trainer, windows) in variants.items():
+            window = next(windows)
+            started = time.perf_counter()
+            trainer.train_step(window)
+            trainer.finish_step()
+            if trainer.device.type == "cuda":
+                torch.cuda.synchronize()
+            if step >= args.warmup:
+                times[name].append(time.perf_counter() - started)
+    base = statistics.median(times["unguarded"])
+    buffers = sum(1 for _ in model.buffers())
+    print(f"{args.model} on {args.data}, {args.precision}, batch {args.batch_size} "
+          f"(accumulate {args.accumulate}), {buffers} buffers, median of {args.steps} steps:")
+    for name, values in times.items():
+        median = statistics.median(values)
+        print(f"  {name:10s} {median * 1e3:8.2f} ms  ({median / base:.3f}x)")
+
+
+if __name__ == "__main__":
+    main()
