@@ -207,7 +207,7 @@ def config_fields(cls: type) -> dict[str, dataclasses.Field]:
 
 
 #: Keys that ``Trainer.resolved_config()`` writes to config.yaml but that are not options.
-RESOLVED_ONLY_KEYS = frozenset({"world_size"})
+RESOLVED_ONLY_KEYS = frozenset({"world_size", "lr_schedule", "micro_batch_search", "oom_events"})
 
 
 def load_yaml(path: str | Path) -> dict[str, Any]:

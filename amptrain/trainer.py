@@ -352,10 +352,17 @@ class Trainer:
         if hasattr(self, "micro_batch_size"):
             resolved["micro_batch_size"] = self.micro_batch_size
             resolved["accumulate"] = self.accumulate
+        # config.yaml is a recipe: fed back with --config it must rerun the same maths,
+        # so it holds the lr and warm-up actually used (scaling already applied) and
+        # keeps how they were derived in the informational lr_schedule block.
         resolved["lr"] = scaled_lr(self.config)
+        resolved["lr_scaling"] = "none"
         if self.lr_plan is not None:
             resolved["warmup_steps"] = self.lr_plan.warmup_steps
-            resolved["lr_schedule"] = self.lr_plan.report()
+            resolved["lr_schedule"] = {"lr_scaling": self.config.lr_scaling,
+                                       **self.lr_plan.report()}
+        if self.config.micro_batch_size == "auto":
+            resolved["memory_budget_gb"] = None  # the search ran; its result is fixed above
         resolved.update(self.autobatch.report())
         resolved["world_size"] = self.strategy.world_size
         resolved.update({k: v for k, v in self.run_info.items() if k in ("model", "data")})

@@ -357,8 +357,9 @@ def test_cli_lr_scaling_writes_lr_and_warmup_used_and_logs_every_step(tmp_path):
     resolved = yaml.safe_load((run / "config.yaml").read_text())
     assert resolved["lr"] == pytest.approx(0.04)
     assert resolved["warmup_steps"] == warmup == 3
-    assert resolved["lr_schedule"] == {"base_lr": 0.01, "lr_factor": 4.0,
+    assert resolved["lr_schedule"] == {"lr_scaling": "linear", "base_lr": 0.01, "lr_factor": 4.0,
                                        "warmup_steps_given": 0, "warmup_steps_auto": 3}
+    assert resolved["lr_scaling"] == "none"  # already applied: rerunning the file keeps lr 0.04
     assert lrs == pytest.approx([0.04 * min(1.0, (n + 1) / warmup) for n in range(1, steps + 1)])
     assert ("lr scaling linear: lr 0.01 x 64/16 = 0.04 (--batch-size 64, --base-batch-size 16); "
             "warm-up 3 steps (automatic for a scaled-up lr") in done.stderr

@@ -197,3 +197,15 @@ def test_user_dataloader_partial_last_window_normalised_by_samples():
     Trainer(batch_size=48, **common).fit(whole_model, big)
     for a, b in zip(whole_model.parameters(), accumulated_model.parameters()):
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+
+
+def test_resolved_config_reruns_with_the_lr_actually_used(tmp_path):
+    from amptrain.config import RunConfig, build_config, load_yaml
+    from amptrain.optim import scaled_lr
+
+    data = tiny_classification(n=64)
+    trainer, _ = _fit(data, batch_size=32, lr=0.01, lr_scaling="linear", base_batch_size=8,
+                      out=str(tmp_path / "run"), max_steps=2)
+    again = build_config(RunConfig, load_yaml(tmp_path / "run" / "config.yaml"))
+    assert scaled_lr(again) == pytest.approx(0.04) == scaled_lr(trainer.config)
+    assert again.warmup_steps == trainer.lr_plan.warmup_steps
