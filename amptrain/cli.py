@@ -17,7 +17,7 @@ from typing import Any, Callable, Sequence
 
 from . import __version__
 from .config import RunConfig, build_config, flag, load_yaml
-from .errors import AmptrainError, UserError
+from .errors import AmptrainError, Preempted, UserError
 
 log = logging.getLogger("amptrain")
 
@@ -180,6 +180,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     configure_logging()
     try:
         return args.handler(args)
+    except Preempted as exc:  # not an error: the run stopped on request, with a checkpoint
+        print(f"amptrain: {exc}", file=sys.stderr)
+        return exc.exit_code
     except AmptrainError as exc:
         print(f"amptrain: error: {exc}", file=sys.stderr)
         return exc.exit_code

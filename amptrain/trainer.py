@@ -22,13 +22,13 @@ from torch import nn
 from torch.nn import functional as F
 from torch.utils.data import DataLoader, Dataset
 
-from . import __version__, checkpoint
+from . import __version__, checkpoint, preemption
 from .autobatch import AutoBatch
 from .batches import DatasetWindows, GlobalBatchPlan, LoaderWindows, Window
 from .config import TrainConfig, build_config, to_dict, write_yaml
 from .devices import peak_memory_bytes, reset_peak_memory, resolve_device
 from .distributed import Strategy
-from .errors import UserError
+from .errors import Preempted, UserError
 from .logs import RunLogger
 from .lrscale import LrPlan, plan_lr
 from .metrics import EvalResult, class_names_for
@@ -216,7 +216,8 @@ class Trainer:
         """The training loop on a Trainer prepared by :meth:`setup`."""
         self._emit("on_fit_start")
         try:
-            self._loop()
+            with preemption.stop_on_signals(self):
+                self._loop()
         except NonFiniteHalt as halt:
             raise self._explain_halt(halt) from None
         finally:
@@ -287,6 +288,9 @@ class Trainer:
 
     def load_weights(self, state: dict[str, torch.Tensor]) -> None:
         """Load fp32 weights (a checkpoint's ``model`` entry) into the prepared model."""
+        mismatch = checkpoint.weights_mismatch(self.model.state_dict(), state)
+        if mismatch:
+            raise UserError(f"checkpoint does not fit this model: {mismatch}")
         try:
             self.precision.load_fp32_state_dict(self.model, state)
         except RuntimeError as exc:
@@ -310,13 +314,11 @@ class Trainer:
 
     def state_dict(self) -> dict[str, Any]:
         """Everything needed to continue exactly: weights (fp32), optimizer, scaler, RNG, position."""
-        rng = {"python": random.getstate(), "numpy": np.random.get_state(),
-               "torch": torch.get_rng_state()}
-        if torch.cuda.is_available():
-            rng["cuda"] = torch.cuda.get_rng_state_all()
+        self._resolve_pending()  # the lagged step's skip flag decides the scheduler state
+        rng = checkpoint.capture_rng()
         return {
             "format": checkpoint.FORMAT, "format_version": checkpoint.FORMAT_VERSION,
-            "amptrain_version": __version__, "torch_version": torch.__version__,
+            "amptrain_version": __version__, "torch_version": str(torch.__version__),
             "precision_name": self.precision.name,
             "model": self.precision.fp32_state_dict(self.model),
             "optimizer": self.optimizer.state_dict(),
@@ -324,25 +326,36 @@ class Trainer:
             "precision": self.precision.state_dict(),
             "rng": rng, "step": self.step, "epoch": self.epoch,
             "window_in_epoch": self.window_in_epoch,
+            "steps_per_epoch": len(self.train_windows) if hasattr(self, "train_windows") else None,
+            # The metrics window in progress (--log-every), so a resumed run logs the same
+            # means. Every rank restores rank 0's sums: right counts, loss estimated by rank 0.
+            "log_window": {"loss_sum": self._loss_sum.detach().cpu().clone(),
+                           "loss_samples": self._loss_samples,
+                           "samples_since_log": self._samples_since_log,
+                           "grad_norm": None if self._grad_norm is None
+                           else self._grad_norm.detach().cpu().clone(),
+                           "step_epoch": self._step_epoch},
             "config": self.resolved_config(), "run": self.run_info,
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restore :meth:`state_dict` into a prepared Trainer (after model/optimizer setup)."""
         self.load_weights(state["model"])
-        self.optimizer.load_state_dict(state["optimizer"])
+        checkpoint.load_optimizer_state(self.optimizer, state["optimizer"])
         if self.scheduler is not None and state.get("scheduler") is not None:
             self.scheduler.load_state_dict(state["scheduler"])
         self.precision.load_state_dict(state.get("precision", {}))
-        rng = state.get("rng", {})
-        if "python" in rng:
-            random.setstate(rng["python"])
-            np.random.set_state(rng["numpy"])
-            torch.set_rng_state(rng["torch"])
-        if "cuda" in rng and torch.cuda.is_available():
-            torch.cuda.set_rng_state_all(rng["cuda"])
+        checkpoint.restore_rng(state.get("rng", {}))
         self.step, self.epoch = int(state["step"]), int(state["epoch"])
         self.window_in_epoch = int(state["window_in_epoch"])
+        window = state.get("log_window")
+        if window:
+            self._loss_sum.copy_(window["loss_sum"])
+            self._loss_samples = int(window["loss_samples"])
+            self._samples_since_log = int(window["samples_since_log"])
+            grad_norm = window.get("grad_norm")
+            self._grad_norm = None if grad_norm is None else grad_norm.to(self.device)
+            self._step_epoch = int(window["step_epoch"])
 
     def resolved_config(self) -> dict[str, Any]:
         """The config as run: precision resolved, batching and learning rate derived."""
@@ -403,23 +416,21 @@ class Trainer:
         return micro * accumulate  # no gradients to hold: one pass per per-device batch
 
     def _resume_if_requested(self) -> None:
-        target = self.config.resume
-        if not target:
+        if not self.config.resume:
             return
-        if target == "auto":
-            if self.out is None:
-                raise UserError("--resume auto needs --out (the run directory to continue)")
-            path = self.out / "checkpoints" / "last.pt"
-            if not path.exists():
-                log.info("--resume auto: no checkpoint in %s, starting fresh", self.out)
-                return
-        else:
-            path = Path(target)
-        state = checkpoint.load(path)
-        self.load_state_dict(state)
-        trained_with = state.get("precision_name")
-        note = f" (trained with {trained_with})" if trained_with != self.precision.name else ""
-        log.info("resumed from %s at step %d%s", path, self.step, note)
+        found = checkpoint.find_resume(self.config.resume, self.out, cleanup=self.strategy.is_main)
+        if found is not None:
+            path, state = found
+            checkpoint.check_compatible(state, self.resolved_config(), self.run_info, path)
+            try:
+                self.load_state_dict(state)
+            except UserError as exc:
+                raise UserError(f"--resume {path}: {exc}") from None
+            log.info(checkpoint.resume_message(path, state, self.precision.name,
+                                               len(self.train_windows)))
+        if self.strategy.is_main and self.out is not None:
+            # Records a killed run logged after its checkpoint are about to be logged again.
+            checkpoint.trim_metrics(self.out / "metrics.jsonl", self.step)
 
     # ------------------------------------------------------------------ loop
     def _loop(self) -> None:
@@ -443,6 +454,8 @@ class Trainer:
                 self.epoch += 1
                 self.window_in_epoch = 0
                 self._end_of_epoch()
+        if self.stop_requested is not None and not self._complete():
+            raise self._preempted()
         self._resolve_pending()
         if self.step != self._last_log_step:
             self._log_train()
@@ -455,6 +468,24 @@ class Trainer:
     def _done(self) -> bool:
         return bool(self.config.max_steps and self.step >= self.config.max_steps) \
             or self.stop_requested is not None
+
+    def _complete(self) -> bool:
+        return self.epoch >= self.config.epochs \
+            or bool(self.config.max_steps and self.step >= self.config.max_steps)
+
+    def _preempted(self) -> Preempted:
+        """Checkpoint after a stop request (a signal) and build the exception that ends the run.
+
+        No log record and no evaluation: the grace period before SIGKILL is short, and the
+        metrics window in progress is saved, so the resumed run logs what this one would.
+        """
+        path = None
+        if self.out is not None:
+            path = self.out / checkpoint.CHECKPOINT_DIR / checkpoint.LAST \
+                if self._saved_at_current_step() else self.save_checkpoint()
+        else:
+            self._resolve_pending()
+        return preemption.preempted(self.stop_requested, self.step, path)
 
     def _forward_backward(self, window: Window) -> None:
         """Forward and backward of every micro-batch of ``window``; gradients accumulate."""

@@ -1,0 +1,74 @@
+"""Stopping on SIGTERM / SIGINT at a step boundary, with a checkpoint.
+
+Clusters pre-empt jobs with SIGTERM (then SIGKILL after a grace period); people stop
+runs with Ctrl-C. The first signal only asks the Trainer to stop: it finishes the
+current optimizer step, writes a checkpoint and raises :class:`~amptrain.errors.Preempted`
+(exit 128 + signal number: 143 for SIGTERM, 130 for SIGINT). A second signal exits at
+once, without a checkpoint; the previous one is still intact because checkpoint writes
+are atomic.
+"""
+from __future__ import annotations
+
+import contextlib
+import logging
+import signal
+import threading
+from pathlib import Path
+from typing import Any, Iterator
+
+from .errors import Preempted
+
+log = logging.getLogger("amptrain")
+
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
+
+
+def exit_code(reason: str) -> int:
+    """The shell's exit status for a stop caused by ``reason`` (a signal name), else 1."""
+    try:
+        return 128 + int(signal.Signals[reason])
+    except KeyError:
+        return 1
+
+
+@contextlib.contextmanager
+def stop_on_signals(trainer: Any, signals: tuple[signal.Signals, ...] = STOP_SIGNALS
+                    ) -> Iterator[None]:
+    """While inside, the first of ``signals`` sets ``trainer.stop_requested`` to its name.
+
+    The Trainer polls ``stop_requested`` after every step. A second signal raises
+    ``KeyboardInterrupt`` (SIGINT) or ``SystemExit(128 + signum)``. The previous handlers
+    come back on exit. Outside the main thread Python cannot install handlers, so
+    nothing is changed there (the host application owns signals).
+    """
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    received: list[str] = []
+
+    def handle(signum: int, frame: Any) -> None:
+        name = signal.Signals(signum).name
+        if received:
+            log.warning("second signal (%s): exiting now, without a checkpoint", name)
+            if signum == signal.SIGINT:
+                raise KeyboardInterrupt
+            raise SystemExit(128 + signum)
+        received.append(name)
+        trainer.stop_requested = name
+        log.warning("%s: finishing this step, then writing a checkpoint and stopping "
+                    "(send it again to exit at once)", name)
+
+    previous = {sig: signal.signal(sig, handle) for sig in signals}
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            # None means a handler installed outside Python; it cannot be put back.
+            signal.signal(sig, handler if handler is not None else signal.SIG_DFL)
+
+
+def preempted(reason: str, step: int, checkpoint: Path | None) -> Preempted:
+    """The exception that ends a stopped run, telling the user how to continue."""
+    where = (f"checkpoint {checkpoint} written; continue with --resume auto" if checkpoint
+             else "no checkpoint written (no output directory)")
+    return Preempted(f"stopped by {reason} after step {step}; {where}", exit_code(reason))
