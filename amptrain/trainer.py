@@ -25,8 +25,8 @@ from torch.utils.data import DataLoader, Dataset
 from . import __version__, checkpoint
 from .batches import DatasetWindows, GlobalBatchPlan, LoaderWindows, Window
 from .config import TrainConfig, build_config, to_dict, write_yaml
-from .devices import peak_memory_bytes, reset_peak_memory, resolve_device
-from .distributed import Strategy
+from .devices import peak_memory_bytes, reset_peak_memory
+from .distributed import Strategy, build_strategy
 from .errors import UserError
 from .logs import RunLogger
 from .metrics import EvalResult, class_names_for
@@ -121,8 +121,8 @@ class Trainer:
         base.update(options)
         self.config: TrainConfig = build_config(type(config) if config is not None else TrainConfig,
                                                 base)
-        self.device = strategy.device if strategy is not None else resolve_device(self.config.device)
-        self.strategy = strategy or Strategy(self.device)
+        self.strategy = strategy or build_strategy(self.config.strategy, self.config.device)
+        self.device = self.strategy.device
         c = self.config
         self.precision = Precision(c.precision, device=self.device, init_scale=c.init_scale,
                                    growth_factor=c.growth_factor, backoff_factor=c.backoff_factor,
@@ -277,7 +277,7 @@ class Trainer:
     def load_weights(self, state: dict[str, torch.Tensor]) -> None:
         """Load fp32 weights (a checkpoint's ``model`` entry) into the prepared model."""
         try:
-            self.precision.load_fp32_state_dict(self.model, state)
+            self.strategy.load_model_state_dict(self.model, self.precision, state)
         except RuntimeError as exc:
             raise UserError(f"checkpoint does not fit this model: {_first_line(exc)}") from None
 
@@ -285,6 +285,10 @@ class Trainer:
         """Write the full training state (rank 0) to ``path`` or ``OUT/checkpoints/last.pt``."""
         self._resolve_pending()
         state = self.state_dict()
+        if path is None and self.out is not None:
+            # On every rank, as rank 0 does below: FSDP gathers the state collectively, so
+            # all ranks must agree on the steps that save.
+            self._last_saved_step = self.step
         if not self.strategy.is_main:
             return None
         if path is not None:
@@ -307,8 +311,8 @@ class Trainer:
             "format": checkpoint.FORMAT, "format_version": checkpoint.FORMAT_VERSION,
             "amptrain_version": __version__, "torch_version": torch.__version__,
             "precision_name": self.precision.name,
-            "model": self.precision.fp32_state_dict(self.model),
-            "optimizer": self.optimizer.state_dict(),
+            "model": self.strategy.model_state_dict(self.model, self.precision),
+            "optimizer": self.strategy.optimizer_state_dict(self.model, self.optimizer),
             "scheduler": self.scheduler.state_dict() if self.scheduler is not None else None,
             "precision": self.precision.state_dict(),
             "rng": rng, "step": self.step, "epoch": self.epoch,
@@ -319,7 +323,7 @@ class Trainer:
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restore :meth:`state_dict` into a prepared Trainer (after model/optimizer setup)."""
         self.load_weights(state["model"])
-        self.optimizer.load_state_dict(state["optimizer"])
+        self.strategy.load_optimizer_state_dict(self.model, self.optimizer, state["optimizer"])
         if self.scheduler is not None and state.get("scheduler") is not None:
             self.scheduler.load_state_dict(state["scheduler"])
         self.precision.load_state_dict(state.get("precision", {}))
@@ -351,6 +355,7 @@ class Trainer:
         model = model.to(self.device)
         if self.config.channels_last and is_conv_net(model):
             model = model.to(memory_format=torch.channels_last)
+        model = self.strategy.prepare_model(model, self.precision, optimizer)
         optimizer = optimizer or build_optimizer(self.config, model)
         self.model, self.optimizer = self.precision.setup(model, optimizer)
         train_model = self.strategy.wrap(self.model)
@@ -367,6 +372,7 @@ class Trainer:
                                    world_size=world, rank=self.strategy.rank,
                                    seed=self.config.seed, shuffle=shuffle)
             return DatasetWindows(data, plan, self.device, num_workers=self.config.num_workers)
+        data = self.strategy.shard_loader(data, seed=self.config.seed)
         return LoaderWindows(data, accumulate, self.device, self.strategy.world_size)
 
     def _maybe_on_device(self, data: Dataset) -> Dataset:
@@ -388,7 +394,8 @@ class Trainer:
             if self.out is None:
                 raise UserError("--resume auto needs --out (the run directory to continue)")
             path = self.out / "checkpoints" / "last.pt"
-            if not path.exists():
+            # Rank 0 decides: all ranks resume or none (another may not see the file yet).
+            if not self.strategy.broadcast_object(path.exists()):
                 log.info("--resume auto: no checkpoint in %s, starting fresh", self.out)
                 return
         else:
