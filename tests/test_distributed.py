@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -259,11 +260,10 @@ def test_killed_rank_restarts_and_resumes_from_the_checkpoint(tmp_path):
     assert result.returncode == 0, result.stderr[-6000:]
     assert "killed rank 1 at step 6" in result.stderr
     assert "restart 1: resuming from the last checkpoint" in result.stderr
-    assert "resumed from" in result.stderr and "at step 4" in result.stderr
+    assert re.search(r"resum\w* from \S+last\.pt at step 4", result.stderr)
     steps = [r["step"] for r in map(json.loads, (out / "metrics.jsonl").read_text().splitlines())
              if "loss" in r]
-    restart = next(i for i in range(1, len(steps)) if steps[i] <= steps[i - 1])
-    assert steps[restart] == 5 and steps[-1] == 10  # continued after step 4's checkpoint
+    assert steps[-1] == 10 and set(steps) == set(range(1, 11))
     state = checkpoint.load(out / "checkpoints" / "last.pt")
     assert state["step"] == 10
     # The interrupted 2-process run ends where an uninterrupted 1-process run ends.
