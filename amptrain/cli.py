@@ -79,11 +79,16 @@ def default_out(config: RunConfig) -> str:
 
 # --------------------------------------------------------------------- train
 def _add_train(parser: argparse.ArgumentParser) -> None:
+    from .launch import add_launch_flags
+
     parser.add_argument("--config", help="YAML file of options (flags override it)")
     add_config_flags(parser, RunConfig)
+    add_launch_flags(parser)
 
 
 def _run_train(args: argparse.Namespace) -> int:
+    from .distributed import is_main_process
+    from .launch import launch, launch_requested
     from .runner import run_training
 
     config = build_config(RunConfig, merged_values(args), source="option")
@@ -91,7 +96,11 @@ def _run_train(args: argparse.Namespace) -> int:
         raise UserError("--resume auto needs --out (the run directory to continue)")
     if not config.out:
         config.out = default_out(config)
+    if launch_requested(args):
+        return launch(args, config)
     result = run_training(config)
+    if not is_main_process():
+        return 0
     acc = f"{result.val_acc:.4f}" if result.val_acc is not None else "n/a"
     speed = f", {result.samples_per_s:.0f} samples/s" if result.samples_per_s else ""
     print(f"done: val_acc {acc}  val_loss {_num(result.val_loss)}  after {result.steps} steps "

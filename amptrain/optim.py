@@ -43,6 +43,8 @@ def build_optimizer(config: TrainConfig, model: nn.Module) -> torch.optim.Optimi
     lr = scaled_lr(config)
     groups = parameter_groups(model, config.weight_decay)
     fused = _fused_ok(model)
+    if config.optimizer == "sgd" and any(hasattr(p, "to_local") for p in model.parameters()):
+        fused = False  # FSDP2's DTensor parameters: torch 2.13 has no fused-SGD rule for them
     if config.optimizer == "adamw":
         return torch.optim.AdamW(groups, lr=lr, fused=fused or None)
     return torch.optim.SGD(groups, lr=lr, momentum=config.momentum, fused=fused or None)

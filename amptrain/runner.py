@@ -14,7 +14,9 @@ from torch import nn
 from . import checkpoint
 from .config import RunConfig
 from .data import DataBundle, DataOptions, build_data
+from .distributed import build_strategy
 from .errors import UserError
+from .launch import resume_after_restart
 from .metrics import EvalResult
 from .models import ModelInputs, build_model
 from .trainer import FitResult, Trainer, seed_everything
@@ -52,10 +54,22 @@ def prepare_run(config: RunConfig) -> tuple[DataBundle, nn.Module]:
 
 def run_training(config: RunConfig, **trainer_options: Any) -> FitResult:
     """Train as ``amptrain train`` does; returns the Trainer's result."""
-    check_out_dir(config)
-    data, model = prepare_run(config)
-    trainer = Trainer(config, run_info=run_info(config, data), **trainer_options)
-    return trainer.fit(model, data.train, data.val, class_names=data.class_names)
+    resume_after_restart(config)
+    strategy = trainer_options.pop("strategy", None)
+    owned = strategy is None
+    if owned:
+        strategy = build_strategy(config.strategy, config.device)
+    try:
+        # Under plain torchrun each process picked its own default --out: use rank 0's.
+        config.out = strategy.broadcast_object(config.out)
+        check_out_dir(config)
+        data, model = prepare_run(config)
+        trainer = Trainer(config, strategy=strategy, run_info=run_info(config, data),
+                          **trainer_options)
+        return trainer.fit(model, data.train, data.val, class_names=data.class_names)
+    finally:
+        if owned:
+            strategy.teardown()
 
 
 def run_evaluation(*, checkpoint_path: str, data: str | None, precision: str, out: str,

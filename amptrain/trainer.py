@@ -26,8 +26,8 @@ from . import __version__, checkpoint, preemption
 from .autobatch import AutoBatch
 from .batches import DatasetWindows, GlobalBatchPlan, LoaderWindows, Window
 from .config import TrainConfig, build_config, to_dict, write_yaml
-from .devices import peak_memory_bytes, reset_peak_memory, resolve_device
-from .distributed import Strategy
+from .devices import peak_memory_bytes, reset_peak_memory
+from .distributed import Strategy, build_strategy
 from .errors import Preempted, UserError
 from .logs import RunLogger
 from .lrscale import LrPlan, plan_lr
@@ -123,8 +123,8 @@ class Trainer:
         base.update(options)
         self.config: TrainConfig = build_config(type(config) if config is not None else TrainConfig,
                                                 base)
-        self.device = strategy.device if strategy is not None else resolve_device(self.config.device)
-        self.strategy = strategy or Strategy(self.device)
+        self.strategy = strategy or build_strategy(self.config.strategy, self.config.device)
+        self.device = self.strategy.device
         c = self.config
         self.precision = Precision(c.precision, device=self.device, init_scale=c.init_scale,
                                    growth_factor=c.growth_factor, backoff_factor=c.backoff_factor,
@@ -159,7 +159,8 @@ class Trainer:
         self._last_log_step = 0
         self._last_saved_step: int | None = None
         self._step_epoch = 0  # epoch of the last trained step (for records)
-        self.stop_requested: str | None = None
+        self.stop_requested: str | None = None  # set by a signal handler
+        self._stopping: str | None = None        # the stop all ranks agreed on
 
     # ---------------------------------------------------------------- public
     def fit(self, model: nn.Module, train_data: Dataset | DataLoader | Iterable,
@@ -292,7 +293,7 @@ class Trainer:
         if mismatch:
             raise UserError(f"checkpoint does not fit this model: {mismatch}")
         try:
-            self.precision.load_fp32_state_dict(self.model, state)
+            self.strategy.load_model_state_dict(self.model, self.precision, state)
         except RuntimeError as exc:
             raise UserError(f"checkpoint does not fit this model: {_first_line(exc)}") from None
 
@@ -300,6 +301,10 @@ class Trainer:
         """Write the full training state (rank 0) to ``path`` or ``OUT/checkpoints/last.pt``."""
         self._resolve_pending()
         state = self.state_dict()
+        if path is None and self.out is not None:
+            # On every rank, as rank 0 does below: FSDP gathers the state collectively, so
+            # all ranks must agree on the steps that save.
+            self._last_saved_step = self.step
         if not self.strategy.is_main:
             return None
         if path is not None:
@@ -320,8 +325,8 @@ class Trainer:
             "format": checkpoint.FORMAT, "format_version": checkpoint.FORMAT_VERSION,
             "amptrain_version": __version__, "torch_version": str(torch.__version__),
             "precision_name": self.precision.name,
-            "model": self.precision.fp32_state_dict(self.model),
-            "optimizer": self.optimizer.state_dict(),
+            "model": self.strategy.model_state_dict(self.model, self.precision),
+            "optimizer": self.strategy.optimizer_state_dict(self.model, self.optimizer),
             "scheduler": self.scheduler.state_dict() if self.scheduler is not None else None,
             "precision": self.precision.state_dict(),
             "rng": rng, "step": self.step, "epoch": self.epoch,
@@ -341,7 +346,7 @@ class Trainer:
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restore :meth:`state_dict` into a prepared Trainer (after model/optimizer setup)."""
         self.load_weights(state["model"])
-        checkpoint.load_optimizer_state(self.optimizer, state["optimizer"])
+        self.strategy.load_optimizer_state_dict(self.model, self.optimizer, state["optimizer"])
         if self.scheduler is not None and state.get("scheduler") is not None:
             self.scheduler.load_state_dict(state["scheduler"])
         self.precision.load_state_dict(state.get("precision", {}))
@@ -386,6 +391,7 @@ class Trainer:
         model = model.to(self.device)
         if self.config.channels_last and is_conv_net(model):
             model = model.to(memory_format=torch.channels_last)
+        model = self.strategy.prepare_model(model, self.precision, optimizer)
         optimizer = optimizer or build_optimizer(self.config, model)
         self.model, self.optimizer = self.precision.setup(model, optimizer)
         train_model = self.strategy.wrap(self.model)
@@ -402,6 +408,7 @@ class Trainer:
                                    world_size=world, rank=self.strategy.rank,
                                    seed=self.config.seed, shuffle=shuffle)
             return DatasetWindows(data, plan, self.device, num_workers=self.config.num_workers)
+        data = self.strategy.shard_loader(data, seed=self.config.seed)
         return LoaderWindows(data, accumulate, self.device, self.strategy.world_size)
 
     def _maybe_on_device(self, data: Dataset) -> Dataset:
@@ -418,9 +425,21 @@ class Trainer:
     def _resume_if_requested(self) -> None:
         if not self.config.resume:
             return
-        found = checkpoint.find_resume(self.config.resume, self.out, cleanup=self.strategy.is_main)
-        if found is not None:
-            path, state = found
+        # Rank 0 decides and every rank follows: another rank may not see a just-written
+        # file yet, and an error must stop all ranks, not leave them waiting for rank 0.
+        decision, found = None, None
+        if self.strategy.is_main:
+            try:
+                found = checkpoint.find_resume(self.config.resume, self.out, cleanup=True)
+                decision = ("resume", str(found[0])) if found is not None else ("fresh", None)
+            except UserError as exc:
+                decision = ("error", str(exc))
+        kind, value = self.strategy.broadcast_object(decision)
+        if kind == "error":
+            raise UserError(value)
+        if kind == "resume":
+            path = Path(value)
+            state = found[1] if found is not None else checkpoint.load(path)
             checkpoint.check_compatible(state, self.resolved_config(), self.run_info, path)
             try:
                 self.load_state_dict(state)
@@ -448,13 +467,14 @@ class Trainer:
                 self.window_in_epoch += 1
                 self.logger.advance()
                 self._after_step()
+                self._agree_on_stop()
                 if self._done():
                     break
             if self.window_in_epoch >= len(self.train_windows):
                 self.epoch += 1
                 self.window_in_epoch = 0
                 self._end_of_epoch()
-        if self.stop_requested is not None and not self._complete():
+        if self._stopping is not None and not self._complete():
             raise self._preempted()
         self._resolve_pending()
         if self.step != self._last_log_step:
@@ -467,7 +487,23 @@ class Trainer:
 
     def _done(self) -> bool:
         return bool(self.config.max_steps and self.step >= self.config.max_steps) \
-            or self.stop_requested is not None
+            or self._stopping is not None
+
+    def _agree_on_stop(self) -> None:
+        """Turn a signal (``stop_requested``) into a stop at a step all ranks share.
+
+        One process stops right after the step it was signalled in. Several must stop at
+        the same step, or the collective checkpoint would hang: they agree at --log-every
+        boundaries, where the loop reads the device anyway (no extra sync per step).
+        """
+        if self.strategy.world_size == 1:
+            self._stopping = self.stop_requested
+            return
+        if self.step % self.config.log_every:
+            return
+        flag = torch.tensor([0.0 if self.stop_requested is None else 1.0], device=self.device)
+        if self.strategy.reduce_sum(flag).item() > 0:
+            self._stopping = self.stop_requested or "SIGTERM"
 
     def _complete(self) -> bool:
         return self.epoch >= self.config.epochs \
@@ -485,7 +521,7 @@ class Trainer:
                 if self._saved_at_current_step() else self.save_checkpoint()
         else:
             self._resolve_pending()
-        return preemption.preempted(self.stop_requested, self.step, path)
+        return preemption.preempted(self._stopping, self.step, path)
 
     def _forward_backward(self, window: Window) -> None:
         """Forward and backward of every micro-batch of ``window``; gradients accumulate."""

@@ -25,10 +25,10 @@ from torch import nn
 
 from ..errors import TrainingHalted, UserError
 from .islands import ForwardPatches, install_cpu_fp16_conv, install_fp32_islands, match_modules
-from .master import MasterWeights, cast_model, modules_kept_fp32
+from .master import FP32_NORM_TYPES, MasterWeights, cast_model, modules_kept_fp32
 from .modes import (ALIASES, MODES, PRECISION_NAMES, ModeSpec, auto_mode, canonical_name,
                     unsupported_reason)
-from .scaling import DynamicLossScaler, NonFiniteGuard
+from .scaling import DynamicLossScaler, FoundInfAgreement, NonFiniteGuard
 
 __all__ = ["Precision", "StepOutcome", "NonFiniteHalt", "MODES", "PRECISION_NAMES", "ALIASES",
            "ModeSpec", "canonical_name"]
@@ -107,6 +107,7 @@ class Precision:
         self._grads_moved: set[int] = set()
         self._host_flags: list[torch.Tensor] = []
         self._flag_index = 0
+        self._agree: FoundInfAgreement | None = None
         self._select_mode()
 
     # ------------------------------------------------------------------ mode
@@ -120,6 +121,7 @@ class Precision:
                                         half_grads=self.spec.half_weights
                                         and not self.spec.master_weights)
                       if self.spec.loss_scaling else NonFiniteGuard())
+        self.guard.agree = self._agree
 
     @property
     def name(self) -> str:
@@ -140,7 +142,9 @@ class Precision:
             self.device = param.device
             self._select_mode()
         islands = match_modules(model, self.keep_fp32)
-        if self.spec.half_weights:
+        if _is_fsdp_sharded(model):
+            self._setup_sharded()
+        elif self.spec.half_weights:
             kept = modules_kept_fp32(model, islands.values())
             if self.spec.master_weights and optimizer is not None:
                 self._master = MasterWeights(model, optimizer, self.spec.param_dtype, kept)
@@ -155,6 +159,57 @@ class Precision:
         if optimizer is not None:
             self._optimizers.append(optimizer)
         return model, optimizer
+
+    def _setup_sharded(self) -> None:
+        # FSDP2 keeps each rank's shard in fp32 (the master copy) and casts per forward
+        # with the policy from fsdp_policy(): nothing to cast or copy here.
+        if self.spec.master_weights:
+            log.info("%s under FSDP: the fp32 master weights are FSDP's fp32 shards", self.name)
+        if self.spec.loss_scaling:
+            self.guard = DynamicLossScaler(self.device.type, **self._scaler_options, sharded=True)
+            self.guard.agree = self._agree
+
+    def set_found_inf_agreement(self, agree: FoundInfAgreement | None) -> None:
+        """Make ranks agree on skipped steps: ``agree(flag)`` combines each step's found-inf
+        flag in place with the other ranks' (all-reduce MAX) before the step is decided.
+
+        Without it a rank whose gradients alone hold an inf would skip (and back off its
+        loss scale) while the others step, and the replicas would silently diverge. The
+        flag stays on the device: on NCCL the all-reduce is stream-ordered, no host sync.
+        """
+        self._agree = agree
+        self.guard.agree = agree
+
+    def fsdp_policy(self, fp32: bool = False) -> Any:
+        """FSDP2's ``MixedPrecisionPolicy`` for this mode (``fp32``: for modules kept fp32).
+
+        FSDP keeps each rank's shard of the weights in fp32 -- the master copy -- gathers
+        them in the compute dtype for forward/backward and reduce-scatters gradients in
+        fp32. So ``X-mixed`` and ``X-master`` both map to (param X, reduce fp32) and the
+        fp32 modes to no casts. ``X-true`` (no fp32 copy anywhere) has no FSDP equivalent.
+        """
+        from torch.distributed.fsdp import MixedPrecisionPolicy
+
+        if self.spec.half_weights and not self.spec.master_weights:
+            mixed = "16-mixed" if self.spec.param_dtype == torch.float16 else "bf16-mixed"
+            raise UserError(f"--precision {self.name} keeps no fp32 weights, but FSDP shards "
+                            f"fp32 weights and casts them for each forward: use --precision "
+                            f"{mixed} with --strategy fsdp")
+        if fp32 or self.spec.compute_dtype is None:
+            return MixedPrecisionPolicy(reduce_dtype=torch.float32)
+        return MixedPrecisionPolicy(param_dtype=self.spec.compute_dtype,
+                                    reduce_dtype=torch.float32)
+
+    def fsdp_fp32_modules(self, model: nn.Module) -> list[nn.Module]:
+        """Modules whose weights must stay fp32 under FSDP (``keep_fp32`` islands and norm
+        layers): FSDP casts per parameter group, so each needs a group of its own."""
+        if self.spec.compute_dtype is None:
+            return []
+        islands = list(match_modules(model, self.keep_fp32).values())
+        inside = {id(m) for island in islands for m in island.modules()}
+        norms = [m for m in model.modules()
+                 if isinstance(m, FP32_NORM_TYPES) and id(m) not in inside]
+        return islands + norms
 
     def _raise_adam_eps(self, optimizer: torch.optim.Optimizer) -> None:
         floor = self.spec.min_adam_eps
@@ -341,6 +396,15 @@ class Precision:
         if self._master is not None:
             values = {id(p): state[name] for name, p in model.named_parameters() if name in state}
             self._master.load_fp32(values)
+
+
+def _is_fsdp_sharded(model: nn.Module) -> bool:
+    """True for a module that FSDP2's ``fully_shard`` has sharded."""
+    try:
+        from torch.distributed.fsdp import FSDPModule
+    except ImportError:  # torch builds without distributed support
+        return False
+    return isinstance(model, FSDPModule)
 
 
 def _default_device() -> torch.device:

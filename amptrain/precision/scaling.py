@@ -7,10 +7,15 @@ caller's choice, which is what keeps steady-state steps free of host-device sync
 """
 from __future__ import annotations
 
-from typing import Any
+import warnings
+from typing import Any, Callable
 
 import torch
 from torch.amp import GradScaler
+
+#: Combines a rank's found-inf flag in place with every other rank's (an all-reduce with
+#: MAX), so that all ranks skip the same steps. Set by a distributed strategy.
+FoundInfAgreement = Callable[[torch.Tensor], None]
 
 
 def _supports_fused_skip(optimizer: torch.optim.Optimizer) -> bool:
@@ -30,14 +35,43 @@ class _HalfGradsScaler(GradScaler):
         return super()._unscale_grads_(optimizer, inv_scale, found_inf, True)
 
 
+def _sharded_scaler_class() -> type:
+    from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler
+
+    class _ScalarFlagShardedScaler(ShardedGradScaler):
+        """FSDP's ShardedGradScaler (it all-reduces found_inf across ranks itself), with
+        flags fused optimizers understand (torch 2.13): its flags have shape [1], which
+        fused steps cannot broadcast, and are summed over ranks, while a fused kernel only
+        skips when the flag is exactly 1 -- two ranks with an inf would step on it."""
+
+        def unscale_(self, optimizer: torch.optim.Optimizer) -> None:
+            with warnings.catch_warnings():
+                # Its own shape-[1] flag meeting DTensor gradients; harmless, once per run.
+                warnings.filterwarnings("ignore", "Found a non-scalar tensor with numel=1")
+                super().unscale_(optimizer)
+            state = self._per_optimizer_states[id(optimizer)]
+            state["found_inf_per_device"] = {device: flag.reshape(()).clamp_(max=1.0)
+                                             for device, flag
+                                             in state["found_inf_per_device"].items()}
+
+    return _ScalarFlagShardedScaler
+
+
 class DynamicLossScaler:
-    """torch.amp.GradScaler, exposing found_inf on the device instead of a Python bool."""
+    """torch.amp.GradScaler, exposing found_inf on the device instead of a Python bool.
+
+    ``sharded=True`` uses FSDP's sharded scaler (each rank only sees its gradient shards).
+    """
 
     def __init__(self, device_type: str, *, init_scale: float, growth_factor: float,
-                 backoff_factor: float, growth_interval: int, half_grads: bool = False) -> None:
-        cls = _HalfGradsScaler if half_grads else GradScaler
+                 backoff_factor: float, growth_interval: int, half_grads: bool = False,
+                 sharded: bool = False) -> None:
+        cls = _sharded_scaler_class() if sharded else \
+            _HalfGradsScaler if half_grads else GradScaler
         self.scaler = cls(device_type, init_scale=init_scale, growth_factor=growth_factor,
                           backoff_factor=backoff_factor, growth_interval=growth_interval)
+        self.sharded = sharded
+        self.agree: FoundInfAgreement | None = None
         self._unscaled: set[int] = set()
 
     def scale(self, loss: torch.Tensor) -> torch.Tensor:
@@ -47,6 +81,10 @@ class DynamicLossScaler:
         if id(optimizer) not in self._unscaled:
             self.scaler.unscale_(optimizer)
             self._unscaled.add(id(optimizer))
+            if self.agree is not None and not self.sharded:  # the sharded scaler agrees itself
+                for flag in self.scaler._per_optimizer_states[id(optimizer)][
+                        "found_inf_per_device"].values():
+                    self.agree(flag)
 
     def step(self, optimizer: torch.optim.Optimizer) -> torch.Tensor:
         self.unscale_(optimizer)
@@ -80,6 +118,7 @@ class NonFiniteGuard:
 
     def __init__(self) -> None:
         self._found_inf: dict[int, torch.Tensor] = {}
+        self.agree: FoundInfAgreement | None = None
 
     def scale(self, loss: torch.Tensor) -> torch.Tensor:
         return loss
@@ -91,7 +130,9 @@ class NonFiniteGuard:
         for group in optimizer.param_groups:
             for p in group["params"]:
                 if p.grad is not None:
-                    grads_by_device.setdefault((p.grad.device, p.grad.dtype), []).append(p.grad)
+                    # FSDP's DTensor gradients: check this rank's shard; `agree` does the rest.
+                    grad = p.grad.to_local() if hasattr(p.grad, "to_local") else p.grad
+                    grads_by_device.setdefault((grad.device, grad.dtype), []).append(grad)
         found = None
         for (device, _), grads in grads_by_device.items():
             flag = torch.zeros((), dtype=torch.float32, device=device)
@@ -101,6 +142,10 @@ class NonFiniteGuard:
             found = flag if found is None else found + flag.to(found.device)
         if found is None:
             found = torch.zeros((), dtype=torch.float32)
+        # Fused optimizers skip only when the flag is exactly 1; several groups can add up.
+        found.clamp_(max=1.0)
+        if self.agree is not None:
+            self.agree(found)
         self._found_inf[id(optimizer)] = found
 
     def step(self, optimizer: torch.optim.Optimizer) -> torch.Tensor:
