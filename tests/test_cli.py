@@ -88,7 +88,7 @@ ERROR_TABLE = [
     ("out-holds-a-run", "train --out {existing}", "already holds a run"),
     ("eval-missing-checkpoint", "eval --checkpoint {root}/none.pt --out {root}/e", "no such file"),
     ("eval-corrupt-checkpoint", "eval --checkpoint {checkpoint} --out {root}/e",
-     "unreadable, truncated or not a PyTorch file"),
+     "truncated (its end is missing"),
     ("eval-without-checkpoint", "eval --out {root}/e", "required: --checkpoint"),
     ("timm-not-installed", "train --model timm:resnet18", "pip install timm"),
 ]
