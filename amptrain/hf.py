@@ -26,7 +26,8 @@ import os
 from pathlib import Path
 from typing import Any, Iterator, Sequence
 
-# Before transformers / huggingface_hub read it: never reach for the network.
+# Before transformers / huggingface_hub read it (when this module is imported directly;
+# amptrain.models.external sets it too): never reach for the network.
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import transformers  # noqa: E402

@@ -104,6 +104,8 @@ def hf_text_encoder(argument: str) -> Any:
 
 
 def _hf(spec: str) -> Any:
+    # Before transformers (and huggingface_hub) read it at import: never reach the network.
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
     try:
         importlib.import_module("transformers")
     except ImportError:
