@@ -116,6 +116,8 @@ class DatasetWindows:
 
     Datasets that expose ``tensors`` (see :class:`amptrain.data.TensorData`) are indexed
     directly, on the device when they live there: no workers, no collation, no copies.
+    Such a dataset may shape its own micro-batches with ``select(indices) -> batch``
+    (e.g. :class:`amptrain.data.TokenData`: dict batches padded to their longest row).
     Others go through a DataLoader driven by the plan's micro-batches.
     """
 
@@ -139,9 +141,13 @@ class DatasetWindows:
 
     def _indexed(self, plans: list[WindowPlan], tensors: Sequence[torch.Tensor]) -> Iterator[Window]:
         where = tensors[0].device
+        select = getattr(self.dataset, "select", None)
         for plan in plans:
             micro = []
             for idx in plan.micro_indices:
+                if select is not None:
+                    micro.append(to_device(select(idx), self.device))
+                    continue
                 index = torch.as_tensor(idx, device=where)
                 micro.append(to_device(tuple(t.index_select(0, index) for t in tensors), self.device))
             yield Window(micro, [len(i) for i in plan.micro_indices], plan.global_samples)

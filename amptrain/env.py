@@ -21,20 +21,22 @@ import torch
 from torch.nn import functional as F
 
 from .errors import UserError
+from .precision import fp8
+from .precision.fp8 import CC_FP8
 from .precision.modes import MODES, auto_mode, cpu_has_native_bf16
 
 #: /proc/cpuinfo flags that decide how fast reduced precision is on an x86 CPU.
 CPU_FLAGS = {"amx_bf16": "AMX-BF16", "amx_fp16": "AMX-FP16", "amx_tile": "AMX-TILE",
              "avx512_bf16": "AVX512-BF16", "avx512_fp16": "AVX512-FP16"}
 
-#: Every precision `supported` reports on: amptrain's modes plus fp8.
-PRECISIONS = tuple(MODES) + ("fp8",)
+#: Every precision `supported` reports on: amptrain's modes (fp8 included).
+PRECISIONS = tuple(MODES)
 
 # Compute capabilities (major, minor) where NVIDIA hardware features start.
 CC_FP16 = (6, 0)          # fast fp16 arithmetic (Pascal P100)
 CC_TENSOR_CORES = (7, 0)  # Volta: fp16 Tensor Cores
 CC_BF16 = (8, 0)          # Ampere: bf16 and TF32 Tensor Cores
-CC_FP8 = (8, 9)           # Ada / Hopper: fp8 Tensor Cores
+# CC_FP8 (8.9, Ada / Hopper: fp8 Tensor Cores) comes from the precision layer.
 
 
 def cpu_model() -> str:
@@ -129,18 +131,23 @@ def precision_needs(device: torch.device) -> dict[str, str]:
     needs = {}
     for name, spec in MODES.items():
         dtypes = (spec.compute_dtype, spec.param_dtype)
-        kind = "tf32" if spec.tf32 else "bf16" if torch.bfloat16 in dtypes else \
-            "fp16" if torch.float16 in dtypes else "fp32"
+        kind = "fp8" if spec.float8_linears else "tf32" if spec.tf32 else \
+            "bf16" if torch.bfloat16 in dtypes else "fp16" if torch.float16 in dtypes else "fp32"
         needs[name] = by_kind[kind]
-    needs["fp8"] = by_kind["fp8"]
     return needs
 
 
 def supported_precisions(features: dict[str, bool]) -> dict[str, bool]:
-    """{precision: runs natively on this device} for every mode plus fp8."""
+    """{precision: runs natively on this device} for every mode.
+
+    fp8 also needs torchao: it is supported exactly when ``--precision fp8`` would be
+    accepted (:func:`amptrain.precision.fp8.fp8_unsupported_reason`).
+    """
     supported = {}
     for name, spec in MODES.items():
-        if spec.tf32:
+        if spec.float8_linears:
+            supported[name] = features["fp8"] and fp8.torchao_available()
+        elif spec.tf32:
             supported[name] = features["tf32"]
         elif torch.bfloat16 in (spec.compute_dtype, spec.param_dtype):
             supported[name] = features["bf16"]
@@ -148,14 +155,7 @@ def supported_precisions(features: dict[str, bool]) -> dict[str, bool]:
             supported[name] = features["fp16"]
         else:
             supported[name] = True
-    supported["fp8"] = features["fp8"]
     return supported
-
-
-def _torchao_installed() -> bool:
-    import importlib.util
-
-    return importlib.util.find_spec("torchao") is not None
 
 
 def env_notes(device: torch.device, flags: dict[str, bool | None], features: dict[str, bool],
@@ -195,7 +195,7 @@ def env_notes(device: torch.device, flags: dict[str, bool | None], features: dic
         if len(gpus) > 1:
             notes.append(f"{len(gpus)} GPUs visible: train on all with --nproc-per-node "
                          f"{len(gpus)}")
-    if features["fp8"] and not _torchao_installed():
+    if features["fp8"] and not fp8.torchao_available():
         notes.append("fp8 needs torchao (pip install torchao); it is not installed")
     elif not features["fp8"]:
         notes.append("fp8 needs an NVIDIA GPU with compute capability 8.9+ (Ada/Hopper)")

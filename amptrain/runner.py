@@ -18,7 +18,7 @@ from .distributed import build_strategy
 from .errors import UserError
 from .launch import resume_after_restart
 from .metrics import EvalResult
-from .models import ModelInputs, build_model
+from .models import ModelInputs, build_model, text_encoder_for
 from .trainer import FitResult, Trainer, seed_everything
 
 
@@ -46,7 +46,9 @@ def check_out_dir(config: RunConfig) -> None:
 
 def prepare_run(config: RunConfig) -> tuple[DataBundle, nn.Module]:
     """Build the data and a freshly initialised model (seeded: same seed, same weights)."""
-    data = build_data(config.data, DataOptions(seed=config.seed, val_fraction=config.val_fraction))
+    # A model that brings its own tokenizer (hf:PATH) tokenises the text data.
+    data = build_data(config.data, DataOptions(seed=config.seed, val_fraction=config.val_fraction,
+                                               text_encoder=text_encoder_for(config.model)))
     seed_everything(config.seed)
     model = build_model(config.model, model_inputs(data))
     return data, model
@@ -63,9 +65,11 @@ def run_training(config: RunConfig, **trainer_options: Any) -> FitResult:
         # Under plain torchrun each process picked its own default --out: use rank 0's.
         config.out = strategy.broadcast_object(config.out)
         check_out_dir(config)
+        # The Trainer first: a precision the hardware lacks (fp8 on a CPU) is refused before
+        # the data and the model are loaded.
+        trainer = Trainer(config, strategy=strategy, **trainer_options)
         data, model = prepare_run(config)
-        trainer = Trainer(config, strategy=strategy, run_info=run_info(config, data),
-                          **trainer_options)
+        trainer.run_info = run_info(config, data)
         return trainer.fit(model, data.train, data.val, class_names=data.class_names)
     finally:
         if owned:
@@ -85,7 +89,8 @@ def run_evaluation(*, checkpoint_path: str, data: str | None, precision: str, ou
     # The training split's preprocessing (normalisation, vocabulary, class order) is
     # reused, so other data is fed to the model exactly as the training data was.
     bundle = build_data(data_spec, DataOptions(val_fraction=state["config"].get("val_fraction", 0.2),
-                                               fitted=run.get("data_fitted")))
+                                               fitted=run.get("data_fitted"),
+                                               text_encoder=text_encoder_for(run["model"])))
     inputs = ModelInputs(**{**run["inputs"], "input_shape": tuple(run["inputs"]["input_shape"])})
     if bundle.num_classes != inputs.num_classes or tuple(bundle.input_shape) != inputs.input_shape:
         raise UserError(f"--data {data_spec} has {bundle.num_classes} classes and inputs "

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from amptrain import env
-from amptrain.precision import MODES
+from amptrain.precision import MODES, fp8
 from amptrain.precision.modes import cpu_has_native_bf16
 
 ROOT = Path(__file__).parents[1]
@@ -96,6 +96,7 @@ def fake_gpu(monkeypatch, name: str, major: int, minor: int, memory_gib: int, co
 
 def test_fake_h100_supports_fp8_and_recommends_bf16(monkeypatch):
     fake_gpu(monkeypatch, "NVIDIA H100 80GB HBM3", 9, 0, 80)
+    monkeypatch.setattr(fp8, "torchao_available", lambda: True)
     info = env.collect_env()
     assert info["device"] == "cuda"
     assert info["cuda"] == "12.4" and info["cudnn"] == "90100" and info["nccl"] == "2.21.5"

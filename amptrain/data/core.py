@@ -10,13 +10,16 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 import numpy as np
 import torch
 from torch.utils.data import Dataset
 
 from ..errors import UserError
+
+if TYPE_CHECKING:  # text.py imports this module
+    from .text import TextEncoder
 
 #: Seed of the train/validation split of sources that have none. Fixed (not --seed) so
 #: that every run, and ``amptrain eval`` later, validates on exactly the same samples.
@@ -80,6 +83,9 @@ class DataOptions:
     val_fraction: float = 0.2
     #: A training run's :attr:`DataBundle.fitted`: reuse it instead of fitting anew.
     fitted: dict[str, Any] | None = None
+    #: A model's own tokenizer (a :class:`~amptrain.data.text.TextEncoder`) for text
+    #: data; the runner sets it for models that bring one (``hf:PATH``).
+    text_encoder: TextEncoder | None = None
 
 
 DataFactory = Callable[[str, DataOptions], DataBundle]

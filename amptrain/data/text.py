@@ -1,8 +1,14 @@
 """``csv-text:FILE``: labelled text in a CSV file, tokenised into fixed-length id sequences.
 
-The tokenizer is deliberately simple (lowercase, runs of word characters): enough to
-train the built-in ``lstm`` and ``transformer`` classifiers. The vocabulary is built
-from the training split only, so validation text never leaks into it.
+The built-in tokenizer is deliberately simple (lowercase, runs of word characters):
+enough to train the built-in ``lstm`` and ``transformer`` classifiers. The vocabulary
+is built from the training split only, so validation text never leaks into it.
+
+A model that brings its own tokenizer (``hf:PATH``) passes it in as
+:attr:`DataOptions.text_encoder` (any :class:`TextEncoder`); the data is then that
+tokenizer's ids in a :class:`TokenData`, whose batches are dicts (``input_ids``,
+``attention_mask``, ``labels``) padded only to the longest sequence of each
+micro-batch. This package never imports the tokenizer's library.
 """
 from __future__ import annotations
 
@@ -10,7 +16,7 @@ import csv
 import re
 from collections import Counter
 from pathlib import Path
-from typing import Iterable, Sequence
+from typing import Any, Iterable, Protocol, Sequence
 
 import torch
 
@@ -21,6 +27,79 @@ from .core import DataBundle, DataOptions, TensorData, labels_to_classes, path_a
 PAD, UNK = "<pad>", "<unk>"          # ids 0 and 1
 TOKEN = re.compile(r"\w+")
 VAL_SPLITS = {"val", "valid", "validation", "dev", "test"}
+
+
+class TextEncoder(Protocol):
+    """A model's own tokenizer, as ``csv-text`` uses it (see ``amptrain.hf.HFTextEncoder``)."""
+
+    #: What the run records in its fitted preprocessing (e.g. ``hf:models/bert``).
+    name: str
+    vocab_size: int
+    pad_id: int
+    #: The longest sequence the model takes (its position embeddings), or None.
+    max_len: int | None
+
+    def encode(self, texts: Sequence[str], max_len: int) -> list[list[int]]:
+        """Token ids of each text, special tokens included, truncated to ``max_len``."""
+        ...
+
+
+class TokenData(TensorData):
+    """Token ids padded to a fixed width, their attention masks and labels, in memory.
+
+    Batches are dicts ``{"input_ids", "attention_mask", "labels"}`` (what Hugging Face
+    models take as keywords). :meth:`select`, which the Trainer uses to cut micro-batches,
+    trims each one to its longest sequence (rounded up to ``pad_multiple``, which keeps
+    Tensor-Core shapes), so short texts do not pay for the longest one in the file.
+    The lengths it reads stay on the host: trimming needs no device-to-host sync.
+    """
+
+    def __init__(self, input_ids: torch.Tensor, attention_mask: torch.Tensor,
+                 labels: torch.Tensor, *, lengths: torch.Tensor | None = None,
+                 pad_multiple: int = 16) -> None:
+        super().__init__(input_ids, attention_mask, labels)
+        self.lengths = (lengths if lengths is not None
+                        else attention_mask.sum(dim=1)).to("cpu", torch.long)
+        self.pad_multiple = max(1, int(pad_multiple))
+
+    def __getitem__(self, index: int) -> dict[str, torch.Tensor]:  # type: ignore[override]
+        ids, mask, label = (t[index] for t in self.tensors)
+        return {"input_ids": ids, "attention_mask": mask, "labels": label}
+
+    def to(self, device: torch.device) -> "TokenData":
+        return TokenData(*(t.to(device) for t in self.tensors), lengths=self.lengths,
+                         pad_multiple=self.pad_multiple)
+
+    def width_of(self, indices: Sequence[int]) -> int:
+        """Columns a batch of these rows needs: the longest, rounded up to ``pad_multiple``."""
+        full = self.tensors[0].shape[1]
+        if len(indices) == 0:
+            return full
+        longest = int(self.lengths[list(indices)].max())
+        rounded = -(-longest // self.pad_multiple) * self.pad_multiple
+        return max(1, min(full, rounded))
+
+    def select(self, indices: Sequence[int]) -> dict[str, torch.Tensor]:
+        """The rows ``indices`` as one dict batch, trimmed to :meth:`width_of`."""
+        ids, mask, labels = self.tensors
+        index = torch.as_tensor(list(indices), device=ids.device)
+        width = self.width_of(indices)
+        return {"input_ids": ids[:, :width].index_select(0, index),
+                "attention_mask": mask[:, :width].index_select(0, index),
+                "labels": labels.index_select(0, index)}
+
+
+def encode_with(encoder: TextEncoder, texts: Sequence[str], labels: torch.Tensor,
+                max_len: int) -> TokenData:
+    """Tokenise ``texts`` with a model's tokenizer into a :class:`TokenData`."""
+    rows = encoder.encode(list(texts), max_len)
+    lengths = torch.tensor([len(r) for r in rows], dtype=torch.long)
+    ids = torch.full((len(rows), max_len), int(encoder.pad_id), dtype=torch.long)
+    mask = torch.zeros((len(rows), max_len), dtype=torch.long)
+    for i, row in enumerate(rows):
+        ids[i, :len(row)] = torch.as_tensor(row[:max_len], dtype=torch.long)
+        mask[i, :len(row)] = 1
+    return TokenData(ids, mask, labels, lengths=lengths.clamp(max=max_len))
 
 
 def tokenize(text: str) -> list[str]:
@@ -86,6 +165,10 @@ def csv_text(argument: str, options: DataOptions) -> DataBundle:
     row naming the columns ``text`` and ``label`` (others are ignored). An optional
     ``split`` column marks validation rows (val, valid, validation, dev or test);
     otherwise a seeded share of the rows validates.
+
+    With ``options.text_encoder`` (a model's own tokenizer) the texts are that
+    tokenizer's ids, at most ``max_len`` (and at most the model's longest sequence)
+    long; ``vocab`` and ``min_freq`` then do not apply.
     """
     spec = f"csv-text:{argument}"
     path, o = path_and_options(argument, {"max_len": 128, "vocab": 20000, "min_freq": 1},
@@ -107,6 +190,12 @@ def csv_text(argument: str, options: DataOptions) -> DataBundle:
             train_idx, val_idx = split_indices(len(texts), options.val_fraction)
     else:
         train_idx, val_idx = split_indices(len(texts), options.val_fraction)
+    if options.text_encoder is not None:
+        return _encoded_bundle(options.text_encoder, texts, labels, class_names, train_idx,
+                               val_idx, o["max_len"], fitted, spec)
+    if fitted.get("tokenizer"):
+        raise UserError(f"--data {spec}: the run was trained on the tokenizer of "
+                        f"{fitted['tokenizer']}; evaluate it with that model")
     tokens = [tokenize(t) for t in texts]
     vocabulary = fitted.get("vocabulary") or build_vocabulary(
         (tokens[i] for i in train_idx.tolist()), o["vocab"], o["min_freq"])
@@ -117,3 +206,26 @@ def csv_text(argument: str, options: DataOptions) -> DataBundle:
     return DataBundle(train, val, len(class_names), (o["max_len"],), "sequence",
                       class_names=class_names, vocab_size=len(vocabulary),
                       fitted={"class_names": class_names, "vocabulary": vocabulary})
+
+
+def _encoded_bundle(encoder: TextEncoder, texts: list[str], labels: torch.Tensor,
+                    class_names: list[str], train_idx: torch.Tensor, val_idx: torch.Tensor,
+                    max_len: int, fitted: dict[str, Any], spec: str) -> DataBundle:
+    """The csv-text bundle tokenised by a model's own tokenizer."""
+    if encoder.max_len:
+        max_len = min(max_len, int(encoder.max_len))
+    max_len = int(fitted.get("max_len") or max_len)
+    data = encode_with(encoder, texts, labels, max_len)
+    if int(data.lengths.max()) == 0:
+        raise UserError(f"--data {spec}: the tokenizer of {encoder.name} produced no tokens")
+    train_rows, val_rows = train_idx.tolist(), val_idx.tolist()
+
+    def subset(rows: list[int]) -> TokenData:
+        index = torch.tensor(rows, dtype=torch.long)
+        return TokenData(*(t[index] for t in data.tensors), lengths=data.lengths[index],
+                         pad_multiple=data.pad_multiple)
+
+    return DataBundle(subset(train_rows), subset(val_rows), len(class_names), (max_len,),
+                      "sequence", class_names=class_names, vocab_size=int(encoder.vocab_size),
+                      fitted={"class_names": class_names, "tokenizer": encoder.name,
+                              "max_len": max_len})

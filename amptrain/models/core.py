@@ -24,6 +24,11 @@ class ModelInputs:
 ModelFactory = Callable[[str, ModelInputs], nn.Module]
 MODELS: dict[str, ModelFactory] = {}
 
+#: Models that bring their own tokenizer for text data: name -> factory(argument) of a
+#: :class:`~amptrain.data.text.TextEncoder` (``hf`` registers one).
+TextEncoderFactory = Callable[[str], Any]
+TEXT_ENCODERS: dict[str, TextEncoderFactory] = {}
+
 
 def register(name: str) -> Callable[[ModelFactory], ModelFactory]:
     """Add a factory to :data:`MODELS` under ``name``."""
@@ -31,6 +36,25 @@ def register(name: str) -> Callable[[ModelFactory], ModelFactory]:
         MODELS[name] = factory
         return factory
     return decorate
+
+
+def register_text_encoder(name: str) -> Callable[[TextEncoderFactory], TextEncoderFactory]:
+    """Add a tokenizer factory to :data:`TEXT_ENCODERS` for the models called ``name``."""
+    def decorate(factory: TextEncoderFactory) -> TextEncoderFactory:
+        TEXT_ENCODERS[name] = factory
+        return factory
+    return decorate
+
+
+def text_encoder_for(spec: str) -> Any:
+    """The tokenizer the model ``spec`` brings for text data, or None (the built-in one).
+
+    The runner hands it to the data as ``DataOptions.text_encoder``, so the data never
+    needs to know which library the tokenizer comes from.
+    """
+    name, _, argument = spec.partition(":")
+    factory = TEXT_ENCODERS.get(name)
+    return factory(argument) if factory is not None else None
 
 
 def build_model(spec: str, inputs: ModelInputs) -> nn.Module:

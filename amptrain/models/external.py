@@ -11,7 +11,7 @@ from typing import Any, Callable
 from torch import nn
 
 from ..errors import UserError
-from .core import ModelInputs, image_channels, register
+from .core import ModelInputs, image_channels, register, register_text_encoder
 
 
 def import_factory(argument: str, spec: str) -> Callable[..., Any]:
@@ -92,12 +92,23 @@ def timm_model(argument: str, inputs: ModelInputs) -> nn.Module:
 
 @register("hf")
 def hf_model(argument: str, inputs: ModelInputs) -> nn.Module:
-    """``hf:PATH``: a Hugging Face model (placeholder until amptrain's loader lands)."""
-    spec = f"hf:{argument}"
+    """``hf:PATH``: a Hugging Face sequence classifier from a local directory (see
+    :mod:`amptrain.hf`, imported only now so that amptrain runs without transformers)."""
+    return _hf(f"hf:{argument}").hf_model(argument, inputs)
+
+
+@register_text_encoder("hf")
+def hf_text_encoder(argument: str) -> Any:
+    """The tokenizer saved with an ``hf:PATH`` model, for ``csv-text`` data."""
+    return _hf(f"hf:{argument}").HFTextEncoder(argument)
+
+
+def _hf(spec: str) -> Any:
+    # Before transformers (and huggingface_hub) read it at import: never reach the network.
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
     try:
         importlib.import_module("transformers")
     except ImportError:
         raise UserError(f"--model {spec} needs the transformers package: "
-                        f"pip install transformers") from None
-    raise UserError(f"--model {spec}: Hugging Face models are not supported by this amptrain "
-                    f"yet; wrap the model in a factory and use --model module:pkg.mod.factory")
+                        f"pip install transformers (or pip install 'amptrain[hf]')") from None
+    return importlib.import_module("amptrain.hf")

@@ -24,7 +24,9 @@ import torch
 from torch import nn
 
 from ..errors import TrainingHalted, UserError
-from .islands import ForwardPatches, install_cpu_fp16_conv, install_fp32_islands, match_modules
+from .fp8 import Float8Plan, convert_linears, plan_float8
+from .islands import (ForwardPatches, cpu_fp16_fp32_modules, install_cpu_fp16_conv,
+                      install_cpu_fp16_fp32_islands, install_fp32_islands, match_modules)
 from .master import FP32_NORM_TYPES, MasterWeights, cast_model, modules_kept_fp32
 from .modes import (ALIASES, MODES, PRECISION_NAMES, ModeSpec, auto_mode, canonical_name,
                     unsupported_reason)
@@ -84,13 +86,15 @@ class Precision:
         min_scale: the loss-scale floor; reaching it stops training with advice.
         keep_fp32: glob patterns of module names that run in fp32 inside autocast.
         max_bad_steps: consecutive non-finite steps tolerated in modes without a scaler.
+        fp8_skip_first_last: in ``fp8``, keep the model's first and last ``nn.Linear``
+            out of float8 (the default; see :mod:`amptrain.precision.fp8`).
     """
 
     def __init__(self, name: str = "32-true", *, device: str | torch.device | None = None,
                  init_scale: float = 65536.0, growth_factor: float = 2.0,
                  backoff_factor: float = 0.5, growth_interval: int = 2000,
                  min_scale: float = 1.0, keep_fp32: Iterable[str] = (),
-                 max_bad_steps: int = 10) -> None:
+                 max_bad_steps: int = 10, fp8_skip_first_last: bool = True) -> None:
         self.requested = canonical_name(name)
         self.device = torch.device(device) if device is not None else _default_device()
         self._scaler_options = dict(init_scale=init_scale, growth_factor=growth_factor,
@@ -98,6 +102,8 @@ class Precision:
         self.min_scale = min_scale
         self.keep_fp32 = list(keep_fp32)
         self.max_bad_steps = max_bad_steps
+        self.fp8_skip_first_last = fp8_skip_first_last
+        self.float8_plan: Float8Plan | None = None   # what setup() converted (fp8 only)
         self.skipped_steps = 0
         self.consecutive_skips = 0
         self._first_bad_step: int | None = None
@@ -134,18 +140,27 @@ class Precision:
         """Prepare ``model`` (and ``optimizer``) for this mode; call once, before training.
 
         Casts half-weight modes (keeping norm layers and fp32 islands in fp32), swaps fp32
-        master copies into the optimizer where the mode keeps them, installs fp32 islands,
-        and sets the TF32 switches. The model must already be on its device.
+        master copies into the optimizer where the mode keeps them, installs fp32 islands
+        (``keep_fp32``, and norm/recurrent layers under fp16 on the CPU), swaps eligible
+        Linear layers for float8 ones in ``fp8`` (in place, parameters kept; teardown does
+        not undo it), and sets the TF32 switches. The model must already be on its device.
         """
         param = next(model.parameters(), None)
         if param is not None and param.device.type != self.device.type:
             self.device = param.device
             self._select_mode()
         islands = match_modules(model, self.keep_fp32)
+        cpu_fp16 = self.device.type == "cpu" and self.spec.compute_dtype == torch.float16
+        # Norm and recurrent layers run in fp32 under CPU fp16 autocast (see islands.py).
+        fp32_on_cpu = cpu_fp16_fp32_modules(model, skip=islands.values()) if cpu_fp16 else []
+        if self.spec.float8_linears:
+            self.float8_plan = convert_linears(model, plan_float8(
+                model, islands=list(islands), skip_first_last=self.fp8_skip_first_last))
+            log.info("%s", self.float8_plan.summary())
         if _is_fsdp_sharded(model):
             self._setup_sharded()
         elif self.spec.half_weights:
-            kept = modules_kept_fp32(model, islands.values())
+            kept = modules_kept_fp32(model, [*islands.values(), *fp32_on_cpu])
             if self.spec.master_weights and optimizer is not None:
                 self._master = MasterWeights(model, optimizer, self.spec.param_dtype, kept)
             else:  # no optimizer (evaluation): nothing to keep masters for
@@ -153,8 +168,9 @@ class Precision:
         if optimizer is not None and self.spec.min_adam_eps is not None:
             self._raise_adam_eps(optimizer)
         install_fp32_islands(self._patches, islands.values(), self.device.type)
-        if self.device.type == "cpu" and self.spec.compute_dtype == torch.float16:
+        if cpu_fp16:
             install_cpu_fp16_conv(self._patches, model, skip=set(islands.values()))
+            install_cpu_fp16_fp32_islands(self._patches, fp32_on_cpu)
         self._set_tf32()
         if optimizer is not None:
             self._optimizers.append(optimizer)

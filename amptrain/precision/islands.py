@@ -6,6 +6,9 @@
   falls back to a reference kernel over 100x slower than fp32. We run the forward in
   fp16 as autocast would and compute the backward in fp32, rounding the results to
   fp16 -- what a GPU's tensor cores do (fp32 accumulation, fp16 outputs).
+* CPU fp16 fp32-islands (:data:`CPU_FP16_FP32_TYPES`): norm layers, which CUDA autocast
+  runs in fp32 but CPU autocast leaves in fp16, and recurrent layers, whose fp16 oneDNN
+  kernels fail on CPU when gradients are needed.
 
 Wrapping ``forward`` on the instance leaves parameter names and state_dict keys
 untouched, so checkpoints do not depend on the precision.
@@ -136,6 +139,65 @@ def install_cpu_fp16_conv(patches: ForwardPatches, model: nn.Module,
                     module.dilation, module.groups)
             return forward
 
+        patches.wrap(module, make_forward)
+        count += 1
+    return count
+
+
+#: Modules that run as fp32 islands under CPU fp16 autocast, and why:
+#:
+#: * norm layers: CUDA autocast puts layer_norm, group_norm and rms_norm on its fp32
+#:   list, so their outputs -- and a post-norm residual stream -- are fp32 there. CPU
+#:   autocast (torch 2.13) does not: an fp16 input gives an fp16 output, and a residual
+#:   ``x + block(x)`` summed in fp16 overflows at 65504 where CUDA's does not. (The CPU
+#:   kernels accumulate in fp32 inside, so the norm itself is accurate; its output dtype
+#:   is the difference.) Softmax and scaled_dot_product_attention need nothing: their CPU
+#:   kernels also accumulate in fp32 and stay finite for scores beyond fp16's range
+#:   (tests/test_precision_islands.py checks both).
+#: * recurrent layers: oneDNN has no fp16 LSTM; with gradients enabled the fp16 call
+#:   fails ("could not create a primitive descriptor for the LSTM forward propagation
+#:   primitive"). GRU and RNN take the same path.
+CPU_FP16_FP32_TYPES: tuple[type[nn.Module], ...] = (
+    nn.LayerNorm, nn.GroupNorm, *((nn.RMSNorm,) if hasattr(nn, "RMSNorm") else ()), nn.RNNBase)
+
+
+def cpu_fp16_fp32_modules(model: nn.Module, skip: Iterable[nn.Module] = ()) -> list[nn.Module]:
+    """The model's modules of :data:`CPU_FP16_FP32_TYPES`, outside ``skip``'s subtrees.
+
+    A module inside another match (or inside a keep_fp32 island) is already in fp32.
+    """
+    skipped = {id(m) for root in skip for m in root.modules()}
+    found: list[nn.Module] = []
+    covered: set[int] = set()
+    for module in model.modules():
+        if id(module) in skipped or id(module) in covered:
+            continue
+        if isinstance(module, CPU_FP16_FP32_TYPES):
+            found.append(module)
+            covered.update(id(m) for m in module.modules())
+    return found
+
+
+def install_cpu_fp16_fp32_islands(patches: ForwardPatches, modules: Iterable[nn.Module]) -> int:
+    """Run ``modules`` in fp32 (inputs cast up, autocast off) while CPU fp16 autocast is on.
+
+    Outside fp16 autocast (evaluation in another mode, a plain forward) they run as they
+    are. Their own weights must be fp32, which :func:`~.master.modules_kept_fp32` ensures
+    for the half-weight modes.
+    """
+    def make_forward(original: Callable) -> Callable:
+        def forward(*args: Any, **kwargs: Any) -> Any:
+            if not (torch.is_autocast_enabled("cpu")
+                    and torch.get_autocast_dtype("cpu") == torch.float16):
+                return original(*args, **kwargs)
+            args = _cast_floats(args, torch.float32)
+            kwargs = _cast_floats(kwargs, torch.float32)
+            with torch.autocast("cpu", enabled=False):
+                return original(*args, **kwargs)
+        return forward
+
+    count = 0
+    for module in modules:
         patches.wrap(module, make_forward)
         count += 1
     return count

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 import torch
 
 from ..errors import UserError
+from . import fp8
 
 
 @dataclass(frozen=True)
@@ -26,6 +27,8 @@ class ModeSpec:
     # Adam's eps where the optimizer state itself is fp16: 1e-8 flushes to zero there,
     # and a zero second moment turns the update into m / eps, which overflows.
     min_adam_eps: float | None = None
+    # Eligible nn.Linear layers become torchao Float8Linear (fp8 matmuls); see fp8.py.
+    float8_linears: bool = False
 
     @property
     def half_weights(self) -> bool:
@@ -47,6 +50,9 @@ MODES: dict[str, ModeSpec] = {spec.name: spec for spec in (
     ModeSpec("16-true", _F16, _F16, False, True, False,
              "fp16 model and optimizer, dynamic loss scaling", min_adam_eps=1e-4),
     ModeSpec("bf16-true", _BF16, _BF16, False, False, False, "bf16 model and optimizer"),
+    ModeSpec("fp8", _F32, _BF16, False, False, False,
+             "fp32 weights, torchao float8 Linear layers, bf16 autocast elsewhere",
+             float8_linears=True),
 )}
 
 #: Lightning's short spellings and common synonyms.
@@ -80,7 +86,11 @@ def cuda_bf16_supported(device: torch.device) -> bool:
 
 
 def auto_mode(device: torch.device) -> str:
-    """The fastest mode that is safe on ``device``: bf16 where native, else fp16 or fp32."""
+    """The fastest mode that is safe on ``device``: bf16 where native, else fp16 or fp32.
+
+    Never fp8: it pays off only for large Linear layers, and its loss curve has to be
+    checked against bf16 for each model (benchmarks/gpu_fp8.py), so it is opt-in.
+    """
     if device.type == "cuda":
         if cuda_bf16_supported(device):
             return "bf16-mixed"
@@ -93,6 +103,8 @@ def auto_mode(device: torch.device) -> str:
 
 def unsupported_reason(spec: ModeSpec, device: torch.device) -> str | None:
     """Why ``spec`` cannot run on ``device`` (a message naming the flag), or None."""
+    if spec.float8_linears:
+        return fp8.fp8_unsupported_reason(spec.name, device)
     uses_bf16 = _BF16 in (spec.param_dtype, spec.compute_dtype)
     if device.type == "cuda" and uses_bf16 and not cuda_bf16_supported(device):
         cc = "%d.%d" % torch.cuda.get_device_capability(device)

@@ -1,0 +1,184 @@
+"""``hf:PATH``: fine-tune a Hugging Face sequence classifier saved in a local directory.
+
+``--model hf:PATH`` loads ``AutoModelForSequenceClassification`` from ``PATH`` (a
+directory written by ``save_pretrained``) with as many labels as the data has classes.
+Nothing is downloaded: ``HF_HUB_OFFLINE=1`` and ``local_files_only=True``. A checkpoint
+without a classification head (a bare encoder such as ``BertModel``), or with a head for
+another number of classes, gets a new head, and the run says so.
+
+With ``--data csv-text:FILE`` the texts are tokenised by the tokenizer saved in the same
+directory (:class:`HFTextEncoder`, handed to the data through
+``DataOptions.text_encoder``); batches are then dicts of ``input_ids``,
+``attention_mask`` and ``labels``, padded to the longest sequence of each micro-batch,
+and the model computes its own loss. Token data from other loaders (``synthetic-seq``)
+works too when its ids fit the model's vocabulary.
+
+Requires ``transformers`` (``pip install 'amptrain[hf]'``). The registry entries
+``MODELS["hf"]`` and ``TEXT_ENCODERS["hf"]`` (in :mod:`amptrain.models.external`) import
+this module on each use after checking that transformers imports, so amptrain runs
+without transformers and the registry never depends on what was imported before.
+"""
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+from pathlib import Path
+from typing import Any, Iterator, Sequence
+
+# Before transformers / huggingface_hub read it (when this module is imported directly;
+# amptrain.models.external sets it too): never reach for the network.
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+import transformers  # noqa: E402
+from torch import nn  # noqa: E402
+
+from .errors import UserError  # noqa: E402
+from .models.core import ModelInputs  # noqa: E402
+
+log = logging.getLogger("amptrain")
+
+#: Tokenizers report this sentinel (1e30) when they know no length limit.
+_NO_LIMIT = 10 ** 6
+
+
+def model_dir(argument: str) -> Path:
+    """The local model directory named by ``hf:PATH``, or a UserError saying what is wrong."""
+    spec = f"hf:{argument}"
+    if not argument:
+        raise UserError("--model hf:PATH needs a directory written by save_pretrained(), "
+                        "e.g. --model hf:models/bert-tiny")
+    path = Path(argument).expanduser()
+    if not path.exists():
+        raise UserError(f"--model {spec}: no such directory {argument!r} (amptrain loads Hugging "
+                        f"Face models from local directories only; save one with "
+                        f"model.save_pretrained(PATH) and tokenizer.save_pretrained(PATH))")
+    if not path.is_dir() or not (path / "config.json").is_file():
+        raise UserError(f"--model {spec}: {argument!r} is not a Hugging Face model directory "
+                        f"(no config.json); write one with model.save_pretrained(PATH)")
+    return path
+
+
+@contextlib.contextmanager
+def _quiet() -> Iterator[None]:
+    """transformers' load reports and progress bars off; amptrain says what matters."""
+    hf_logging = transformers.utils.logging
+    verbosity = hf_logging.get_verbosity()
+    bars = hf_logging.is_progress_bar_enabled()
+    hf_logging.set_verbosity_error()
+    hf_logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        hf_logging.set_verbosity(verbosity)
+        if bars:
+            hf_logging.enable_progress_bar()
+
+
+class HFTextEncoder:
+    """The tokenizer saved with an ``hf:PATH`` model, as a :class:`~amptrain.data.TextEncoder`.
+
+    The tokenizer is loaded on first use, so ``hf:`` models on token data that needs no
+    tokenizer (``synthetic-seq``) work from directories that hold none.
+    """
+
+    def __init__(self, argument: str) -> None:
+        self.path = model_dir(argument)
+        self.name = f"hf:{argument}"
+        self._tokenizer: Any = None
+
+    @property
+    def tokenizer(self) -> Any:
+        """The ``transformers`` tokenizer (loaded from the model directory)."""
+        if self._tokenizer is None:
+            try:
+                with _quiet():
+                    self._tokenizer = transformers.AutoTokenizer.from_pretrained(
+                        str(self.path), local_files_only=True)
+            except (OSError, ValueError, TypeError, KeyError) as exc:
+                raise UserError(
+                    f"--model {self.name}: cannot load a tokenizer from {self.path} "
+                    f"({_first_line(exc)}); save it there with tokenizer.save_pretrained(PATH), "
+                    f"or train the built-in --model transformer on this text") from None
+            if _pad_id(self._tokenizer) is None:
+                raise UserError(f"--model {self.name}: the tokenizer has no padding or "
+                                f"end-of-sequence token to pad batches with")
+        return self._tokenizer
+
+    @property
+    def vocab_size(self) -> int:
+        return len(self.tokenizer)
+
+    @property
+    def pad_id(self) -> int:
+        return _pad_id(self.tokenizer)
+
+    @property
+    def max_len(self) -> int | None:
+        """The longest sequence the tokenizer (and so its model) takes, when it knows."""
+        limit = getattr(self.tokenizer, "model_max_length", None)
+        return int(limit) if limit and limit < _NO_LIMIT else None
+
+    def encode(self, texts: Sequence[str], max_len: int) -> list[list[int]]:
+        """Ids with the model's special tokens, truncated to ``max_len``; no padding."""
+        encoded = self.tokenizer(list(texts), truncation=True, max_length=max_len,
+                                 padding=False)
+        return [list(ids) for ids in encoded["input_ids"]]
+
+
+def hf_model(argument: str, inputs: ModelInputs) -> nn.Module:
+    """``hf:PATH``: ``AutoModelForSequenceClassification`` from PATH with a head for the
+    data's classes, in fp32 (the precision layer decides what runs in half)."""
+    spec = f"hf:{argument}"
+    path = model_dir(argument)
+    if inputs.kind != "sequence":
+        raise UserError(f"--model {spec} classifies token sequences (--data csv-text:FILE or "
+                        f"synthetic-seq); this data is {inputs.kind} of shape "
+                        f"{tuple(inputs.input_shape)}")
+    try:
+        with _quiet():
+            model, info = transformers.AutoModelForSequenceClassification.from_pretrained(
+                str(path), num_labels=inputs.num_classes, local_files_only=True,
+                ignore_mismatched_sizes=True, output_loading_info=True)
+    except (OSError, ValueError, KeyError) as exc:
+        raise UserError(f"--model {spec}: cannot load a sequence-classification model from "
+                        f"{path} ({_first_line(exc)})") from None
+    model.float()  # a checkpoint saved in bf16/fp16 still trains from fp32 weights
+    new = sorted(set(info.get("missing_keys", ())) |
+                 {key if isinstance(key, str) else key[0]
+                  for key in info.get("mismatched_keys", ())})
+    if new:
+        log.info("%s: %s newly initialised for %d classes (the saved model has no head for "
+                 "this task)", spec, _names(new), inputs.num_classes)
+    vocab = getattr(model.config, "vocab_size", None)
+    if inputs.vocab_size and vocab and inputs.vocab_size > vocab:
+        raise UserError(f"--model {spec}: the data has token ids up to {inputs.vocab_size - 1} "
+                        f"but the model's vocabulary has {vocab} entries; use --data "
+                        f"csv-text:FILE (the model's own tokenizer) or a smaller vocab")
+    positions = getattr(model.config, "max_position_embeddings", None)
+    if positions and inputs.input_shape and inputs.input_shape[0] > positions:
+        raise UserError(f"--model {spec}: sequences of {inputs.input_shape[0]} tokens are longer "
+                        f"than the model's {positions} positions; shorten them in --data "
+                        f"(max_len= or length=)")
+    if getattr(model.config, "pad_token_id", 0) is None:
+        # Decoder-style classifiers find each sequence's last token by its padding id.
+        model.config.pad_token_id = getattr(model.config, "eos_token_id", None)
+    return model
+
+
+def _pad_id(tokenizer: Any) -> int | None:
+    """The padding id, or the end-of-sequence id for tokenizers without one (GPT-2)."""
+    if tokenizer.pad_token_id is not None:
+        return tokenizer.pad_token_id
+    return tokenizer.eos_token_id
+
+
+def _names(names: list[str], limit: int = 4) -> str:
+    shown = ", ".join(names[:limit])
+    return shown + (f" and {len(names) - limit} more" if len(names) > limit else "")
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
+

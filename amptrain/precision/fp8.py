@@ -1,0 +1,161 @@
+"""``--precision fp8``: torchao's float8 Linear layers, bf16 autocast for everything else.
+
+The model keeps fp32 weights (and fp32 checkpoints). :func:`convert_linears` swaps the
+eligible ``nn.Linear`` modules for torchao's ``Float8Linear``, whose matmuls cast the
+input, the weight and the output gradient to fp8 with dynamic per-tensor scales (e4m3
+forward, e5m2 for gradients) and run on fp8 Tensor Cores; the rest of the model runs
+under bf16 autocast (the mode's ``compute_dtype``).
+
+Eligible layers (see :func:`plan_float8`):
+
+* plain ``nn.Linear`` -- not subclasses such as ``MultiheadAttention.out_proj``, whose
+  weight the attention function reads directly instead of calling its forward;
+* ``in_features`` and ``out_features`` multiples of 16, the fp8 GEMM's alignment;
+* outside ``--keep-fp32`` islands;
+* by default not the model's first or last Linear: the input projection and the
+  classifier are the most precision-sensitive layers, and usually too small to gain.
+
+``Float8Linear`` keeps the module's own weight and bias Parameters: an optimizer built
+before the conversion still updates them, and ``state_dict`` keys are unchanged, so
+checkpoints are plain fp32 tensors under the usual names and load without torchao.
+
+torchao is imported only here and only when a model is converted; the hardware check
+(:func:`fp8_unsupported_reason`) needs no torchao, so ``env`` and the error message work
+on any machine.
+"""
+from __future__ import annotations
+
+import fnmatch
+import importlib.util
+import logging
+from dataclasses import dataclass, field
+from typing import Iterable
+
+import torch
+from torch import nn
+
+from ..errors import UserError
+
+log = logging.getLogger("amptrain")
+
+#: fp8 Tensor Cores arrive with Ada (8.9: L4, L40S) and Hopper (9.0: H100, H200).
+CC_FP8 = (8, 9)
+#: torch._scaled_mm needs both matrix dimensions of the weight divisible by 16.
+FP8_DIM_MULTIPLE = 16
+
+
+def torchao_available() -> bool:
+    """True when the torchao package is installed (without importing it)."""
+    return importlib.util.find_spec("torchao") is not None
+
+
+def fp8_unsupported_reason(name: str, device: torch.device) -> str | None:
+    """Why ``--precision fp8`` cannot run on ``device`` (one line naming the flag), or None.
+
+    The single source of truth for fp8 support: ``Precision`` refuses the mode with this
+    message and ``amptrain env`` reports ``supported["fp8"]`` from it.
+    """
+    flag = f"--precision {name}"
+    if device.type != "cuda":
+        return (f"{flag} needs an NVIDIA GPU with fp8 Tensor Cores (compute capability 8.9+: "
+                f"Ada or Hopper, e.g. L4, L40S, H100, H200) and torchao; this run is on the "
+                f"{device.type.upper() if device.type == 'cpu' else device.type}: "
+                f"use --precision bf16-mixed (or auto)")
+    cc = torch.cuda.get_device_capability(device)
+    if tuple(cc) < CC_FP8:
+        instead = "bf16-mixed" if cc[0] >= 8 else "16-mixed"
+        return (f"{flag} needs fp8 Tensor Cores (compute capability 8.9+: Ada or Hopper); "
+                f"{torch.cuda.get_device_name(device)} has {cc[0]}.{cc[1]}: "
+                f"use --precision {instead}")
+    if not torchao_available():
+        return (f"{flag} needs the torchao package for float8 training: pip install torchao "
+                f"(or pip install 'amptrain[fp8]'), or use --precision bf16-mixed")
+    return None
+
+
+def fp8_supported(device: torch.device) -> bool:
+    """True when ``--precision fp8`` runs on ``device`` (hardware and torchao)."""
+    return fp8_unsupported_reason("fp8", device) is None
+
+
+@dataclass
+class Float8Plan:
+    """Which Linear layers become float8 and why the others do not."""
+
+    convert: list[str] = field(default_factory=list)
+    skipped: dict[str, str] = field(default_factory=dict)   # name -> reason
+
+    def summary(self) -> str:
+        """One line for the run's log."""
+        total = len(self.convert) + len(self.skipped)
+        reasons: dict[str, list[str]] = {}
+        for name, reason in self.skipped.items():
+            reasons.setdefault(reason, []).append(name)
+        kept = "; ".join(f"{reason}: {_names(names)}" for reason, names in reasons.items())
+        line = f"fp8: {len(self.convert)} of {total} Linear layers run in float8"
+        if kept:
+            line += f" (kept in bf16 - {kept})"
+        if not self.convert:
+            line += "; nothing is eligible, so this trains like bf16-mixed"
+        return line
+
+
+def _names(names: list[str], limit: int = 4) -> str:
+    shown = ", ".join(names[:limit])
+    return shown + (f" and {len(names) - limit} more" if len(names) > limit else "")
+
+
+def _inside(name: str, roots: Iterable[str]) -> bool:
+    return any(name == root or name.startswith(root + ".") for root in roots)
+
+
+def plan_float8(model: nn.Module, *, islands: Iterable[str] = (),
+                skip_first_last: bool = True, skip: Iterable[str] = ()) -> Float8Plan:
+    """Decide which ``nn.Linear`` modules of ``model`` to convert (no torchao needed).
+
+    ``islands``: names of keep-fp32 modules (their subtrees stay out); ``skip``: extra
+    glob patterns of module names to keep out. "First" and "last" are in module order.
+    """
+    islands, patterns = list(islands), list(skip)
+    linears = [(name, m) for name, m in model.named_modules() if isinstance(m, nn.Linear)]
+    edges = {linears[0][0], linears[-1][0]} if skip_first_last and linears else set()
+    plan = Float8Plan()
+    for name, module in linears:
+        if type(module).__name__ == "Float8Linear":
+            plan.skipped[name] = "already float8"
+        elif type(module) is not nn.Linear:
+            plan.skipped[name] = f"{type(module).__name__} (weight used outside forward)"
+        elif _inside(name, islands):
+            plan.skipped[name] = "--keep-fp32"
+        elif any(fnmatch.fnmatchcase(name, p) for p in patterns):
+            plan.skipped[name] = "skipped by pattern"
+        elif name in edges:
+            plan.skipped[name] = "first/last Linear"
+        elif module.in_features % FP8_DIM_MULTIPLE or module.out_features % FP8_DIM_MULTIPLE:
+            plan.skipped[name] = f"dims not multiples of {FP8_DIM_MULTIPLE}"
+        else:
+            plan.convert.append(name)
+    return plan
+
+
+def convert_linears(model: nn.Module, plan: Float8Plan) -> Float8Plan:
+    """Swap the planned Linear layers for torchao ``Float8Linear`` in place.
+
+    Parameter objects and their names are kept (checked here: a torchao that renamed or
+    replaced them would break optimizers built on the model and fp32 checkpoints).
+    """
+    if not plan.convert:
+        return plan
+    try:
+        from torchao.float8 import convert_to_float8_training
+    except ImportError as exc:
+        raise UserError(f"--precision fp8 needs torchao with float8 training "
+                        f"(torchao.float8): {exc}; pip install -U torchao") from None
+    before = {name: p for name, p in model.named_parameters()}
+    wanted = set(plan.convert)
+    convert_to_float8_training(model, module_filter_fn=lambda module, fqn: fqn in wanted)
+    after = {name: p for name, p in model.named_parameters()}
+    if after.keys() != before.keys() or any(after[n] is not before[n] for n in before):
+        raise RuntimeError("torchao's float8 conversion replaced or renamed parameters; "
+                           "amptrain needs them kept (optimizer state, fp32 checkpoints)")
+    return plan
