@@ -139,11 +139,27 @@ class DatasetWindows:
 
     def _indexed(self, plans: list[WindowPlan], tensors: Sequence[torch.Tensor]) -> Iterator[Window]:
         where = tensors[0].device
+        # The epoch's indices go to the data's device in one non-blocking copy from pinned
+        # memory: an index built from a Python list on a GPU is a blocking copy (a host-
+        # device sync) per micro-batch. Micro-batches then slice it on the device.
+        flat = torch.tensor([i for plan in plans for idx in plan.micro_indices for i in idx],
+                            dtype=torch.long)
+        if where.type == "cuda":
+            flat = flat.pin_memory()
+        flat = flat.to(where, non_blocking=True)
+        # Data too large for the accelerator is gathered on the host: pinned, its copy to
+        # the device does not block either (what DataLoader's pin_memory does).
+        pin = where.type == "cpu" and self.device.type == "cuda"
+        offset = 0
         for plan in plans:
             micro = []
             for idx in plan.micro_indices:
-                index = torch.as_tensor(idx, device=where)
-                micro.append(to_device(tuple(t.index_select(0, index) for t in tensors), self.device))
+                index = flat[offset:offset + len(idx)]
+                offset += len(idx)
+                batch = tuple(t.index_select(0, index) for t in tensors)
+                if pin:
+                    batch = tuple(b.pin_memory() for b in batch)
+                micro.append(to_device(batch, self.device))
             yield Window(micro, [len(i) for i in plan.micro_indices], plan.global_samples)
 
     def _loaded(self, plans: list[WindowPlan]) -> Iterator[Window]:
