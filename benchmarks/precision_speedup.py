@@ -3,8 +3,8 @@ hand-written loop, for the CNN (NCHW and channels_last) and transformers.
 
 For each model, every combination of loop (amptrain Trainer, hand-written
 :class:`benchlib.RawLoop`), precision and memory format trains its own copy of the same
-model on the same data, all in one process, taking turns of ``--block`` steps (see
-:class:`benchlib.Relay`). Speedup = median over rounds of (32-true NCHW time of the same
+model on the same data, all in one process, alternating after every step (see
+:class:`benchlib.Relay`); a round is ``--block`` steps of each. Speedup = median over rounds of (32-true NCHW time of the same
 loop) / (this variant's time). Targets on a CPU with AMX: bf16-mixed >= 2.0x for the CNN,
 >= 3x with channels_last, >= 1.6x for the transformer.
 
@@ -46,7 +46,8 @@ def measure(workload: bl.Workload, precisions: list[str], rounds: int, warmup: i
                               channels_last=channels_last)
                 cls = bl.TrainerLoop if kind == "trainer" else bl.RawLoop
                 loops[(kind, precision, channels_last)] = cls(bl.fresh_copy(model), data, **common)
-    times = {k: v[warmup:] for k, v in bl.relay(loops, block, device).items()}
+    turn, group = bl.turn_plan(device, block)
+    times = {k: v[warmup:] for k, v in bl.relay(loops, turn, device, group).items()}
     rows = []
     for precision in precisions:
         for channels_last in layouts:
@@ -86,7 +87,8 @@ def main() -> None:
     parser.add_argument("--precisions", default=",".join(PRECISIONS))
     parser.add_argument("--rounds", type=int, default=6, help="measured turns per variant")
     parser.add_argument("--warmup", type=int, default=1, help="turns per variant not measured")
-    parser.add_argument("--block", type=int, default=5, help="steps per turn (and log interval)")
+    parser.add_argument("--block", type=int, default=5,
+                        help="steps of each variant per round (and the log interval)")
     parser.add_argument("--plain-fp16", action="store_true",
                         help="also time one CNN step with plain fp16 autocast (~30 s here)")
     parser.add_argument("--device", default="cpu")
@@ -119,8 +121,9 @@ def main() -> None:
                                         f"batch {bl.CPU_WORKLOADS[n].batch_size}"
                                         for n in args.models.split(",")) + ".",
              f"Speedup = median over {args.rounds} rounds (after {args.warmup} warm-up) of "
-             f"the same loop's 32-true NCHW time / this variant's, turns of {args.block} "
-             f"steps in random order, timed by {bl.clock_name(device)}. 16-mixed: both loops "
+             f"the same loop's 32-true NCHW time / this variant's; the variants alternate "
+             f"after every step in a random order, a round is {args.block} steps of each, "
+             f"timed by {bl.clock_name(device)}. 16-mixed: both loops "
              f"use amptrain's CPU fp16 convolution (fp16 forward, fp32 backward rounded to "
              f"fp16)."]
     if args.plain_fp16:

@@ -4,9 +4,10 @@ Both train a copy of the same model on the same in-memory data (kept on the devi
 reshuffled every epoch), with fused AdamW, a cosine schedule, no accumulation and no
 clipping, and read loss, lr, loss scale and gradient norm every ``--log-every`` steps.
 The Trainer goes through its real loop (``Trainer.run``); the hand-written loop is
-:class:`benchlib.RawLoop`. The loops run in one process and take turns of
-``--log-every`` steps (see :class:`benchlib.Relay`); ``--warmup`` turns are excluded and
-the ratio is the median of the per-round ratios. A second hand-written loop gives an
+:class:`benchlib.RawLoop`. The loops run in one process and alternate after every step
+on a CPU (in turns of ``--log-every`` steps on a GPU; see :class:`benchlib.Relay`); a
+round is ``--log-every`` steps of each, ``--warmup`` rounds are excluded and the ratio is
+the median of the per-round ratios. A second hand-written loop gives an
 A/A control: how far apart two identical loops measure. Target: Trainer / hand-written
 <= 1.02.
 
@@ -34,8 +35,9 @@ import torch
 def measure(workload: bl.Workload, precision: str, rounds: int, warmup: int, log_every: int,
             device: torch.device, check_lane: bool = False) -> dict:
     model, data = workload.build()
-    block = log_every  # every turn holds exactly one log step of each loop
-    total = (warmup + rounds) * block + 1
+    # Each timed unit is log_every steps of every loop: exactly one log step each.
+    block, group = bl.turn_plan(device, log_every)
+    total = (warmup + rounds) * log_every + 1
     common = dict(precision=precision, batch_size=workload.batch_size, total_steps=total,
                   device=device, log_every=log_every)
     loops = {"trainer": bl.TrainerLoop(bl.fresh_copy(model), data, **common),
@@ -46,7 +48,7 @@ def measure(workload: bl.Workload, precision: str, rounds: int, warmup: int, log
     if check_lane:  # what the Trainer costs without its per-step gradient check
         loops["unchecked"] = bl.TrainerLoop(bl.fresh_copy(model), data, **common)
         bl.without_gradient_check(loops["unchecked"].trainer)
-    times = {k: v[warmup:] for k, v in bl.relay(loops, block, device).items()}
+    times = {k: v[warmup:] for k, v in bl.relay(loops, block, device, group).items()}
     ratios = [t / ((a + b) / 2) for t, a, b in zip(times["trainer"], times["raw"], times["raw2"])]
     control = bl.pair_ratios(times["raw2"], times["raw"])
     raw = [(a + b) / 2 for a, b in zip(times["raw"], times["raw2"])]
@@ -54,8 +56,8 @@ def measure(workload: bl.Workload, precision: str, rounds: int, warmup: int, log
                  zip(times.get("unchecked", []), times["raw"], times["raw2"])]
     return {"model": workload.name, "precision": precision,
             "unchecked": bl.median(unchecked) if unchecked else None,
-            "raw_ms": bl.median(raw) / block * 1e3,
-            "trainer_ms": bl.median(times["trainer"]) / block * 1e3,
+            "raw_ms": bl.median(raw) / log_every * 1e3,
+            "trainer_ms": bl.median(times["trainer"]) / log_every * 1e3,
             "ratio": bl.median(ratios), "spread": bl.spread(ratios),
             "control": bl.median(control)}
 
@@ -66,8 +68,8 @@ def main() -> None:
                         help=f"comma-separated, from {', '.join(bl.CPU_WORKLOADS)}")
     parser.add_argument("--precisions", default="32-true,bf16-mixed,16-mixed")
     parser.add_argument("--rounds", type=int, default=15,
-                        help="measured turns of --log-every steps per loop and repeat")
-    parser.add_argument("--warmup", type=int, default=2, help="turns per loop not measured")
+                        help="measured rounds of --log-every steps per loop and repeat")
+    parser.add_argument("--warmup", type=int, default=2, help="rounds not measured")
     parser.add_argument("--repeats", type=int, default=3,
                         help="independent repeats (fresh models, optimizers and memory)")
     parser.add_argument("--log-every", type=int, default=10)
@@ -101,21 +103,28 @@ def main() -> None:
                                "Trainer / hand-written", "repeats", "A/A control",
                                "without grad check", "<= 1.02"],
                               rows)
+    turns = _turns(device, args.log_every)
     notes = ["Workloads: " + "; ".join(f"{bl.CPU_WORKLOADS[n].name} = "
                                         f"{bl.CPU_WORKLOADS[n].note}, batch "
                                         f"{bl.CPU_WORKLOADS[n].batch_size}"
                                         for n in args.models.split(",")) + ".",
-             f"The Trainer and two identical hand-written loops take turns of "
-             f"{args.log_every} steps (one log step each, serpentine order); {args.rounds} "
-             f"measured turns per loop after {args.warmup} warm-up turns, timed by "
-             f"{bl.clock_name(device)}; {args.repeats} repeats with fresh models and "
-             f"optimizers. Ratio = median over repeats of the median over rounds of Trainer "
-             f"/ mean of the two hand-written loops ('repeats' lists each repeat's ratio). "
+             f"The Trainer and two identical hand-written loops alternate ({turns}, in a "
+             f"random order every round), timed by {bl.clock_name(device)}; a round is "
+             f"{args.log_every} steps of each loop (one log step each); {args.rounds} "
+             f"measured rounds after {args.warmup} warm-up rounds; {args.repeats} repeats "
+             f"with fresh models and optimizers. Ratio = median over repeats of the median "
+             f"over rounds of Trainer / mean of the two hand-written loops ('repeats' lists "
+             f"each repeat's ratio). "
              f"A/A control = hand-written #2 / #1 per repeat: the resolution of the "
              f"measurement. 'without grad check': the same ratio for a Trainer whose "
              f"per-step inf/NaN check of the gradients is switched off (--check-lane; for "
              f"measuring only, not an option of amptrain)."]
     bl.report("Trainer vs hand-written loop", machine, table, notes, record=args.record)
+
+
+def _turns(device: torch.device, log_every: int) -> str:
+    block, _ = bl.turn_plan(device, log_every)
+    return "after every step" if block == 1 else f"in turns of {block} steps"
 
 
 if __name__ == "__main__":

@@ -20,8 +20,8 @@ epoch, fused AdamW with the same parameter groups and a per-step cosine schedule
   documentation (``accelerator.backward``, ``optimizer.step``, ``scheduler.step``);
 * the hand-written :class:`benchlib.RawLoop` as the reference (logging every 10 steps).
 
-All run in one process, taking turns of ``--block`` steps in random order (see
-:class:`benchlib.Relay`). Ratios are medians over rounds of (other / amptrain): above 1
+All run in one process and alternate after every step (see :class:`benchlib.Relay`); a
+round is ``--block`` steps of each. Ratios are medians over rounds of (other / amptrain): above 1
 means amptrain is faster. 16-mixed CNN on a CPU without AMX-FP16: Lightning and
 Accelerate would run PyTorch's fp16 convolution backward, ~100x slower than fp32; to
 compare the loops rather than that kernel, their models get amptrain's CPU fp16
@@ -156,7 +156,8 @@ def measure(workload: bl.Workload, precision: str, rounds: int, warmup: int, blo
         "accelerate": AccelerateLoop(bl.fresh_copy(model), data, **common),
         "hand-written": bl.RawLoop(bl.fresh_copy(model), data, **common),
     }
-    times = {k: v[warmup:] for k, v in bl.relay(loops, block, device).items()}
+    turn, group = bl.turn_plan(device, block)
+    times = {k: v[warmup:] for k, v in bl.relay(loops, turn, device, group).items()}
     base = times["amptrain"]
     out = {"model": workload.name, "precision": precision,
            "amptrain_ms": bl.median(base) / block * 1e3}
@@ -180,7 +181,9 @@ def main() -> None:
     parser.add_argument("--precisions", default="32-true,bf16-mixed,16-mixed")
     parser.add_argument("--rounds", type=int, default=10)
     parser.add_argument("--warmup", type=int, default=2)
-    parser.add_argument("--block", type=int, default=10, help="steps per turn")
+    parser.add_argument("--block", type=int, default=10,
+                        help="steps of each loop per round (on a CPU the loops alternate "
+                             "after every step; on a GPU a turn is a whole round)")
     parser.add_argument("--device", default="cpu")
     bl.add_common_args(parser)
     args = parser.parse_args()
@@ -219,8 +222,9 @@ def main() -> None:
              "Workloads: " + "; ".join(f"{bl.CPU_WORKLOADS[n].name} = {bl.CPU_WORKLOADS[n].note},"
                                        f" batch {bl.CPU_WORKLOADS[n].batch_size}"
                                        for n in args.models.split(",")) + ".",
-             f"Turns of {args.block} steps in random order, {args.rounds} measured rounds after "
-             f"{args.warmup} warm-up, timed by {bl.clock_name(device)}; ratio = median over "
+             f"The loops alternate ({'after every step' if device.type == 'cpu' else 'in turns of ' + str(args.block) + ' steps'}, "
+             f"random order), rounds of {args.block} steps of each, {args.rounds} measured "
+             f"rounds after {args.warmup} warm-up, timed by {bl.clock_name(device)}; ratio = median over "
              f"rounds of other / amptrain (> 1: amptrain faster). 'not slower' allows the 2% "
              f"resolution of the measurement (ratio >= 0.98)."]
     bl.report("amptrain vs Lightning and Accelerate", machine, table, notes, record=args.record)
