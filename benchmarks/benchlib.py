@@ -101,9 +101,9 @@ def cosine_factor(total_steps: int) -> Callable[[int], float]:
 class Relay:
     """Runs several training loops in turn, ``block`` steps each, and times every turn.
 
-    Each loop runs on a thread of its own and pulls its
-    batches through :meth:`feed`; a baton passed at every ``block``-th batch makes sure
-    exactly one loop runs at any time. A turn's time runs from receiving the baton to
+    Each loop runs on a thread of its own and pulls its batches through :meth:`feed`; a
+    baton passed at every ``block``-th batch makes sure exactly one loop runs at any time
+    (only the loops' set-up, before their first batch, is not serialised; it is not timed). A turn's time runs from receiving the baton to
     asking for the first batch of the next turn, so it holds everything a loop does per
     step: fetching data, forward, backward, optimizer, scheduler, logging, bookkeeping.
     Consecutive turns of different loops see the same machine load, so the per-round

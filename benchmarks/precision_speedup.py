@@ -26,6 +26,7 @@ import torch
 
 PRECISIONS = ("32-true", "bf16-mixed", "16-mixed")
 TARGETS = {("cnn", "bf16-mixed", False): 2.0, ("cnn", "bf16-mixed", True): 3.0,
+           ("cnn-wide", "bf16-mixed", False): 2.0, ("cnn-wide", "bf16-mixed", True): 3.0,
            ("transformer", "bf16-mixed", False): 1.6,
            ("transformer-base", "bf16-mixed", False): 1.6,
            ("transformer-nodrop", "bf16-mixed", False): 1.6,
