@@ -22,7 +22,7 @@ import statistics
 import sys
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator
 
@@ -216,8 +216,8 @@ class RawLoop:
 
     def __init__(self, model: nn.Module, data: TensorData, *, precision: str, batch_size: int,
                  total_steps: int, device: torch.device, log_every: int = 10,
-                 channels_last: bool = False, fp16_conv_fix: bool = True, seed: int = 0,
-                 compile: bool = False, optimizer: str = "adamw") -> None:
+                 channels_last: bool = False, fp16_conv_fix: bool = True, seed: int = 0
+                 ) -> None:
         self.device = device
         model = model.to(device)
         if channels_last and is_conv_net(model):
@@ -235,12 +235,10 @@ class RawLoop:
         self.params = decay + no_decay
         groups = [{"params": decay, "weight_decay": WEIGHT_DECAY},
                   {"params": no_decay, "weight_decay": 0.0}]
-        self.optimizer = torch.optim.AdamW(groups, lr=LR, fused=True) if optimizer == "adamw" \
-            else torch.optim.SGD(groups, lr=SGD_LR, momentum=0.9)
+        self.optimizer = torch.optim.AdamW(groups, lr=LR, fused=True)
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer,
                                                            cosine_factor(total_steps))
         self.scaler = torch.amp.GradScaler(device.type, enabled=self.dtype is torch.float16)
-        self.forward = torch.compile(model) if compile else model
         self.x, self.y = (t.to(device) for t in data.tensors)
         self.batch_size, self.log_every, self.seed = batch_size, log_every, seed
         self.total_steps = total_steps
@@ -269,7 +267,7 @@ class RawLoop:
     def train_step(self, x: torch.Tensor, y: torch.Tensor) -> None:
         log = (self.step + 1) % self.log_every == 0
         with torch.autocast(self.device.type, dtype=self.dtype, enabled=self.dtype is not None):
-            loss = F.cross_entropy(self.forward(x), y)
+            loss = F.cross_entropy(self.model(x), y)
         self.scaler.scale(loss).backward()
         if log:
             self.scaler.unscale_(self.optimizer)

@@ -19,7 +19,6 @@ also times one step of the hand-written loop with plain fp16 autocast, for scale
 from __future__ import annotations
 
 import argparse
-import time
 
 import benchlib as bl
 import torch

@@ -21,7 +21,6 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 
 import benchlib as bl  # noqa: E402
 
-from amptrain.data import TensorData  # noqa: E402
 from tests.conftest import tiny_classification, tiny_mlp  # noqa: E402
 
 
