@@ -97,6 +97,14 @@ def to_device(batch: Any, device: torch.device, non_blocking: bool = True) -> An
     return batch
 
 
+def _pinned(batch: Any) -> Any:
+    if isinstance(batch, torch.Tensor):
+        return batch.pin_memory()
+    if isinstance(batch, dict):
+        return {k: _pinned(v) for k, v in batch.items()}
+    return type(batch)(_pinned(b) for b in batch)
+
+
 def batch_size_of(batch: Any) -> int:
     """Number of samples in a batch: the leading dimension of its labels or first tensor."""
     if isinstance(batch, dict):
@@ -116,7 +124,7 @@ class DatasetWindows:
 
     Datasets that expose ``tensors`` (see :class:`amptrain.data.TensorData`) are indexed
     directly, on the device when they live there: no workers, no collation, no copies.
-    Such a dataset may shape its own micro-batches with ``select(indices) -> batch``
+    Such a dataset may shape its own micro-batches with ``select(indices, index) -> batch``
     (e.g. :class:`amptrain.data.TokenData`: dict batches padded to their longest row).
     Others go through a DataLoader driven by the plan's micro-batches.
     """
@@ -142,14 +150,30 @@ class DatasetWindows:
     def _indexed(self, plans: list[WindowPlan], tensors: Sequence[torch.Tensor]) -> Iterator[Window]:
         where = tensors[0].device
         select = getattr(self.dataset, "select", None)
+        # The epoch's indices go to the data's device in one non-blocking copy from pinned
+        # memory: an index built from a Python list on a GPU is a blocking copy (a host-
+        # device sync) per micro-batch. Micro-batches then slice it on the device.
+        flat = torch.tensor([i for plan in plans for idx in plan.micro_indices for i in idx],
+                            dtype=torch.long)
+        if where.type == "cuda":
+            flat = flat.pin_memory()
+        flat = flat.to(where, non_blocking=True)
+        # Data too large for the accelerator is gathered on the host: pinned, its copy to
+        # the device does not block either (what DataLoader's pin_memory does).
+        pin = where.type == "cpu" and self.device.type == "cuda"
+        offset = 0
         for plan in plans:
             micro = []
             for idx in plan.micro_indices:
-                if select is not None:
-                    micro.append(to_device(select(idx), self.device))
-                    continue
-                index = torch.as_tensor(idx, device=where)
-                micro.append(to_device(tuple(t.index_select(0, index) for t in tensors), self.device))
+                index = flat[offset:offset + len(idx)]
+                offset += len(idx)
+                if select is not None:  # datasets that shape their own batches (token data)
+                    batch = select(idx, index)
+                else:
+                    batch = tuple(t.index_select(0, index) for t in tensors)
+                if pin:
+                    batch = _pinned(batch)
+                micro.append(to_device(batch, self.device))
             yield Window(micro, [len(i) for i in plan.micro_indices], plan.global_samples)
 
     def _loaded(self, plans: list[WindowPlan]) -> Iterator[Window]:

@@ -527,7 +527,7 @@ class Trainer:
         """Forward and backward of every micro-batch of ``window``; gradients accumulate."""
         world = self.strategy.world_size
         last = len(window.micro_batches) - 1
-        window_loss = torch.zeros((), device=self.device)
+        losses = []
         for i, (batch, n) in enumerate(zip(window.micro_batches, window.micro_samples)):
             with self.strategy.accumulation_context(self.train_model, boundary=i == last):
                 with self.precision.autocast():
@@ -535,11 +535,15 @@ class Trainer:
                 # The loss is a mean over this micro-batch, so its share of the step is
                 # n / N (N = samples in the global batch). DDP then averages gradients over
                 # ranks, which the factor `world` undoes: the sum over all ranks and
-                # micro-batches is exactly the mean over the global batch.
-                self.precision.backward(loss * (n * world / window.global_samples))
-            window_loss += loss.detach() * n
+                # micro-batches is exactly the mean over the global batch. A share of
+                # exactly 1 (no accumulation) is not multiplied in: that would cost a
+                # kernel in the forward and one in the backward of every step, for nothing.
+                share = n * world / window.global_samples
+                self.precision.backward(loss if share == 1 else loss * share)
+            losses.append((loss.detach(), n))
         # Counted once the whole window went through, so a redone window counts once.
-        self._loss_sum += window_loss
+        for loss, n in losses:
+            self._loss_sum.add_(loss, alpha=n)
         self._loss_samples += sum(window.micro_samples)
 
     def _train_step(self, window: Window) -> None:

@@ -79,10 +79,16 @@ class TokenData(TensorData):
         rounded = -(-longest // self.pad_multiple) * self.pad_multiple
         return max(1, min(full, rounded))
 
-    def select(self, indices: Sequence[int]) -> dict[str, torch.Tensor]:
-        """The rows ``indices`` as one dict batch, trimmed to :meth:`width_of`."""
+    def select(self, indices: Sequence[int], index: torch.Tensor | None = None
+               ) -> dict[str, torch.Tensor]:
+        """The rows ``indices`` as one dict batch, trimmed to :meth:`width_of`.
+
+        ``index`` is the same rows already on the data's device (the loader sends each
+        epoch's indices once); the width is decided from the host-side ``indices``.
+        """
         ids, mask, labels = self.tensors
-        index = torch.as_tensor(list(indices), device=ids.device)
+        if index is None:
+            index = torch.as_tensor(list(indices), device=ids.device)
         width = self.width_of(indices)
         return {"input_ids": ids[:, :width].index_select(0, index),
                 "attention_mask": mask[:, :width].index_select(0, index),

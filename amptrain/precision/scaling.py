@@ -90,9 +90,14 @@ class DynamicLossScaler:
         self.unscale_(optimizer)
         self.scaler.step(optimizer)
         # GradScaler keeps the per-device inf flags until update(); their sum is the
-        # device-side "this step was skipped" flag.
-        state = self.scaler._per_optimizer_states[id(optimizer)]
-        return sum(t.to(self.scaler._scale.device) for t in state["found_inf_per_device"].values())
+        # device-side "this step was skipped" flag. One flag (one device, one optimizer:
+        # update() adds several in place into the first) is returned as it is, which
+        # saves a kernel per step.
+        states = self.scaler._per_optimizer_states
+        flags = list(states[id(optimizer)]["found_inf_per_device"].values())
+        if len(flags) == 1 and len(states) == 1 and flags[0].device == self.scaler._scale.device:
+            return flags[0]
+        return sum(t.to(self.scaler._scale.device) for t in flags)
 
     def update(self) -> None:
         self.scaler.update()
@@ -119,6 +124,7 @@ class NonFiniteGuard:
     def __init__(self) -> None:
         self._found_inf: dict[int, torch.Tensor] = {}
         self.agree: FoundInfAgreement | None = None
+        self._ones: dict[torch.device, torch.Tensor] = {}  # the "scale" of the check
 
     def scale(self, loss: torch.Tensor) -> torch.Tensor:
         return loss
@@ -136,14 +142,17 @@ class NonFiniteGuard:
         found = None
         for (device, _), grads in grads_by_device.items():
             flag = torch.zeros((), dtype=torch.float32, device=device)
-            one = torch.ones((), dtype=torch.float32, device=device)
+            one = self._ones.get(device)
+            if one is None:
+                one = self._ones[device] = torch.ones((), dtype=torch.float32, device=device)
             # A fused in-place check over all grads of a device; multiplying by 1 is free.
             torch._amp_foreach_non_finite_check_and_unscale_(grads, flag, one)
             found = flag if found is None else found + flag.to(found.device)
         if found is None:
             found = torch.zeros((), dtype=torch.float32)
-        # Fused optimizers skip only when the flag is exactly 1; several groups can add up.
-        found.clamp_(max=1.0)
+        if len(grads_by_device) > 1:
+            # Fused optimizers skip only when the flag is exactly 1; groups can add up.
+            found.clamp_(max=1.0)
         if self.agree is not None:
             self.agree(found)
         self._found_inf[id(optimizer)] = found

@@ -1,0 +1,105 @@
+"""The benchmark harness itself: fair comparisons, one loop at a time, clear failures.
+
+Timings are never asserted here (they belong to benchmarks/RESULTS.md); what is tested is
+what makes the timings mean something: the hand-written loop does exactly the Trainer's
+maths, the relay never runs two loops at once, and the GPU script refuses a machine
+without a GPU with one clear line.
+"""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import pytest
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+import benchlib as bl  # noqa: E402
+
+from tests.conftest import tiny_classification, tiny_mlp  # noqa: E402
+
+
+@pytest.mark.parametrize("precision", ["32-true", "bf16-mixed", "16-mixed"])
+def test_hand_written_loop_does_the_trainers_maths(precision):
+    # Same initial weights, data order, optimizer, schedule and loss: after the same
+    # steps the weights are bitwise equal, so timing the two compares only the loops.
+    data = tiny_classification(n=96)
+    model = tiny_mlp()
+    common = dict(precision=precision, batch_size=16, total_steps=9,
+                  device=torch.device("cpu"), log_every=4)
+    trainer = bl.TrainerLoop(bl.fresh_copy(model), data, **common)
+    raw = bl.RawLoop(bl.fresh_copy(model), data, **common)
+    trainer.run()
+    raw.run()
+    assert trainer.trainer.step == raw.step == 9
+    for a, b in zip(trainer.trainer.model.parameters(), raw.model.parameters()):
+        assert torch.equal(a, b)
+
+
+class _CountingLoop:
+    """A stand-in loop that records which loop runs, and whether another one is running."""
+
+    def __init__(self, name, steps, log, running):
+        self.name, self.steps, self.log, self.running = name, steps, log, running
+
+    def run(self, feed):
+        for _ in feed(range(self.steps)):
+            with self.running["lock"]:
+                self.running["n"] += 1
+                self.running["max"] = max(self.running["max"], self.running["n"])
+            self.log.append(self.name)
+            with self.running["lock"]:
+                self.running["n"] -= 1
+
+
+def test_relay_runs_loops_in_turns_one_at_a_time():
+    log: list[str] = []
+    running = {"n": 0, "max": 0, "lock": threading.Lock()}
+    block, steps = 3, 3 * 6 + 1
+    loops = {n: _CountingLoop(n, steps, log, running) for n in ("a", "b", "c")}
+    times = bl.relay(loops, block, torch.device("cpu"))
+    assert running["max"] == 1
+    assert sorted(log) == sorted(["a", "b", "c"] * steps)
+    runs = [log[i:i + block] for i in range(0, 6 * 3 * block, block)]
+    assert all(len(set(r)) == 1 for r in runs)  # whole turns of one loop
+    rounds = [[r[0] for r in runs[i:i + 3]] for i in range(0, len(runs), 3)]
+    assert all(sorted(r) == ["a", "b", "c"] for r in rounds)  # each loop once per round
+    assert all(runs[i][0] != runs[i + 1][0] for i in range(len(runs) - 1))
+    assert {n: len(t) for n, t in times.items()} == {"a": 6, "b": 6, "c": 6}
+
+
+def test_relay_reports_a_failing_loop():
+    class Broken:
+        def run(self, feed):
+            for i in feed(range(10)):
+                if i == 4:
+                    raise ValueError("boom")
+
+    with pytest.raises(ValueError, match="boom"):
+        bl.relay({"ok": _CountingLoop("ok", 10, [], {"n": 0, "max": 0,
+                                                     "lock": threading.Lock()}),
+                  "broken": Broken()}, 2, torch.device("cpu"))
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the message shown without a GPU")
+def test_gpu_script_without_cuda_says_so_and_exits_2(tmp_path):
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "OUT": str(tmp_path)}
+    proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "gpu.py")],
+                          capture_output=True, text=True, env=env, timeout=120)
+    assert proc.returncode == 2
+    assert "needs a CUDA GPU" in proc.stderr and "Traceback" not in proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1
+    assert not list(tmp_path.iterdir())  # nothing half-written
+
+
+def test_gpu_script_helpers_need_no_gpu():
+    import gpu
+
+    assert gpu.COMPUTE_DTYPE.keys() == set(gpu.PRECISIONS)
+    assert all(set(p) == {"fp32", "tf32", "bf16", "fp16"} for p in gpu.PEAK_TFLOPS.values())
+    assert gpu.peak_tflops("bf16-mixed", 123.0) == 123.0
