@@ -125,11 +125,26 @@ def _num(value: float | None) -> str:
     return f"{value:.4f}" if value is not None else "n/a"
 
 
+# ------------------------------------------------------------------- compare
+def _add_compare(parser: argparse.ArgumentParser) -> None:
+    from .compare import add_arguments
+
+    add_arguments(parser)
+
+
+def _run_compare(args: argparse.Namespace) -> int:
+    from .compare import run_command
+
+    return run_command(args)
+
+
 #: name -> (help, add_arguments, run). Other commands register here.
 COMMANDS: dict[str, tuple[str, Callable[[argparse.ArgumentParser], None],
                           Callable[[argparse.Namespace], int]]] = {
     "train": ("train a model in one precision", _add_train, _run_train),
     "eval": ("evaluate a checkpoint", _add_eval, _run_eval),
+    "compare": ("A/B study: train in several precisions, compare speed, memory and accuracy",
+                _add_compare, _run_compare),
 }
 
 
