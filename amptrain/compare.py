@@ -632,8 +632,9 @@ def split_values(args: argparse.Namespace) -> tuple[dict[str, Any], dict[str, An
     """(train values, compare values) from --config YAML overridden by the given flags."""
     from_yaml = load_yaml(args.config) if getattr(args, "config", None) else {}
     train_names, compare_names = set(config_fields(RunConfig)), set(config_fields(CompareOptions))
-    for key in sorted(set(from_yaml) - train_names - compare_names):
-        raise UserError(f"unknown option {flag(key)} in --config {args.config}")
+    unknown = sorted(set(from_yaml) - train_names - compare_names)
+    if unknown:
+        raise UserError(f"unknown option {flag(unknown[0])} in --config {args.config}")
     if "precision" in from_yaml:
         log.info("compare: ignoring precision from --config; each of --precisions is trained")
         from_yaml.pop("precision")
@@ -664,5 +665,6 @@ def run_command(args: argparse.Namespace) -> int:
     result = run_compare(config, options, command=command,
                          pick_log_every="log_every" not in train_values)
     print(format_table(result["summary"], result["baseline"]))
-    print(f"outputs: {config.out}/ (compare.json, report.md, report.html, compare.png, runs/)")
+    runs = "" if options.speed_only else ", runs/"
+    print(f"outputs: {config.out}/ (compare.json, report.md, report.html, compare.png{runs})")
     return 0

@@ -262,6 +262,8 @@ def _plain_log_ticks(ax: Any) -> None:
 def plot_loss_scale(ax: Any, study: Study) -> None:
     """Loss-scale history of the precisions that scale the loss (each seed)."""
     _style(ax, "fp16 loss scale")
+    skipped = {(r["precision"], r["seed"]): r.get("skipped_steps")
+               for r in study.compare.get("runs", [])}
     drawn = False
     for p in study.precisions:
         for i, (seed, curves) in enumerate(sorted(study.curves.get(p, {}).items())):
@@ -269,8 +271,10 @@ def plot_loss_scale(ax: Any, study: Study) -> None:
             if not points:
                 continue
             steps, scales = zip(*points)
+            count = skipped.get((p, seed))
+            note = "" if count is None else f" ({count} skipped)"
             ax.step(steps, scales, where="post", color=study.colour(p), lw=1.8,
-                    ls=["-", "--", ":", "-."][i % 4], label=f"{p} seed {seed}")
+                    ls=["-", "--", ":", "-."][i % 4], label=f"{p} seed {seed}{note}")
             drawn = True
     if not drawn:
         _no_data(ax, "no loss scaling in these runs\n(only fp16 precisions scale the loss)")
@@ -291,11 +295,12 @@ def _bars(ax: Any, study: Study, values: list[float | None], labels: list[str],
         yerr = [[max(0.0, h - lo) for h, (lo, _) in zip(heights, errors)],
                 [max(0.0, hi - h) for h, (_, hi) in zip(heights, errors)]]
     bars = ax.bar(names, heights, color=colours, yerr=yerr, capsize=4, ecolor="#333", width=0.6)
-    top = max(heights) if heights and max(heights) > 0 else 1.0
-    for bar, label in zip(bars, labels):
-        ax.text(bar.get_x() + bar.get_width() / 2, bar.get_height() + top * 0.03, label,
+    tops = [h + (yerr[1][i] if yerr else 0.0) for i, h in enumerate(heights)]
+    top = max(tops) if tops and max(tops) > 0 else 1.0
+    for bar, label, bar_top in zip(bars, labels, tops):  # labels clear the whiskers
+        ax.text(bar.get_x() + bar.get_width() / 2, bar_top + top * 0.03, label,
                 ha="center", va="bottom", fontsize=11, fontweight="bold")
-    ax.set_ylim(0, top * 1.22)
+    ax.set_ylim(0, top * 1.2)
     ax.tick_params(axis="x", labelsize=10)
 
 
@@ -335,7 +340,7 @@ def plot_accuracy(ax: Any, study: Study) -> None:
     """Validation accuracy per precision (mean ± std over seeds, dots: seeds) against the
     baseline's tolerance band."""
     tolerance = study.details.get("options", {}).get("tolerance_pp", 0.5)
-    _style(ax, f"Val accuracy (band: baseline ± {tolerance:g} pp)")
+    _style(ax, f"Val accuracy (band: ±{tolerance:g} pp)")
     rows = [r for r in study.summary if r["val_acc_mean"] is not None]
     if not rows:
         _no_data(ax, "speed-only study: accuracy not measured")
