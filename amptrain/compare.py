@@ -658,8 +658,9 @@ def run_command(args: argparse.Namespace) -> int:
     train_values, compare_values = split_values(args)
     config = build_config(RunConfig, train_values, source="option")
     options = build_config(CompareOptions, compare_values, source="option")
-    if not config.out:
-        config.out = default_out(config).replace(f"-{config.model}", f"-compare-{config.model}", 1)
+    if not config.out:  # runs/compare-<time>-<model>-<data>
+        default = Path(default_out(config))
+        config.out = str(default.with_name(f"compare-{default.name}"))
     command = "amptrain " + " ".join(shlex.quote(a) for a in sys.argv[1:]) \
         if Path(sys.argv[0]).name in ("amptrain", "__main__.py") else None
     result = run_compare(config, options, command=command,

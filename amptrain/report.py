@@ -150,6 +150,9 @@ def recommendation(summary: list[dict[str, Any]], baseline: str, tolerance_pp: f
                 f"while being timed: keep {baseline}.")
     best = max(candidates, key=lambda r: r["speedup"])
     if best["speedup"] <= 1.0:
+        if trained:
+            return (f"No precision that matched {baseline}'s accuracy ran faster here: "
+                    f"keep {baseline}.")
         return f"Nothing ran faster than {baseline} here: keep {baseline}{note}."
     memory = f", {best['mem_ratio']:.2f}× the memory" if best.get("mem_ratio") else ""
     if not trained:
