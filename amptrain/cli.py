@@ -136,24 +136,29 @@ def _num(value: float | None) -> str:
     return f"{value:.4f}" if value is not None else "n/a"
 
 
+# ------------------------------------------------------------------- compare
+def _lazy(module: str, name: str) -> Callable:
+    """``amptrain.<module>.<name>``, imported only when the command runs (those modules
+    import this one, and a plain ``amptrain train`` should not pay for them)."""
+    def call(*args: Any) -> Any:
+        import importlib
+
+        return getattr(importlib.import_module(f"amptrain.{module}"), name)(*args)
+    return call
+
+
 #: name -> (help, add_arguments, run). Other commands register here.
 COMMANDS: dict[str, tuple[str, Callable[[argparse.ArgumentParser], None],
                           Callable[[argparse.Namespace], int]]] = {
     "train": ("train a model in one precision", _add_train, _run_train),
     "eval": ("evaluate a checkpoint", _add_eval, _run_eval),
+    "compare": ("A/B study: train in several precisions, compare speed, memory and accuracy",
+                _lazy("compare", "add_arguments"), _lazy("compare", "run_command")),
     "diagnose": ("find which modules overflow or underflow in fp16 and what to do about it",
-                 lambda p: _lazy("diagnose", "add_diagnose_args")(p),
-                 lambda a: _lazy("diagnose", "run_diagnose")(a)),
+                 _lazy("diagnose", "add_diagnose_args"), _lazy("diagnose", "run_diagnose")),
     "env": ("show versions, hardware and which precisions it supports",
-            lambda p: _lazy("env", "add_env_args")(p), lambda a: _lazy("env", "run_env")(a)),
+            _lazy("env", "add_env_args"), _lazy("env", "run_env")),
 }
-
-
-def _lazy(module: str, name: str) -> Callable:
-    """A command's function, imported when used (its module may import this one)."""
-    import importlib
-
-    return getattr(importlib.import_module(f"amptrain.{module}"), name)
 
 
 def build_parser() -> argparse.ArgumentParser:
