@@ -173,11 +173,30 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+class _CurrentStderrHandler(logging.StreamHandler):
+    """Writes to whatever ``sys.stderr`` is at emit time, not the stream of the first call.
+
+    ``main()`` may run many times in one process (tests, notebooks) with stderr swapped in
+    between; a handler bound to the first stream would write to a closed file.
+    """
+
+    def __init__(self) -> None:
+        super().__init__(sys.stderr)
+
+    @property  # type: ignore[override]
+    def stream(self):
+        return sys.stderr
+
+    @stream.setter
+    def stream(self, _value) -> None:
+        pass
+
+
 def configure_logging() -> None:
     """amptrain's notices go to stderr as ``amptrain: message``."""
     logger = logging.getLogger("amptrain")
     if not logger.handlers:
-        handler = logging.StreamHandler(sys.stderr)
+        handler = _CurrentStderrHandler()
         handler.setFormatter(logging.Formatter("amptrain: %(message)s"))
         logger.addHandler(handler)
         logger.setLevel(logging.INFO)

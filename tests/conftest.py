@@ -1,6 +1,8 @@
 """Shared fixtures: small real datasets and models, CPU-only, seeded."""
 from __future__ import annotations
 
+import logging
+
 import pytest
 import torch
 from torch import nn
@@ -13,6 +15,16 @@ def _threads():
     # Two cores on CI: keep intra-op threads from oversubscribing when pytest forks.
     torch.set_num_threads(2)
     yield
+
+
+@pytest.fixture(autouse=True)
+def _fresh_amptrain_logger():
+    # cli.main() installs a stderr handler and stops propagation; a test that ran it must
+    # not hide later tests' notices from caplog.
+    logger = logging.getLogger("amptrain")
+    saved = logger.handlers[:], logger.propagate, logger.level
+    yield
+    logger.handlers[:], logger.propagate, logger.level = saved
 
 
 @pytest.fixture(scope="session")
