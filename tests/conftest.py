@@ -22,9 +22,9 @@ def _fresh_amptrain_logger():
     # cli.main() installs a stderr handler and stops propagation; a test that ran it must
     # not hide later tests' notices from caplog.
     logger = logging.getLogger("amptrain")
-    saved = logger.handlers[:], logger.propagate, logger.level
+    saved = logger.handlers[:], logger.propagate, logger.level, logger.disabled
     yield
-    logger.handlers[:], logger.propagate, logger.level = saved
+    logger.handlers[:], logger.propagate, logger.level, logger.disabled = saved
 
 
 @pytest.fixture(scope="session")
