@@ -224,3 +224,18 @@ def test_the_package_exports_the_documented_api_and_the_own_loop_example_trains(
     losses = [float(line.split()[3]) for line in lines if line.startswith("epoch")]
     assert len(losses) == 3 and losses[-1] < 0.6  # chance level is ln(10) = 2.3
     assert "steps 84  skipped 0" in lines[2] and "'scale': 2048.0" in lines[3]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("precision", ["32-true", "bf16-mixed"])
+def test_compile_trains_the_same_model_as_eager(precision):
+    # torch.compile on the CPU generates C++ with the system compiler (Inductor).
+    data = tiny_classification(n=128)
+    common = dict(precision=precision, batch_size=32, optimizer="sgd", lr=0.1, epochs=2)
+    eager_trainer, eager = _fit(data, **common)
+    compiled_trainer, compiled = _fit(data, compile=True, **common)
+    assert type(compiled_trainer.train_model).__name__ == "OptimizedModule"
+    tolerance = dict(rtol=1e-4, atol=1e-5) if precision == "32-true" else dict(rtol=0.05, atol=0.02)
+    for a, b in zip(eager.parameters(), compiled.parameters()):
+        torch.testing.assert_close(a, b, **tolerance)
+    assert compiled_trainer.precision.skipped_steps == 0
