@@ -41,10 +41,12 @@ class RunLogger:
         enabled: False on ranks other than 0.
         progress: show tqdm bars; forced off when ``stream`` is not a terminal, where
             each log event becomes one plain line instead.
+        resumed_at: the checkpoint step a resumed run continues from; TensorBoard events
+            logged after it by the interrupted run are purged.
     """
 
     def __init__(self, out: str | Path | None, *, enabled: bool = True, progress: bool = True,
-                 stream: TextIO | None = None) -> None:
+                 stream: TextIO | None = None, resumed_at: int | None = None) -> None:
         self.enabled = enabled
         self.stream = stream or sys.stderr
         self.progress = progress and enabled and self.stream.isatty()
@@ -57,7 +59,11 @@ class RunLogger:
             self._jsonl = open(out / "metrics.jsonl", "a", buffering=1)
             from torch.utils.tensorboard import SummaryWriter
 
-            self._tb = SummaryWriter(log_dir=str(out / "tb"))
+            # A resumed run logs the steps after its checkpoint again: purge what a killed
+            # run wrote past that step so TensorBoard does not show those steps twice
+            # (metrics.jsonl is trimmed the same way by checkpoint.trim_metrics).
+            purge_step = resumed_at + 1 if resumed_at is not None else None
+            self._tb = SummaryWriter(log_dir=str(out / "tb"), purge_step=purge_step)
 
     # bars -----------------------------------------------------------------
     def bar(self, total: int, desc: str, initial: int = 0) -> None:

@@ -207,7 +207,8 @@ class Trainer:
         if self.strategy.is_main and self.out is not None:
             write_yaml(self.resolved_config(), self.out / "config.yaml")
         self.logger = RunLogger(self.out, enabled=self.strategy.is_main,
-                                progress=not c.no_progress)
+                                progress=not c.no_progress,
+                                resumed_at=self.step if self.step > 0 else None)
         self.logger.message(self._banner())
         lr_note = self.lr_plan.describe(c)
         if lr_note:

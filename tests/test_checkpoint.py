@@ -597,6 +597,13 @@ def test_sigkill_while_writing_a_checkpoint_leaves_the_previous_one(tmp_path, un
     assert "at step 10" in err and not _unfinished(tmp_path)
     # Steps 11-20 were logged before the kill and again after the resume: once in the file.
     _assert_matches(tmp_path, uninterrupted)
+    # And once in TensorBoard: the resumed writer purges what the killed one logged after
+    # step 10 (read back as TensorBoard itself reads it).
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    events = EventAccumulator(str(tmp_path / "tb"))
+    events.Reload()
+    assert [e.step for e in events.Scalars("train/loss")] == [r["step"] for r in _records(tmp_path)]
 
 
 @pytest.mark.slow
