@@ -57,6 +57,16 @@ def seed_everything(seed: int, deterministic: bool = False) -> None:
         torch.backends.cudnn.benchmark = False
 
 
+def tune_backends(device: torch.device, deterministic: bool) -> None:
+    """Let cuDNN time its convolution algorithms once per input shape and keep the fastest.
+
+    Worth it for the fixed shapes of a training loop (timm and torchvision's references
+    do the same); off with ``--deterministic``, where the choice must not vary by run.
+    """
+    if device.type == "cuda":
+        torch.backends.cudnn.benchmark = not deterministic
+
+
 def split_outputs(output: Any) -> tuple[torch.Tensor | None, torch.Tensor | None]:
     """(logits, loss) from a tensor, a dict, or an object with ``logits``/``loss`` (HF style)."""
     if isinstance(output, torch.Tensor):
@@ -187,6 +197,7 @@ class Trainer:
         """
         c = self.config
         seed_everything(c.seed, c.deterministic)
+        tune_backends(self.device, c.deterministic)
         self.loss_fn = loss_fn or F.cross_entropy
         self.class_names = class_names
         self._prepare_model(model, optimizer)

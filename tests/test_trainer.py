@@ -239,3 +239,19 @@ def test_compile_trains_the_same_model_as_eager(precision):
     for a, b in zip(eager.parameters(), compiled.parameters()):
         torch.testing.assert_close(a, b, **tolerance)
     assert compiled_trainer.precision.skipped_steps == 0
+
+
+def test_cudnn_benchmark_is_on_for_cuda_training_unless_deterministic():
+    from amptrain.trainer import tune_backends
+
+    saved = torch.backends.cudnn.benchmark
+    try:
+        torch.backends.cudnn.benchmark = False
+        tune_backends(torch.device("cpu"), deterministic=False)
+        assert torch.backends.cudnn.benchmark is False  # not ours to change off CUDA
+        tune_backends(torch.device("cuda", 0), deterministic=False)
+        assert torch.backends.cudnn.benchmark is True
+        tune_backends(torch.device("cuda", 0), deterministic=True)
+        assert torch.backends.cudnn.benchmark is False
+    finally:
+        torch.backends.cudnn.benchmark = saved
