@@ -59,20 +59,35 @@ def model_dir(argument: str) -> Path:
     return path
 
 
+#: Loggers whose import-time warnings _quiet() holds back (torchao, imported by transformers).
+_NOISY_IMPORT_LOGGERS = ("torchao", "torch.utils._pytree")
+
+
 @contextlib.contextmanager
 def _quiet() -> Iterator[None]:
-    """transformers' load reports and progress bars off; amptrain says what matters."""
+    """transformers' load reports and progress bars off; amptrain says what matters.
+
+    ``from_pretrained`` also imports torchao when it is installed (the fp8 extra), whose
+    import warns about every CUDA kernel library it cannot load on this machine and trips
+    torch's pytree deprecation warnings: noise for a model load, so errors only.
+    """
     hf_logging = transformers.utils.logging
     verbosity = hf_logging.get_verbosity()
     bars = hf_logging.is_progress_bar_enabled()
     hf_logging.set_verbosity_error()
     hf_logging.disable_progress_bar()
+    noisy = [logging.getLogger(name) for name in _NOISY_IMPORT_LOGGERS]
+    levels = [logger.level for logger in noisy]
+    for logger in noisy:
+        logger.setLevel(logging.ERROR)
     try:
         yield
     finally:
         hf_logging.set_verbosity(verbosity)
         if bars:
             hf_logging.enable_progress_bar()
+        for logger, level in zip(noisy, levels):
+            logger.setLevel(level)
 
 
 class HFTextEncoder:

@@ -188,7 +188,11 @@ def test_train_then_eval_the_checkpoint_from_the_command_line(local, tmp_path):
                    "--lr", "3e-3", "--device", "cpu", "--no-progress", "--out", str(out))
     assert trained.returncode == 0, trained.stderr
     assert "newly initialised for 2 classes" in trained.stderr
-    assert "Traceback" not in trained.stderr
+    # Only amptrain speaks: no load report from transformers, no import warnings from
+    # torchao (which from_pretrained imports when the fp8 extra is installed).
+    foreign = [line for line in trained.stderr.splitlines()
+               if line and not line.startswith(("amptrain: ", "epoch ", "done: ", "outputs: "))]
+    assert not foreign, foreign
     state = torch.load(out / "checkpoints" / "last.pt", map_location="cpu", weights_only=False)
     assert state["run"]["model"] == f"hf:{model_dir}"
     assert state["run"]["data_fitted"]["tokenizer"] == f"hf:{model_dir}"
