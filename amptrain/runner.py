@@ -5,9 +5,11 @@ so a run started from the command line and one started by ``compare`` are the sa
 """
 from __future__ import annotations
 
+import contextlib
+import logging
 from dataclasses import asdict
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 from torch import nn
 
@@ -76,6 +78,17 @@ def run_training(config: RunConfig, **trainer_options: Any) -> FitResult:
             strategy.teardown()
 
 
+@contextlib.contextmanager
+def _log_level(level: int) -> Iterator[None]:
+    logger = logging.getLogger("amptrain")
+    saved = logger.level
+    logger.setLevel(max(level, saved))
+    try:
+        yield
+    finally:
+        logger.setLevel(saved)
+
+
 def run_evaluation(*, checkpoint_path: str, data: str | None, precision: str, out: str,
                    batch_size: int = 256, device: str = "auto",
                    progress: bool = True) -> tuple[EvalResult, str]:
@@ -96,7 +109,10 @@ def run_evaluation(*, checkpoint_path: str, data: str | None, precision: str, ou
         raise UserError(f"--data {data_spec} has {bundle.num_classes} classes and inputs "
                         f"{tuple(bundle.input_shape)}, but the checkpoint's model expects "
                         f"{inputs.num_classes} classes and {inputs.input_shape}")
-    model = build_model(run["model"], inputs)
+    # The weights come from the checkpoint: what the builder says about initialisation
+    # (hf:PATH's "head newly initialised") does not apply, so only warnings get through.
+    with _log_level(logging.WARNING):
+        model = build_model(run["model"], inputs)
     trainer = Trainer(precision=precision, device=device, batch_size=batch_size, out=out,
                       no_progress=not progress)
     trainer.prepare(model)

@@ -204,6 +204,8 @@ def test_train_then_eval_the_checkpoint_from_the_command_line(local, tmp_path):
     assert evaluated.returncode == 0, evaluated.stderr
     accuracy = float(evaluated.stdout.split("accuracy ")[1].split()[0])
     assert accuracy >= 0.9 and "trained with 16-mixed" in evaluated.stdout
+    # The head is the trained one from the checkpoint: no "newly initialised" notice.
+    assert "newly initialised" not in evaluated.stderr
     assert (tmp_path / "eval" / "eval" / "classification_report.txt").is_file()
 
 
