@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import logging
+import os
 import re
 import sys
 import time
@@ -203,6 +204,15 @@ def configure_logging() -> None:
         logger.propagate = False
 
 
+def _say(text: str) -> None:
+    """One line on stderr, written in one call so that the lines of several torchrun
+    processes cannot interleave; ranks other than 0 say who they are."""
+    rank = os.environ.get("RANK", "0") if "LOCAL_RANK" in os.environ else "0"
+    who = "amptrain" if rank == "0" else f"amptrain[rank {rank}]"
+    sys.stderr.write(f"{who}: {text}\n")
+    sys.stderr.flush()
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``amptrain`` console script and ``python -m amptrain``."""
     parser = build_parser()
@@ -214,10 +224,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return args.handler(args)
     except Preempted as exc:  # not an error: the run stopped on request, with a checkpoint
-        print(f"amptrain: {exc}", file=sys.stderr)
+        _say(f"{exc}")
         return exc.exit_code
     except AmptrainError as exc:
-        print(f"amptrain: error: {exc}", file=sys.stderr)
+        _say(f"error: {exc}")
         return exc.exit_code
     except KeyboardInterrupt:
         print("amptrain: interrupted", file=sys.stderr)

@@ -216,3 +216,18 @@ def test_help():
     assert train.returncode == 0
     for flag in ("--precision", "--model", "--data", "--config", "--keep-fp32", "--accumulate"):
         assert flag in train.stdout
+
+
+def test_user_errors_of_other_ranks_say_which_rank(monkeypatch, capsys):
+    # Under torchrun every process reports its own error; one write per line keeps the
+    # processes' lines whole, and the rank tells the copies apart.
+    from amptrain import cli
+
+    monkeypatch.setenv("RANK", "3")
+    monkeypatch.setenv("LOCAL_RANK", "1")
+    assert cli.main(["train", "--accumulate", "0", "--no-progress"]) == 2
+    assert capsys.readouterr().err == ("amptrain[rank 3]: error: --accumulate must be an "
+                                       "integer >= 1 (got 0)\n")
+    monkeypatch.setenv("RANK", "0")
+    assert cli.main(["train", "--accumulate", "0", "--no-progress"]) == 2
+    assert capsys.readouterr().err.startswith("amptrain: error: --accumulate")

@@ -232,7 +232,7 @@ def test_compile_trains_the_same_model_as_eager(precision):
     # torch.compile on the CPU generates C++ with the system compiler (Inductor).
     data = tiny_classification(n=128)
     common = dict(precision=precision, batch_size=32, optimizer="sgd", lr=0.1, epochs=2)
-    eager_trainer, eager = _fit(data, **common)
+    _, eager = _fit(data, **common)
     compiled_trainer, compiled = _fit(data, compile=True, **common)
     assert type(compiled_trainer.train_model).__name__ == "OptimizedModule"
     tolerance = dict(rtol=1e-4, atol=1e-5) if precision == "32-true" else dict(rtol=0.05, atol=0.02)
