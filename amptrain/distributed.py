@@ -16,11 +16,11 @@ import contextlib
 import logging
 import os
 from dataclasses import dataclass
-from typing import Any, ContextManager
+from typing import Any, ContextManager, Iterator
 
 import torch
 from torch import nn
-from torch.utils.data import DataLoader, DistributedSampler, RandomSampler
+from torch.utils.data import DataLoader, DistributedSampler, RandomSampler, Sampler
 
 from .devices import resolve_device
 from .errors import UserError
@@ -60,8 +60,12 @@ class Strategy:
         """Context for one micro-batch's forward/backward; off-boundary ones skip grad sync."""
         return contextlib.nullcontext()
 
-    def shard_loader(self, loader: Any, seed: int = 0) -> Any:
-        """A user DataLoader that gives this rank its own share of the data."""
+    def shard_loader(self, loader: Any, seed: int = 0, *, evaluation: bool = False) -> Any:
+        """A user DataLoader that gives this rank its own share of the data.
+
+        For ``evaluation`` the shares are exact where the strategy allows it: every
+        sample counted once, none repeated to even out the ranks.
+        """
         return loader
 
     def model_state_dict(self, model: nn.Module, precision: Any) -> dict[str, torch.Tensor]:
@@ -206,6 +210,19 @@ class _MainRankOnly(logging.Filter):
 
 
 # ---------------------------------------------------------------- strategies
+class _RankShare(Sampler[int]):
+    """Samples rank, rank + world, rank + 2 world, ...: each sample on exactly one rank."""
+
+    def __init__(self, size: int, world_size: int, rank: int) -> None:
+        self.indices = range(rank, size, world_size)
+
+    def __iter__(self) -> Iterator[int]:
+        return iter(self.indices)
+
+    def __len__(self) -> int:
+        return len(self.indices)
+
+
 class ProcessGroupStrategy(Strategy):
     """The collectives shared by DDP and FSDP (one process per device)."""
 
@@ -230,7 +247,12 @@ class ProcessGroupStrategy(Strategy):
         """Every rank's found-inf flag becomes the MAX over ranks (in place, on device)."""
         self._dist.all_reduce(flag, op=self._dist.ReduceOp.MAX)
 
-    def shard_loader(self, loader: Any, seed: int = 0) -> Any:
+    #: Whether ranks may evaluate different numbers of batches. True where evaluation
+    #: runs the unwrapped module (no collective in its forward); FSDP's forward gathers
+    #: weights, so there every rank must run the same batches and shares are padded.
+    uneven_evaluation = True
+
+    def shard_loader(self, loader: Any, seed: int = 0, *, evaluation: bool = False) -> Any:
         if not isinstance(loader, DataLoader):
             log.warning("the training data is an iterable, not a DataLoader: each of the %d "
                         "processes must yield its own share of the data", self.world_size)
@@ -241,9 +263,14 @@ class ProcessGroupStrategy(Strategy):
             log.warning("the DataLoader has a custom batch_sampler: shard it per rank "
                         "(e.g. with DistributedSampler), amptrain cannot")
             return loader
-        sampler = DistributedSampler(loader.dataset, num_replicas=self.world_size, rank=self.rank,
-                                     shuffle=isinstance(loader.sampler, RandomSampler), seed=seed,
-                                     drop_last=loader.drop_last)
+        if evaluation and self.uneven_evaluation:
+            # DistributedSampler would repeat samples to give every rank the same count,
+            # and the repeats would be counted in the accuracy.
+            sampler: Sampler[int] = _RankShare(len(loader.dataset), self.world_size, self.rank)
+        else:
+            sampler = DistributedSampler(loader.dataset, num_replicas=self.world_size,
+                                         rank=self.rank, seed=seed, drop_last=loader.drop_last,
+                                         shuffle=isinstance(loader.sampler, RandomSampler))
         return DataLoader(loader.dataset, batch_size=loader.batch_size, sampler=sampler,
                           num_workers=loader.num_workers, collate_fn=loader.collate_fn,
                           pin_memory=loader.pin_memory, drop_last=loader.drop_last,
@@ -318,6 +345,8 @@ class FSDPStrategy(ProcessGroupStrategy):
     that must stay fp32 (``--keep-fp32`` islands, norm layers) get groups of their own.
     Checkpoints are gathered into full fp32 state dicts that load on one device.
     """
+
+    uneven_evaluation = False
 
     def prepare_model(self, model: nn.Module, precision: Any,
                       optimizer: torch.optim.Optimizer | None = None) -> nn.Module:

@@ -275,8 +275,10 @@ class Trainer:
                 self.logger.advance()
         self.logger.close_bar()
         model.train(was_training)
-        pred = self.strategy.gather(torch.cat(preds)) if preds else torch.empty(0)
-        target = self.strategy.gather(torch.cat(targets)) if targets else torch.empty(0)
+        # Every rank joins the gathers, also one whose share of the data was empty.
+        nothing = torch.empty(0, dtype=torch.long, device=self.device)
+        pred = self.strategy.gather(torch.cat(preds) if preds else nothing)
+        target = self.strategy.gather(torch.cat(targets) if targets else nothing)
         total_loss = self.strategy.reduce_sum(loss_sum).item()
         samples = int(target.numel()) or 1
         y_pred, y_true = pred.cpu().numpy(), target.cpu().numpy()
@@ -420,7 +422,8 @@ class Trainer:
                                    world_size=world, rank=self.strategy.rank,
                                    seed=self.config.seed, shuffle=shuffle)
             return DatasetWindows(data, plan, self.device, num_workers=self.config.num_workers)
-        data = self.strategy.shard_loader(data, seed=self.config.seed)
+        # Only evaluation reads data unshuffled.
+        data = self.strategy.shard_loader(data, seed=self.config.seed, evaluation=not shuffle)
         return LoaderWindows(data, accumulate, self.device, self.strategy.world_size)
 
     def _maybe_on_device(self, data: Dataset) -> Dataset:

@@ -127,11 +127,19 @@ def scenario_equal(out: Path) -> dict[str, Any]:
 
 
 def scenario_loader(out: Path) -> dict[str, Any]:
-    """A user DataLoader (16 per rank, shuffled): amptrain adds a DistributedSampler."""
+    """A user DataLoader (16 per rank, shuffled): amptrain adds a DistributedSampler.
+
+    Validation loaders of 61 samples (odd: a padding sampler would repeat one) and of one
+    sample (rank 1 gets none and must still join the gathers)."""
     loader = DataLoader(tiny_classification(n=SAMPLES), batch_size=16, shuffle=True)
-    trainer = fit(DDPStrategy(torch.device("cpu")), data=loader, precision="32-true")
+    val = DataLoader(tiny_classification(n=61, seed=1), batch_size=16)
+    trainer = fit(DDPStrategy(torch.device("cpu")), data=loader, val=val, precision="32-true")
     sampler = trainer.train_windows.loader.sampler
-    return {"params": params(trainer), "sampler": type(sampler).__name__}
+    single = trainer.evaluate(data=DataLoader(tiny_classification(n=1, seed=2), batch_size=16))
+    return {"params": params(trainer), "sampler": type(sampler).__name__,
+            "val": {"samples": trainer.last_eval.samples, "acc": trainer.last_eval.accuracy,
+                    "loss": trainer.last_eval.loss},
+            "single": {"samples": single.samples, "loss": single.loss}}
 
 
 def scenario_no_sync(out: Path) -> dict[str, Any]:

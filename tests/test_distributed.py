@@ -166,8 +166,17 @@ def test_user_dataloader_is_sharded_with_a_distributed_sampler(scenarios):
     data = tiny_classification(n=worker.SAMPLES)
     perm = torch.randperm(len(data), generator=torch.Generator().manual_seed(0)).tolist()
     one_process = DataLoader(Subset(data, perm), batch_size=32, shuffle=False)
-    reference = _reference(data=one_process, precision="32-true")
+    val = DataLoader(tiny_classification(n=61, seed=1), batch_size=16)
+    reference = _reference(data=one_process, val=val, precision="32-true")
     _assert_params_close(ranks[0]["params"], worker.params(reference), 1e-5, 1e-6, moved_by=1e-2)
+    # Evaluation counts every validation sample once: no DistributedSampler padding.
+    for rank in ranks:
+        assert rank["val"]["samples"] == 61
+        assert rank["val"]["acc"] == pytest.approx(reference.last_eval.accuracy)
+        assert rank["val"]["loss"] == pytest.approx(reference.last_eval.loss, rel=1e-5)
+    single = reference.evaluate(data=DataLoader(tiny_classification(n=1, seed=2)))
+    assert [r["single"]["samples"] for r in ranks] == [1, 1]
+    assert ranks[0]["single"]["loss"] == pytest.approx(single.loss, rel=1e-5)
 
 
 @pytest.mark.slow
