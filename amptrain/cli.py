@@ -24,7 +24,12 @@ log = logging.getLogger("amptrain")
 
 
 class _Parser(argparse.ArgumentParser):
-    """argparse, but a usage error is one line (and exit code 2)."""
+    """argparse, but a usage error is one line (and exit code 2), and flags are never
+    abbreviated: ``compare --precision X`` would otherwise be taken for ``--precisions X``."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("allow_abbrev", False)
+        super().__init__(*args, **kwargs)
 
     def error(self, message: str) -> None:  # noqa: D102
         self.exit(2, f"amptrain: error: {message} (see `{self.prog} --help`)\n")

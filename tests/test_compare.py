@@ -240,6 +240,8 @@ def test_cli_takes_train_options_and_compare_options_from_yaml_and_flags(tmp_pat
     (["--seeds", "0"], "--seeds must be an integer >= 1"),
     (["--tolerance-pp", "-1"], "--tolerance-pp must be a number >= 0"),
     (["--resume", "auto"], "unrecognized arguments: --resume"),
+    # not silently read as --precisions bf16-mixed (argparse's prefix matching is off)
+    (["--precision", "bf16-mixed"], "unrecognized arguments: --precision bf16-mixed"),
 ])
 def test_cli_user_errors_exit_2_with_one_line(tmp_path, capsys, argv, message):
     assert _exit_code(["compare", "--out", str(tmp_path / "x"), *argv]) == 2
