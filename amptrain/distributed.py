@@ -254,8 +254,9 @@ class ProcessGroupStrategy(Strategy):
 
     def shard_loader(self, loader: Any, seed: int = 0, *, evaluation: bool = False) -> Any:
         if not isinstance(loader, DataLoader):
-            log.warning("the training data is an iterable, not a DataLoader: each of the %d "
-                        "processes must yield its own share of the data", self.world_size)
+            log.warning("the %s data is an iterable, not a DataLoader: each of the %d "
+                        "processes must yield its own share of the data",
+                        "validation" if evaluation else "training", self.world_size)
             return loader
         if isinstance(loader.sampler, DistributedSampler):
             return loader
