@@ -13,20 +13,13 @@ from __future__ import annotations
 import argparse
 import copy
 import statistics
-import time
 
 import torch
 
+import benchlib as bl
 from amptrain.config import RunConfig, build_config
 from amptrain.runner import prepare_run
 from amptrain.trainer import Trainer
-
-
-def _windows_forever(trainer: Trainer):
-    epoch = 0
-    while True:
-        yield from trainer.train_windows.epoch(epoch)
-        epoch += 1
 
 
 def _unguarded(window, forward_backward):
@@ -59,18 +52,8 @@ def main() -> None:
         trainer.setup(copy.deepcopy(model), data.train)
         if name == "unguarded":
             trainer.autobatch.run = _unguarded
-        variants[name] = (trainer, _windows_forever(trainer))
-    times: dict[str, list[float]] = {name: [] for name in variants}
-    for step in range(args.warmup + args.steps):
-        for name, (trainer, windows) in variants.items():
-            window = next(windows)
-            started = time.perf_counter()
-            trainer.train_step(window)
-            trainer.finish_step()
-            if trainer.device.type == "cuda":
-                torch.cuda.synchronize()
-            if step >= args.warmup:
-                times[name].append(time.perf_counter() - started)
+        variants[name] = trainer
+    times = bl.interleaved_step_times(variants, args.warmup, args.steps)
     base = statistics.median(times["unguarded"])
     buffers = sum(1 for _ in model.buffers())
     print(f"{args.model} on {args.data}, {args.precision}, batch {args.batch_size} "

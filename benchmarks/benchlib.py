@@ -342,6 +342,31 @@ class TrainerLoop:
             t.train_windows = inner
 
 
+def _windows_forever(trainer: Trainer) -> Iterator[Any]:
+    epoch = 0
+    while True:
+        yield from trainer.train_windows.epoch(epoch)
+        epoch += 1
+
+
+def interleaved_step_times(trainers: dict[str, Trainer], warmup: int,
+                           steps: int) -> dict[str, list[float]]:
+    """Seconds per optimizer step of each set-up Trainer, the Trainers taking one step in
+    turn (A B C, A B C, ...); the first ``warmup`` rounds are not recorded."""
+    windows = {name: _windows_forever(trainer) for name, trainer in trainers.items()}
+    times: dict[str, list[float]] = {name: [] for name in trainers}
+    for step in range(warmup + steps):
+        for name, trainer in trainers.items():
+            window = next(windows[name])
+            started = time.perf_counter()
+            trainer.train_step(window)
+            trainer.finish_step()
+            synchronize(trainer.device)
+            if step >= warmup:
+                times[name].append(time.perf_counter() - started)
+    return times
+
+
 def without_gradient_check(trainer: Trainer) -> None:
     """For measuring only: skip the per-step inf/NaN check of the gradients that 32-true
     and bf16-mixed do (the flag handed to the optimizer is a constant 0)."""

@@ -11,22 +11,15 @@ from __future__ import annotations
 import argparse
 import copy
 import statistics
-import time
 
 import torch
 
+import benchlib as bl
 from amptrain.config import RunConfig, build_config
 from amptrain.diagnose import RangeRecorder
 from amptrain.probe import NonFiniteWatch
 from amptrain.runner import prepare_run
 from amptrain.trainer import Trainer
-
-
-def _windows_forever(trainer: Trainer):
-    epoch = 0
-    while True:
-        yield from trainer.train_windows.epoch(epoch)
-        epoch += 1
 
 
 def main() -> None:
@@ -53,21 +46,11 @@ def main() -> None:
             NonFiniteWatch(trainer.model, lambda t=trainer: t.step)
         elif name == "recorder":
             RangeRecorder(trainer.model)
-        variants[name] = (trainer, _windows_forever(trainer))
-    times: dict[str, list[float]] = {name: [] for name in variants}
-    for step in range(args.warmup + args.steps):
-        for name, (trainer, windows) in variants.items():
-            window = next(windows)
-            start = time.perf_counter()
-            trainer.train_step(window)
-            trainer.finish_step()
-            if trainer.device.type == "cuda":
-                torch.cuda.synchronize()
-            if step >= args.warmup:
-                times[name].append(time.perf_counter() - start)
+        variants[name] = trainer
+    times = bl.interleaved_step_times(variants, args.warmup, args.steps)
     base = statistics.median(times["plain"])
     print(f"{args.model} on {args.data}, batch {args.batch_size}, {args.steps} steps "
-          f"(median, {torch.get_num_threads()} threads, {variants['plain'][0].device}):")
+          f"(median, {torch.get_num_threads()} threads, {variants['plain'].device}):")
     for name, values in times.items():
         median = statistics.median(values)
         print(f"  {name:<9} {median * 1e3:8.2f} ms/step  {median / base:5.2f}x")
