@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import logging
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -48,3 +49,18 @@ def tiny_mlp(features: int = 8, classes: int = 3, seed: int = 0) -> nn.Module:
     model.add_module("body", nn.Sequential(nn.Linear(features, 16), nn.Tanh()))
     model.add_module("head", nn.Linear(16, classes))
     return model
+
+
+def fake_gpu(monkeypatch, name: str, major: int, minor: int, memory_gib: int = 80,
+             count: int = 1) -> None:
+    """Make torch.cuda.* report ``count`` GPUs of one kind (no CUDA needed)."""
+    props = SimpleNamespace(name=name, major=major, minor=minor,
+                            total_memory=memory_gib * 2 ** 30, multi_processor_count=80)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: count)
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda device=None: props)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (major, minor))
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: name)
+    monkeypatch.setattr(torch.version, "cuda", "12.4")
+    monkeypatch.setattr(torch.backends.cudnn, "version", lambda: 90100)
+    monkeypatch.setattr(torch.cuda.nccl, "version", lambda: (2, 21, 5))

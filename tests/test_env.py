@@ -7,7 +7,6 @@ import os
 import subprocess
 import sys
 from pathlib import Path
-from types import SimpleNamespace
 
 import pytest
 import torch
@@ -15,6 +14,7 @@ import torch
 from amptrain import env
 from amptrain.precision import MODES, fp8
 from amptrain.precision.modes import cpu_has_native_bf16
+from tests.conftest import fake_gpu
 
 ROOT = Path(__file__).parents[1]
 CPUINFO = Path("/proc/cpuinfo")
@@ -80,20 +80,6 @@ def test_collect_env_keeps_the_keys_other_reports_embed():
 
 
 # ---------------------------------------------------------------- fake CUDA
-def fake_gpu(monkeypatch, name: str, major: int, minor: int, memory_gib: int, count: int = 1):
-    """Make torch.cuda.* report ``count`` GPUs of one kind (no CUDA needed)."""
-    props = SimpleNamespace(name=name, major=major, minor=minor,
-                            total_memory=memory_gib * 2 ** 30, multi_processor_count=80)
-    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
-    monkeypatch.setattr(torch.cuda, "device_count", lambda: count)
-    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda device=None: props)
-    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (major, minor))
-    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: name)
-    monkeypatch.setattr(torch.version, "cuda", "12.4")
-    monkeypatch.setattr(torch.backends.cudnn, "version", lambda: 90100)
-    monkeypatch.setattr(torch.cuda.nccl, "version", lambda: (2, 21, 5))
-
-
 def test_fake_h100_supports_fp8_and_recommends_bf16(monkeypatch):
     fake_gpu(monkeypatch, "NVIDIA H100 80GB HBM3", 9, 0, 80)
     monkeypatch.setattr(fp8, "torchao_available", lambda: True)

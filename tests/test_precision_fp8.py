@@ -13,7 +13,6 @@ import os
 import subprocess
 import sys
 from pathlib import Path
-from types import SimpleNamespace
 
 import pytest
 import torch
@@ -26,6 +25,7 @@ from amptrain.precision import MODES, Precision, fp8
 from amptrain.precision.fp8 import plan_float8
 from amptrain.runner import prepare_run
 from amptrain.trainer import Trainer
+from tests import conftest
 
 ROOT = Path(__file__).parents[1]
 HAS_TORCHAO = importlib.util.find_spec("torchao") is not None
@@ -35,16 +35,7 @@ needs_torchao = pytest.mark.skipif(not HAS_TORCHAO,
 
 def fake_gpu(monkeypatch, name: str, major: int, minor: int, torchao: bool = True) -> None:
     """torch.cuda.* report one GPU of this compute capability; torchao present or not."""
-    props = SimpleNamespace(name=name, major=major, minor=minor, total_memory=80 * 2 ** 30,
-                            multi_processor_count=132)
-    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
-    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
-    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda device=None: props)
-    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (major, minor))
-    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: name)
-    monkeypatch.setattr(torch.version, "cuda", "12.8")
-    monkeypatch.setattr(torch.backends.cudnn, "version", lambda: 91000)
-    monkeypatch.setattr(torch.cuda.nccl, "version", lambda: (2, 26, 2))
+    conftest.fake_gpu(monkeypatch, name, major, minor)
     monkeypatch.setattr(fp8, "torchao_available", lambda: torchao)
 
 
