@@ -17,8 +17,8 @@ from pathlib import Path
 from typing import Any, Callable, Sequence
 
 from . import __version__
-from .config import RunConfig, build_config, flag, load_yaml
-from .errors import AmptrainError, Preempted, UserError
+from .config import RunConfig, build_config, cli_flag, load_yaml
+from .errors import AmptrainError, Preempted, TrainingHalted, UserError, cli_spelling
 
 log = logging.getLogger("amptrain")
 
@@ -63,7 +63,7 @@ def add_config_flags(parser: argparse.ArgumentParser, cls: type = RunConfig,
             kwargs["metavar"] = f.name.upper() if not meta.get("choices") else None
             if kwargs["metavar"] is None:
                 del kwargs["metavar"]
-        group.add_argument(flag(f.name), dest=f.name, **kwargs)
+        group.add_argument(cli_flag(f.name), dest=f.name, **kwargs)
 
 
 def merged_values(args: argparse.Namespace, cls: type = RunConfig) -> dict[str, Any]:
@@ -107,6 +107,13 @@ def _run_train(args: argparse.Namespace) -> int:
     result = run_training(config)
     if not is_main_process():
         return 0
+    bad = result.nonfinite_metrics()
+    if bad:  # a run that learnt nothing usable must not look like a success
+        raise TrainingHalted(
+            f"training diverged: its final {' and '.join(bad)} "
+            f"{'are' if len(bad) > 1 else 'is'} not finite after {result.steps} steps "
+            f"({result.skipped_steps} skipped); lower --lr, set --clip-grad-norm or run "
+            f"`amptrain diagnose` (outputs kept in {result.out}/)")
     acc = f"{result.val_acc:.4f}" if result.val_acc is not None else "n/a"
     speed = f", {result.samples_per_s:.0f} samples/s" if result.samples_per_s else ""
     print(f"done: val_acc {acc}  val_loss {_num(result.val_loss)}  after {result.steps} steps "
@@ -227,7 +234,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     configure_logging()
     try:
-        return args.handler(args)
+        with cli_spelling():
+            return args.handler(args)
     except Preempted as exc:  # not an error: the run stopped on request, with a checkpoint
         _say(f"{exc}")
         return exc.exit_code

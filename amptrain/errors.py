@@ -4,6 +4,31 @@ Anything else that escapes is a bug in amptrain and keeps its traceback.
 """
 from __future__ import annotations
 
+import contextlib
+import contextvars
+from typing import Iterator
+
+#: True while the command line runs: errors then name flags (``--micro-batch-size``);
+#: a library caller gets the keyword it passed (``micro_batch_size``).
+_CLI_SPELLING: contextvars.ContextVar[bool] = contextvars.ContextVar("amptrain_cli_spelling",
+                                                                     default=False)
+
+
+def flag(name: str) -> str:
+    """How an error names option ``name``: ``--micro-batch-size`` on the command line,
+    ``micro_batch_size`` (the keyword) for a library caller."""
+    return "--" + name.replace("_", "-") if _CLI_SPELLING.get() else name
+
+
+@contextlib.contextmanager
+def cli_spelling() -> Iterator[None]:
+    """Within this block errors name command-line flags (the CLI wraps each command)."""
+    token = _CLI_SPELLING.set(True)
+    try:
+        yield
+    finally:
+        _CLI_SPELLING.reset(token)
+
 
 class AmptrainError(Exception):
     """Base class: an expected failure with a message meant for the user."""

@@ -16,7 +16,7 @@ import shlex
 import signal
 import sys
 
-from .config import RunConfig, flag
+from .config import RunConfig, cli_flag
 from .distributed import LaunchEnv
 from .errors import UserError
 
@@ -71,6 +71,9 @@ def torchrun_args(args: argparse.Namespace, config: RunConfig) -> list[str]:
     if nnodes > 1 and not args.master_addr:
         raise UserError(f"--nnodes {nnodes} needs --master-addr (the address of the machine "
                         f"started with --node-rank 0)")
+    if args.master_port is not None and not 1 <= args.master_port <= 65535:
+        raise UserError(f"--master-port must be a TCP port from 1 to 65535 "
+                        f"(got {args.master_port})")
     if args.max_restarts is not None and args.max_restarts < 0:
         raise UserError(f"--max-restarts must be >= 0 (got {args.max_restarts})")
     restarts = args.max_restarts or 0
@@ -100,12 +103,12 @@ def config_args(config: RunConfig) -> list[str]:
         if value == default and f.name != "out":
             continue
         if isinstance(value, bool):
-            argv += [flag(f.name)] if value else []
+            argv += [cli_flag(f.name)] if value else []
         elif isinstance(value, list):
             for item in value:
-                argv += [flag(f.name), str(item)]
+                argv += [cli_flag(f.name), str(item)]
         elif value is not None:
-            argv += [flag(f.name), str(value)]
+            argv += [cli_flag(f.name), str(value)]
     return argv
 
 
