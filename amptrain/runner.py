@@ -13,7 +13,7 @@ from typing import Any, Iterator
 
 from torch import nn
 
-from . import checkpoint
+from . import checkpoint, outdir
 from .config import RunConfig
 from .data import DataBundle, DataOptions, build_data
 from .distributed import build_strategy
@@ -36,16 +36,6 @@ def run_info(config: RunConfig, data: DataBundle) -> dict[str, Any]:
             "inputs": asdict(model_inputs(data)), "data_fitted": data.fitted}
 
 
-def check_out_dir(config: RunConfig) -> None:
-    """Refuse to mix a new run into a directory that already holds one."""
-    out = Path(config.out)
-    if config.resume:
-        return
-    if (out / "checkpoints" / "last.pt").exists() or (out / "metrics.jsonl").exists():
-        raise UserError(f"--out {out} already holds a run; continue it with --resume auto "
-                        f"or choose another --out")
-
-
 def prepare_run(config: RunConfig) -> tuple[DataBundle, nn.Module]:
     """Build the data and a freshly initialised model (seeded: same seed, same weights)."""
     # A model that brings its own tokenizer (hf:PATH) tokenises the text data.
@@ -66,7 +56,7 @@ def run_training(config: RunConfig, **trainer_options: Any) -> FitResult:
     try:
         # Under plain torchrun each process picked its own default --out: use rank 0's.
         config.out = strategy.broadcast_object(config.out)
-        check_out_dir(config)
+        outdir.check(config.out, resume=bool(config.resume))
         # The Trainer first: a precision the hardware lacks (fp8 on a CPU) is refused before
         # the data and the model are loaded.
         trainer = Trainer(config, strategy=strategy, **trainer_options)
@@ -89,10 +79,25 @@ def _log_level(level: int) -> Iterator[None]:
         logger.setLevel(saved)
 
 
+def checkpoint_file(path: str | Path) -> Path:
+    """``--checkpoint``: a file, or a run directory (its ``checkpoints/last.pt``)."""
+    path = Path(path)
+    if not path.is_dir():
+        return path
+    for candidate in (path / checkpoint.CHECKPOINT_DIR / checkpoint.LAST, path / checkpoint.LAST):
+        if candidate.is_file():
+            logging.getLogger("amptrain").info("--checkpoint %s is a directory: evaluating %s",
+                                               path, candidate)
+            return candidate
+    raise UserError(f"--checkpoint {path} is a directory with no checkpoint in it; pass a "
+                    f"checkpoint file, e.g. RUN_DIR/{checkpoint.CHECKPOINT_DIR}/{checkpoint.LAST}")
+
+
 def run_evaluation(*, checkpoint_path: str, data: str | None, precision: str, out: str,
                    batch_size: int = 256, device: str = "auto",
                    progress: bool = True) -> tuple[EvalResult, str]:
     """Evaluate a checkpoint as ``amptrain eval`` does; returns (result, trained precision)."""
+    checkpoint_path = str(checkpoint_file(checkpoint_path))
     state = checkpoint.load(checkpoint_path)
     run = state.get("run") or {}
     if "model" not in run or "inputs" not in run:

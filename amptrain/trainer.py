@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import logging
 import os
 import random
@@ -22,13 +23,13 @@ from torch import nn
 from torch.nn import functional as F
 from torch.utils.data import DataLoader, Dataset
 
-from . import __version__, checkpoint, preemption
+from . import __version__, checkpoint, datacheck, outdir, preemption
 from .autobatch import AutoBatch
 from .batches import DatasetWindows, GlobalBatchPlan, LoaderWindows, Window
 from .config import TrainConfig, build_config, to_dict, write_yaml
 from .devices import peak_memory_bytes, reset_peak_memory
 from .distributed import Strategy, build_strategy
-from .errors import Preempted, UserError
+from .errors import Preempted, UserError, flag
 from .logs import RunLogger
 from .lrscale import LrPlan, plan_lr
 from .metrics import EvalResult, class_names_for
@@ -78,12 +79,14 @@ def split_outputs(output: Any) -> tuple[torch.Tensor | None, torch.Tensor | None
     return getattr(output, "logits", None), getattr(output, "loss", None)
 
 
-def forward_batch(model: nn.Module, batch: Any, loss_fn: LossFn
+def forward_batch(model: nn.Module, batch: Any, loss_fn: LossFn,
+                  check: Callable[[Any, Any], None] | None = None
                   ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
     """Run the model on a batch: returns (mean loss, logits, targets).
 
     A batch is a tuple ``(*inputs, targets)`` or a dict of keyword inputs (with
-    ``labels``). A model-computed ``loss`` wins over ``loss_fn``.
+    ``labels``). A model-computed ``loss`` wins over ``loss_fn``. ``check(logits,
+    targets)``, when given, sees the outputs before the loss is computed from them.
     """
     if isinstance(batch, dict):
         output = model(**batch)
@@ -92,6 +95,8 @@ def forward_batch(model: nn.Module, batch: Any, loss_fn: LossFn
         *inputs, targets = batch
         output = model(*inputs)
     logits, loss = split_outputs(output)
+    if check is not None and loss is None:
+        check(logits, targets)
     if loss is None:
         if logits is None or targets is None:
             raise UserError("the model returned no loss and no logits with targets: return logits "
@@ -116,6 +121,11 @@ class FitResult:
     out: str | None
     history: list[dict[str, Any]] = field(default_factory=list, repr=False)
 
+    def nonfinite_metrics(self) -> list[str]:
+        """Names of the final metrics that are NaN or infinite (a diverged run)."""
+        values = {"loss": self.final_loss, "val_loss": self.val_loss}
+        return [k for k, v in values.items() if v is not None and not np.isfinite(v)]
+
 
 class Trainer:
     """The whole training loop: accumulation, clipping, logging, evaluation, checkpoints.
@@ -131,6 +141,10 @@ class Trainer:
                  **options: Any) -> None:
         base = to_dict(config) if config is not None else {}
         base.update(options)
+        defaults = to_dict(TrainConfig())
+        #: Options the caller chose (not left at their defaults).
+        self.given_options = set(options) | {k for k, v in base.items()
+                                             if k in defaults and v != defaults[k]}
         self.config: TrainConfig = build_config(type(config) if config is not None else TrainConfig,
                                                 base)
         self.strategy = strategy or build_strategy(self.config.strategy, self.config.device)
@@ -171,6 +185,9 @@ class Trainer:
         self._step_epoch = 0  # epoch of the last trained step (for records)
         self.stop_requested: str | None = None  # set by a signal handler
         self._stopping: str | None = None        # the stop all ranks agreed on
+        self._check_outputs: Callable[[Any, Any], None] | None = None  # first batch only
+        self._resumed_finished = False
+        self.constant_lr = False  # the caller's optimizer without a schedule (set up in fit)
 
     # ---------------------------------------------------------------- public
     def fit(self, model: nn.Module, train_data: Dataset | DataLoader | Iterable,
@@ -196,6 +213,9 @@ class Trainer:
         with :meth:`train_step` on a fully prepared Trainer.
         """
         c = self.config
+        self._check_fit_arguments(model, train_data, val_data, optimizer, loss_fn, class_names)
+        if self.out is not None:
+            outdir.check(self.out, resume=bool(c.resume))
         seed_everything(c.seed, c.deterministic)
         tune_backends(self.device, c.deterministic)
         self.loss_fn = loss_fn or F.cross_entropy
@@ -206,14 +226,24 @@ class Trainer:
             micro, accumulate = self.autobatch.find_micro_batch(train_data)
         self.micro_batch_size, self.accumulate = micro, accumulate
         self.train_windows = self._windows(train_data, micro, accumulate, shuffle=True)
+        if len(self.train_windows) == 0:
+            raise UserError("train_data gives no batch for this process: it is empty or "
+                            f"smaller than the {self.strategy.world_size} processes")
         self._val_data = val_data
         total = len(self.train_windows) * c.epochs
         self.total_steps = min(total, c.max_steps) if c.max_steps else total
         self.lr_plan = plan_lr(c, len(self.train_windows), self.total_steps)
-        self.scheduler = scheduler or build_scheduler(self.lr_plan.scheduler_config(c),
-                                                      self.optimizer, self.total_steps)
+        # The caller's own optimizer keeps the learning rate it was built with unless a
+        # schedule is asked for: a default cosine decay to 0 would be a surprise.
+        self.constant_lr = optimizer is not None and scheduler is None \
+            and "scheduler" not in self.given_options
+        self.scheduler = scheduler if scheduler is not None else None if self.constant_lr \
+            else build_scheduler(self.lr_plan.scheduler_config(c), self.optimizer,
+                                 self.total_steps)
+        if loss_fn is None:
+            self._check_model_outputs(train_data)
         if self.strategy.is_main and self.out is not None:
-            self.out.mkdir(parents=True, exist_ok=True)
+            outdir.prepare(self.out, resume=bool(c.resume))
         self._resume_if_requested()
         if self.strategy.is_main and self.out is not None:
             write_yaml(self.resolved_config(), self.out / "config.yaml")
@@ -236,7 +266,13 @@ class Trainer:
         finally:
             self.logger.close()
         self._emit("on_fit_end")
-        return self._result()
+        result = self._result()
+        bad = result.nonfinite_metrics()
+        if bad:
+            log.warning("training finished with non-finite %s: the model diverged (lower %s, "
+                        "set %s, or run `amptrain diagnose`)", " and ".join(bad), flag("lr"),
+                        flag("clip_grad_norm"))
+        return result
 
     def train_step(self, window: Window) -> None:
         """One optimizer step on ``window`` (micro-batches on the device), without the
@@ -401,6 +437,53 @@ class Trainer:
         return resolved
 
     # ----------------------------------------------------------------- setup
+    def _check_fit_arguments(self, model: Any, train_data: Any, val_data: Any, optimizer: Any,
+                             loss_fn: Any, class_names: Any) -> None:
+        """One clear error per wrong argument of :meth:`fit`, before anything is built."""
+        if not isinstance(model, nn.Module):
+            raise UserError(f"model must be a torch.nn.Module (got {type(model).__name__})")
+        if optimizer is not None and not isinstance(optimizer, torch.optim.Optimizer):
+            raise UserError(f"optimizer must be a torch.optim.Optimizer (got "
+                            f"{type(optimizer).__name__})")
+        if loss_fn is not None and not callable(loss_fn):
+            raise UserError(f"loss_fn must be callable as loss_fn(logits, targets) (got "
+                            f"{type(loss_fn).__name__})")
+        if class_names is not None and (isinstance(class_names, str) or not all(
+                isinstance(n, str) for n in class_names)):
+            raise UserError("class_names must be a list of strings, one per class")
+        names = list(class_names) if class_names is not None else None
+        datacheck.check_dataset(train_data, "train_data", classifier=loss_fn is None,
+                                class_names=names)
+        if val_data is not None:
+            datacheck.check_dataset(val_data, "val_data", classifier=loss_fn is None,
+                                    class_names=names)
+        if isinstance(train_data, Dataset) and hasattr(train_data, "__len__"):
+            datacheck.check_batch_size(len(train_data), self.config.batch_size)
+
+    def _check_model_outputs(self, train_data: Any) -> None:
+        """Check that the model's outputs fit the labels: now, on two in-memory samples
+        (so a wrong model is refused before the first log line), or else on the first
+        training batch. The probe runs in eval mode with the RNG restored: training sees
+        exactly what it would have seen without it."""
+        num_classes = len(self.class_names) if self.class_names else None
+        sample = datacheck.first_samples(train_data, self.device) \
+            if self.strategy.world_size == 1 else None
+        check = functools.partial(datacheck.check_outputs, num_classes=num_classes,
+                                  model_name=self.run_info.get("model"),
+                                  all_labels=train_data.tensors[-1] if sample else None)
+        if sample is None:
+            self._check_outputs = check
+            return
+        devices = [self.device] if self.device.type == "cuda" else []
+        was_training = self.model.training
+        self.model.eval()
+        try:
+            with torch.random.fork_rng(devices=devices), torch.no_grad(), \
+                    self.precision.autocast():
+                forward_batch(self.model, sample, self.loss_fn, check)
+        finally:
+            self.model.train(was_training)
+
     def _prepare_model(self, model: nn.Module, optimizer: torch.optim.Optimizer | None) -> None:
         model = model.to(self.device)
         if self.config.channels_last and is_conv_net(model):
@@ -462,6 +545,10 @@ class Trainer:
                 raise UserError(f"--resume {path}: {exc}") from None
             log.info(checkpoint.resume_message(path, state, self.precision.name,
                                                len(self.train_windows)))
+            self._resumed_finished = self._complete()
+            if self._resumed_finished:
+                log.info("the run already finished at step %d: nothing left to train (raise "
+                         "%s or %s to train on)", self.step, flag("epochs"), flag("max_steps"))
         if self.strategy.is_main and self.out is not None:
             # Records a killed run logged after its checkpoint are about to be logged again.
             checkpoint.trim_metrics(self.out / "metrics.jsonl", self.step)
@@ -496,7 +583,8 @@ class Trainer:
             self._log_train()
         self.logger.close_bar()
         if self._val_data is not None:
-            self._evaluate_and_log(final=True)
+            # A finished run that was resumed has its final record already.
+            self._evaluate_and_log(final=True, record=not self._resumed_finished)
         if self.out is not None and not self._saved_at_current_step():
             self.save_checkpoint()
 
@@ -543,10 +631,12 @@ class Trainer:
         world = self.strategy.world_size
         last = len(window.micro_batches) - 1
         losses = []
+        check, self._check_outputs = self._check_outputs, None  # the run's first batch only
         for i, (batch, n) in enumerate(zip(window.micro_batches, window.micro_samples)):
             with self.strategy.accumulation_context(self.train_model, boundary=i == last):
                 with self.precision.autocast():
-                    loss, _, _ = forward_batch(self.train_model, batch, self.loss_fn)
+                    loss, _, _ = forward_batch(self.train_model, batch, self.loss_fn,
+                                               check if i == 0 else None)
                 # The loss is a mean over this micro-batch, so its share of the step is
                 # n / N (N = samples in the global batch). DDP then averages gradients over
                 # ranks, which the factor `world` undoes: the sum over all ranks and
@@ -631,12 +721,14 @@ class Trainer:
         self._last_log_step = self.step
         self._record(record)
 
-    def _evaluate_and_log(self, final: bool = False) -> None:
+    def _evaluate_and_log(self, final: bool = False, record: bool = True) -> None:
         self._resolve_pending()
         started = time.perf_counter()
         write_dir = self.out / "eval" if (final and self.out is not None) else None
         result = self.evaluate(self.model, self._val_data, write_dir=write_dir)
         self.last_eval = result
+        if not record:
+            return
         self._record({"step": self.step, "epoch": self._step_epoch, "val_loss": result.loss,
                       "val_acc": result.accuracy})
         # Evaluation time is not training time: keep it out of samples_per_s.
@@ -661,7 +753,8 @@ class Trainer:
         return (f"amptrain: precision {p.name}{chosen} [{p.spec.summary}] on {self.device}; "
                 f"{self.total_steps} steps of {self.config.batch_size} samples "
                 f"({self.micro_batch_size} x {self.accumulate} accumulated"
-                f"{f' x {self.strategy.world_size} processes' if self.strategy.world_size > 1 else ''})")
+                f"{f' x {self.strategy.world_size} processes' if self.strategy.world_size > 1 else ''})"
+                f"{'; your optimizer keeps its learning rate (no schedule)' if self.constant_lr else ''}")
 
     def _explain_halt(self, halt: NonFiniteHalt) -> NonFiniteHalt:
         """Add the first module that produced a non-finite value to a halt message."""

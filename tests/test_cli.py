@@ -52,10 +52,64 @@ def bad_inputs(root: Path) -> dict[str, Path]:
     checkpoint = root / "corrupt.pt"
     checkpoint.write_bytes(b"PK\x03\x04 truncated")
     existing = root / "existing"
-    existing.mkdir()
+    (existing / "checkpoints").mkdir(parents=True)
     (existing / "metrics.jsonl").write_text("{}\n")
-    return {"idx": idx, "cifar": cifar, "images": images, "csv": csv, "npz": npz,
-            "yaml": bad_yaml, "checkpoint": checkpoint, "existing": existing}
+    (existing / "checkpoints" / "last.pt").write_bytes(b"an earlier run's checkpoint")
+    paths = {"idx": idx, "cifar": cifar, "images": images, "csv": csv, "npz": npz,
+             "yaml": bad_yaml, "checkpoint": checkpoint, "existing": existing}
+    paths.update(hostile_inputs(root))
+    return paths
+
+
+def hostile_inputs(root: Path) -> dict[str, Path]:
+    """Well-formed files with contents that cannot be trained on, and typed-wrong YAML."""
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(60, 8)).astype(np.float32)
+    y = rng.integers(0, 3, 60)
+    arrays = {
+        "nan_x": dict(x=np.where(x > 1.5, np.nan, x), y=y),
+        "inf_x": dict(x=np.where(x > 1.5, np.inf, x), y=y),
+        "nan_y": dict(x=x, y=np.where(np.arange(60) == 5, np.nan, y.astype(float))),
+        "float_y": dict(x=x, y=rng.normal(size=60)),
+        "short_y": dict(x=x, y=y[:50]),
+        "empty": dict(x=np.zeros((0, 8), np.float32), y=np.zeros(0, np.int64)),
+        "flat_x": dict(x=x[:, 0].copy(), y=y),
+        "no_features": dict(x=np.zeros((60, 0), np.float32), y=y),
+        "features": dict(x=x, y=y),
+    }
+    paths = {}
+    for name, values in arrays.items():
+        paths[name] = root / f"{name}.npz"
+        np.savez(paths[name], **values)
+    yamls = {"yaml_lr": b"lr: abc\n", "yaml_keep": b"keep_fp32: 5\n",
+             "yaml_growth": b"growth_factor: big\n", "yaml_resume": b"resume: 7\n",
+             "yaml_model": b"model: {name: mlp}\n", "yaml_empty": b"",
+             "yaml_list": b"- lr\n- 3\n", "yaml_bytes": b"lr: \xff\xfe\x00\n",
+             "yaml_bool": b"compile: maybe\n"}
+    for name, text in yamls.items():
+        paths[name] = root / f"{name}.yaml"
+        paths[name].write_bytes(text)
+    paths["a_file"] = root / "a_file"
+    paths["a_file"].write_text("not a directory")
+    paths["empty_dir"] = root / "empty_dir"
+    paths["empty_dir"].mkdir()
+    return paths
+
+
+#: The user's own model factories (``--model module:factories.NAME``), written to the
+#: working directory of the table's runs.
+FACTORIES = """
+import torch
+
+def no_arguments():
+    return torch.nn.Linear(64, 10)
+
+def three_outputs(num_classes, input_shape):
+    return torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(64, 3))
+
+def raises(num_classes, input_shape):
+    raise RuntimeError("no weights for this size")
+"""
 
 
 # (id, arguments with {placeholders} for bad_inputs(), a fragment the message must contain)
@@ -91,6 +145,49 @@ ERROR_TABLE = [
      "truncated (its end is missing"),
     ("eval-without-checkpoint", "eval --out {root}/e", "required: --checkpoint"),
     ("timm-not-installed", "train --model timm:resnet18", "pip install timm"),
+    # Hostile input (issue 14): each class fixed at its root, not for this one example.
+    ("yaml-word-for-number", "train --config {yaml_lr}", "--lr must be a number (got 'abc')"),
+    ("yaml-number-for-list", "train --config {yaml_keep}", "--keep-fp32 takes a pattern"),
+    ("yaml-word-for-factor", "train --config {yaml_growth}", "--growth-factor must be a number"),
+    ("yaml-number-for-path", "train --config {yaml_resume}", "--resume must be a string"),
+    ("yaml-mapping-for-name", "train --config {yaml_model}", "--model must be a string"),
+    ("yaml-word-for-switch", "train --config {yaml_bool}", "--compile is true or false"),
+    ("yaml-empty-file", "train --config {yaml_empty}", "the file is empty"),
+    ("yaml-list", "train --config {yaml_list}", "got a YAML list"),
+    ("yaml-not-utf8", "train --config {yaml_bytes}", "not UTF-8 text"),
+    ("yaml-directory", "train --config {root}", "is a directory"),
+    ("out-is-a-file", "train --out {a_file}", "is a file, not a directory"),
+    ("out-under-a-file", "train --out {a_file}/run", "is a file, so no directory can be made"),
+    ("out-cannot-be-created", "train --out /proc/amptrain-run", "cannot create it"),
+    ("seed-beyond-64-bits", "train --seed 99999999999999999999999", "--seed must be an integer "
+                                                                     "from 0 to 4294967295"),
+    ("seed-negative", "train --seed -3", "--seed must be >= 0"),
+    ("master-port-range", "train --nproc-per-node 2 --master-port 70000",
+     "--master-port must be a TCP port from 1 to 65535"),
+    ("nproc-per-node-0", "train --nproc-per-node 0", "--nproc-per-node must be >= 1"),
+    ("keep-last-negative", "train --keep-last -1", "--keep-last must be >= 0"),
+    ("npz-nan-features", "train --model mlp --data npz:{nan_x}", "x contains NaN or infinite"),
+    ("npz-inf-features", "train --model mlp --data npz:{inf_x}", "x contains NaN or infinite"),
+    ("npz-nan-labels", "train --model mlp --data npz:{nan_y}", "label of row 5 is nan"),
+    ("npz-float-labels", "train --model mlp --data npz:{float_y}", "labels are not whole numbers"),
+    ("npz-length-mismatch", "train --model mlp --data npz:{short_y}", "x has 60 rows but y has 50"),
+    ("npz-empty", "train --model mlp --data npz:{empty}", "x needs at least 2 rows (got 0)"),
+    ("npz-1d-x", "train --model mlp --data npz:{flat_x}", "x must have a row per sample"),
+    ("npz-no-features", "train --model mlp --data npz:{no_features}", "x has no values per sample"),
+    ("features-for-a-conv-net", "train --model cnn --data npz:{features}", "needs images"),
+    ("batch-over-dataset", "train --model mlp --data npz:{features} --batch-size 5000",
+     "--batch-size 5000 is larger than the training set (48 samples)"),
+    ("micro-batch-over-batch", "train --batch-size 32 --micro-batch-size 64",
+     "--micro-batch-size 64 is larger than --batch-size 32"),
+    ("factory-without-arguments", "train --model module:factories.no_arguments",
+     "the factory must accept the keywords num_classes and input_shape"),
+    ("factory-too-few-outputs", "train --model module:factories.three_outputs",
+     "returns 3 outputs per sample, but the data has 10 classes"),
+    ("factory-raises", "train --model module:factories.raises",
+     "the factory raised RuntimeError: no weights for this size"),
+    ("eval-checkpoint-is-a-directory", "eval --checkpoint {empty_dir} --out {root}/e2",
+     "is a directory with no checkpoint in it"),
+    ("compare-unknown-precision", "compare --precisions 32-true,fp12", "fp12"),
 ]
 
 
@@ -101,6 +198,8 @@ def error_runs(tmp_path_factory) -> dict[str, subprocess.CompletedProcess]:
     paths = {k: str(v) for k, v in bad_inputs(root).items()}
     (root / "typo.yaml").write_text("epoch: 3\n")
     work = tmp_path_factory.mktemp("cwd")  # nothing may land in the repository's runs/
+    (work / "factories.py").write_text(FACTORIES)
+    before = _snapshot(root)
 
     def run(case):
         name, args, _ = case
@@ -109,7 +208,21 @@ def error_runs(tmp_path_factory) -> dict[str, subprocess.CompletedProcess]:
                               cwd=work)
 
     with ThreadPoolExecutor(max_workers=4) as pool:
-        return dict(pool.map(run, ERROR_TABLE))
+        runs = dict(pool.map(run, ERROR_TABLE))
+    runs["files-unchanged"] = _snapshot(root) == before  # type: ignore[assignment]
+    return runs
+
+
+def _snapshot(root: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*"))
+            if p.is_file()}
+
+
+@pytest.mark.slow
+def test_no_bad_invocation_changed_a_file(error_runs):
+    # The earlier run in {existing} and every input file are exactly as they were.
+    assert error_runs["files-unchanged"] is True
+    assert len(ERROR_TABLE) >= 60
 
 
 @pytest.mark.slow
@@ -206,6 +319,44 @@ def test_eval_of_the_checkpoint(digits_run, tmp_path):
     # The same validation split and weights; only the batch size of evaluation differs.
     assert report["accuracy"] == pytest.approx(trained_report["accuracy"], abs=0.01)
     assert (tmp_path / "ev" / "eval" / "classification_report.txt").is_file()
+
+
+@pytest.mark.slow
+def test_eval_of_a_run_directory_takes_its_last_checkpoint(digits_run, tmp_path):
+    out, trained = digits_run
+    assert trained.returncode == 0, trained.stderr
+    result = amptrain("eval", "--checkpoint", out, "--out", tmp_path / "ev", "--no-progress",
+                      cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert f"evaluating {out / 'checkpoints' / 'last.pt'}" in result.stderr
+
+
+@pytest.mark.slow
+def test_a_diverged_run_exits_non_zero_and_says_so(tmp_path):
+    result = amptrain("train", "--model", "mlp", "--lr", "1e30", "--max-bad-steps", "1000",
+                      "--max-steps", "12", "--precision", "32-true", "--no-progress",
+                      "--out", tmp_path / "run", cwd=tmp_path)
+    assert result.returncode == 1, result.stderr
+    assert "Traceback" not in result.stderr
+    assert "error: training diverged: its final" in result.stderr and "not finite" in result.stderr
+    assert "done:" not in result.stdout
+
+
+@pytest.mark.slow
+def test_resuming_a_finished_run_adds_no_record(digits_run, tmp_path):
+    import shutil
+
+    out, trained = digits_run
+    assert trained.returncode == 0, trained.stderr
+    copy = tmp_path / "run"
+    shutil.copytree(out, copy)
+    before = (copy / "metrics.jsonl").read_text()
+    result = amptrain("train", "--model", "cnn", "--data", "digits", "--precision", "bf16-mixed",
+                      "--epochs", "3", "--out", copy, "--resume", "auto", "--no-progress",
+                      cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert "already finished at step" in result.stderr
+    assert (copy / "metrics.jsonl").read_text() == before
 
 
 # ------------------------------------------------------------------- (e) help

@@ -255,3 +255,101 @@ def test_cudnn_benchmark_is_on_for_cuda_training_unless_deterministic():
         assert torch.backends.cudnn.benchmark is False
     finally:
         torch.backends.cudnn.benchmark = saved
+
+
+# ------------------------------------------------ the library does not surprise its caller
+def _mlp3():
+    return tiny_mlp(features=8, classes=3)
+
+
+LIBRARY_HOSTILE = [
+    # (id, Trainer keywords, fit arguments as a function of (data, model), fragment)
+    ("unknown-keyword", dict(lrr=0.1), None, "unknown keyword 'lrr' for Trainer"),
+    ("lr-word", dict(lr="fast"), None, "lr must be a number (got 'fast')"),
+    ("out-number", dict(out=123), None, "out must be a string (got int 123)"),
+    ("seed-too-big", dict(seed=2 ** 70), None, "seed must be an integer from 0"),
+    ("model-none", {}, lambda d, m: dict(model=None, train_data=d), "model must be a torch.nn"),
+    ("data-none", {}, lambda d, m: dict(model=m, train_data=None), "train_data must be a Data"),
+    ("empty-train", {}, lambda d, m: dict(model=m, train_data=TensorData(*(t[:0] for t in
+                                                                         d.tensors))),
+     "train_data is empty"),
+    ("empty-val", {}, lambda d, m: dict(model=m, train_data=d, val_data=TensorData(
+        *(t[:0] for t in d.tensors))), "val_data is empty"),
+    ("float-labels", {}, lambda d, m: dict(model=m, train_data=TensorData(
+        d.tensors[0], d.tensors[1].float())), "labels are float32"),
+    ("labels-beyond-outputs", {}, lambda d, m: dict(model=m, train_data=TensorData(
+        d.tensors[0], d.tensors[1] + 3)), "outside the model's 3 outputs"),
+    ("labels-beyond-outputs-in-a-loader", {}, lambda d, m: dict(
+        model=m, train_data=torch.utils.data.DataLoader(TensorData(d.tensors[0],
+                                                                   d.tensors[1] + 3),
+                                                        batch_size=16)),
+     "outside the model's 3 outputs"),
+    ("nan-features", {}, lambda d, m: dict(model=m, train_data=TensorData(
+        d.tensors[0].masked_fill(d.tensors[0] > 2, float("nan")), d.tensors[1])),
+     "contains NaN or infinite values"),
+    ("batch-over-dataset", dict(batch_size=500), lambda d, m: dict(model=m, train_data=d),
+     "batch_size 500 is larger than the training set (200 samples)"),
+    ("optimizer-name", {}, lambda d, m: dict(model=m, train_data=d, optimizer="adam"),
+     "optimizer must be a torch.optim.Optimizer"),
+    ("class-names-string", {}, lambda d, m: dict(model=m, train_data=d, class_names="abc"),
+     "class_names must be a list of strings"),
+]
+
+
+@pytest.mark.parametrize("name,options,arguments,fragment", LIBRARY_HOSTILE,
+                         ids=[c[0] for c in LIBRARY_HOSTILE])
+def test_library_errors_name_the_keyword(name, options, arguments, fragment, tmp_path):
+    from amptrain.errors import UserError
+
+    data = tiny_classification(n=200)
+    with pytest.raises(UserError) as error:
+        trainer = Trainer(**{"no_progress": True, "max_steps": 3, "batch_size": 16,
+                             "out": str(tmp_path / "run"), **options})
+        trainer.fit(**arguments(data, _mlp3()))
+    assert fragment in str(error.value) and "--" not in str(error.value)
+    if "loader" not in name:  # a loader's labels are only seen with its first batch
+        assert not (tmp_path / "run").exists()  # refused before anything was written
+
+
+def test_own_optimizer_keeps_its_learning_rate_unless_a_schedule_is_asked_for(capsys):
+    data = tiny_classification(n=200)
+    model = _mlp3()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    trainer = Trainer(no_progress=True, epochs=2, batch_size=32, log_every=1)
+    trainer.fit(model, data, optimizer=optimizer)
+    assert optimizer.param_groups[0]["lr"] == 0.1
+    assert {r["lr"] for r in trainer.history if "lr" in r} == {0.1}
+    first_line = capsys.readouterr().err.splitlines()[0]
+    assert "your optimizer keeps its learning rate" in first_line
+    # scheduler= on the Trainer still applies one.
+    model = _mlp3()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    Trainer(no_progress=True, epochs=2, batch_size=32, scheduler="cosine").fit(
+        model, data, optimizer=optimizer)
+    assert optimizer.param_groups[0]["lr"] == pytest.approx(0.0)
+
+
+def test_second_fit_into_the_same_out_is_refused_and_a_finished_run_resumes_quietly(tmp_path):
+    from amptrain.errors import UserError
+
+    data = tiny_classification(n=200)
+    options = dict(no_progress=True, epochs=1, batch_size=32, out=str(tmp_path),
+                   precision="32-true")
+    Trainer(**options).fit(_mlp3(), data, data)
+    metrics = (tmp_path / "metrics.jsonl").read_text()
+    with pytest.raises(UserError, match="already holds a run"):
+        Trainer(**options).fit(_mlp3(), data, data)
+    assert (tmp_path / "metrics.jsonl").read_text() == metrics
+    # Resuming the finished run trains nothing and logs no second final record.
+    result = Trainer(**options, resume="auto").fit(_mlp3(), data, data)
+    assert (tmp_path / "metrics.jsonl").read_text() == metrics
+    assert result.val_acc == json.loads(metrics.splitlines()[-1])["val_acc"]
+
+
+def test_a_diverged_run_says_so(caplog):
+    data = tiny_classification(n=200)
+    with caplog.at_level("WARNING", logger="amptrain"):
+        result = Trainer(no_progress=True, max_steps=12, batch_size=32, precision="32-true",
+                         optimizer="sgd", lr=1e30, max_bad_steps=1000).fit(_mlp3(), data, data)
+    assert result.nonfinite_metrics()
+    assert any("non-finite" in r.getMessage() for r in caplog.records)

@@ -76,6 +76,8 @@ def _check_pair(x: np.ndarray, y: np.ndarray, x_name: str, y_name: str, spec: st
     if y.ndim != 1 and not (y.ndim == 2 and y.shape[1] == 1):
         raise UserError(f"--data {spec}: {y_name} must hold one class label per row (got "
                         f"shape {y.shape})")
+    if 0 in x.shape[1:]:
+        raise UserError(f"--data {spec}: {x_name} has no values per sample (shape {x.shape})")
     if len(x) != len(y):
         raise UserError(f"--data {spec}: {x_name} has {len(x)} rows but {y_name} has {len(y)}")
     if len(x) < 2:

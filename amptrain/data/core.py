@@ -202,6 +202,7 @@ def labels_to_classes(labels: Sequence[Any], spec: str, known: Sequence[str] | N
     Classes are sorted (numbers numerically). With ``known`` (a training run's class
     names) the mapping is that one, and a label outside it is an error.
     """
+    _check_class_labels(labels, spec)
     names_of = [label_name(v) for v in labels]
     if known:
         names = list(known)
@@ -216,6 +217,23 @@ def labels_to_classes(labels: Sequence[Any], spec: str, known: Sequence[str] | N
             raise UserError(f"--data {spec}: needs at least two classes, found {len(names)}")
         index = {n: i for i, n in enumerate(names)}
     return torch.tensor([index[n] for n in names_of], dtype=torch.long), names
+
+
+def _check_class_labels(labels: Sequence[Any], spec: str) -> None:
+    """Class labels may be numbers or names, but not NaN and not measurements.
+
+    A float label that is not a whole number (0.126) is a regression target, and a NaN
+    would otherwise become a class named "nan".
+    """
+    for row, value in enumerate(labels):
+        if isinstance(value, (float, np.floating)):
+            if not math.isfinite(value):
+                raise UserError(f"--data {spec}: label of row {row} is {value}; every sample "
+                                f"needs a class label")
+            if not float(value).is_integer():
+                raise UserError(f"--data {spec}: labels are not whole numbers (row {row}: "
+                                f"{value:g}); a classifier needs class labels, not "
+                                f"measurements")
 
 
 def index_labels(labels: np.ndarray, num_classes: int, spec: str, source: str) -> torch.Tensor:

@@ -53,19 +53,27 @@ def user_module(argument: str, inputs: ModelInputs) -> nn.Module:
     offered = {"num_classes": inputs.num_classes, "input_shape": tuple(inputs.input_shape),
                "kind": inputs.kind, "vocab_size": inputs.vocab_size}
     try:
-        parameters = inspect.signature(factory).parameters
+        signature: inspect.Signature | None = inspect.signature(factory)
     except (TypeError, ValueError):  # builtins without a signature: pass the two required
-        parameters = {}
+        signature = None
+    parameters = signature.parameters if signature is not None else {}
     takes_any = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters.values())
     kwargs = {k: v for k, v in offered.items()
               if k in ("num_classes", "input_shape") or takes_any or k in parameters}
-    if parameters:
+    if signature is not None:
         try:
-            inspect.signature(factory).bind(**kwargs)
+            signature.bind(**kwargs)
         except TypeError as exc:
             raise UserError(f"--model {spec}: the factory must accept the keywords "
                             f"num_classes and input_shape ({exc})") from None
-    model = factory(**kwargs)
+    try:
+        model = factory(**kwargs)
+    except UserError:
+        raise
+    except Exception as exc:  # the user's code: its failure is reported, not ours
+        raise UserError(f"--model {spec}: the factory raised {type(exc).__name__}: "
+                        f"{str(exc).strip().splitlines()[0] if str(exc).strip() else ''}"
+                        ) from None
     if not isinstance(model, nn.Module):
         raise UserError(f"--model {spec}: the factory returned a {type(model).__name__}, "
                         f"not a torch.nn.Module")
