@@ -3,12 +3,15 @@
 Both guards share one small protocol so the precision layer never asks which one it has:
 ``scale(loss)``, ``unscale_(optimizer)``, ``step(optimizer) -> found_inf``, ``update()``,
 ``scale_tensor``, ``state_dict()``. ``found_inf`` stays on the device; reading it is the
-caller's choice, which is what keeps steady-state steps free of host-device syncs.
+caller's choice, which is what keeps steady-state steps free of host-device syncs. (The
+guards read it themselves only for optimizers that cannot take it, and on the steps where a
+fused optimizer would create its state: see :func:`_step_would_create_state`.)
 """
 from __future__ import annotations
 
 import warnings
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import torch
 from torch.amp import GradScaler
@@ -24,6 +27,46 @@ def _supports_fused_skip(optimizer: torch.optim.Optimizer) -> bool:
     return bool(getattr(optimizer, "_step_supports_amp_scaling", False))
 
 
+def _keeps_no_state(optimizer: torch.optim.Optimizer, group: dict[str, Any]) -> bool:
+    # torch's SGD keeps a momentum buffer only when momentum != 0: without one its step
+    # never creates state, and counting such parameters would defeat the fast path below.
+    return isinstance(optimizer, torch.optim.SGD) and group.get("momentum") == 0
+
+
+def _step_would_create_state(optimizer: torch.optim.Optimizer) -> bool:
+    """True when ``optimizer.step()`` now would create state for some parameter, so that a
+    skip left to a fused kernel (``found_inf``) would not leave the optimizer as it was.
+
+    Fused kernels skip the *update* when ``found_inf`` is 1, but state is created in Python
+    before the kernel runs. torch 2.13's fused SGD makes its momentum buffers with
+    ``empty_like`` and records them: after a skipped first step the next step reads
+    uninitialised memory (NaN weights; issue 14). Fused Adam/AdamW add zeroed moments and a
+    step counter that they count back to 0: harmless numerically, but not the state before
+    the skipped step. Once every parameter has its state, a fused skip leaves parameters and
+    state bitwise unchanged (Adam's step is +1, then -found_inf, exact in fp32).
+
+    Cost: where all parameters have state (every step after the optimizer's first real one)
+    the check is ``len(optimizer.state)`` against a sum over the param groups: no loop over
+    parameters, no sync. Torch's SGD without momentum keeps no state and is not counted.
+    Otherwise it loops over the parameters, and where one with a gradient has no state yet
+    the caller reads the flag on the host: one sync on each step until the first real step.
+    (Parameters that never get a gradient keep the loop, without a sync, on every step.)
+    """
+    state = optimizer.state
+    groups = [g for g in optimizer.param_groups if not _keeps_no_state(optimizer, g)]
+    if len(state) >= sum(len(g["params"]) for g in groups):
+        return False
+    # `.get`: `state` is a defaultdict, and indexing it would add an empty entry.
+    return any(p.grad is not None and not state.get(p) for g in groups for p in g["params"])
+
+
+def _skip_decided_on_host(optimizer: torch.optim.Optimizer) -> bool:
+    """True for a fused optimizer whose skip must not be left to its kernel this step (see
+    :func:`_step_would_create_state`): the caller reads the flag and, on a skip, does not
+    call the optimizer at all. Both guards use it."""
+    return _supports_fused_skip(optimizer) and _step_would_create_state(optimizer)
+
+
 class _HalfGradsScaler(GradScaler):
     """A GradScaler that also unscales fp16 gradients (16-true keeps no fp32 copy).
 
@@ -31,7 +74,7 @@ class _HalfGradsScaler(GradScaler):
     half model there is no other place for the gradients to live, so we accept it.
     """
 
-    def _unscale_grads_(self, optimizer, inv_scale, found_inf, allow_fp16):  # noqa: D401
+    def _unscale_grads_(self, optimizer, inv_scale, found_inf, allow_fp16):
         return super()._unscale_grads_(optimizer, inv_scale, found_inf, True)
 
 
@@ -88,7 +131,15 @@ class DynamicLossScaler:
 
     def step(self, optimizer: torch.optim.Optimizer) -> torch.Tensor:
         self.unscale_(optimizer)
-        self.scaler.step(optimizer)
+        found_inf = self._found_inf(optimizer)
+        # Non-fused optimizers: GradScaler reads the flag itself and skips the call.
+        # A skip that must not reach a fused kernel is not stepped at all: unscale_ has
+        # recorded found_inf per device, which is all update() needs.
+        if not (_skip_decided_on_host(optimizer) and found_inf.item()):
+            self.scaler.step(optimizer)
+        return found_inf
+
+    def _found_inf(self, optimizer: torch.optim.Optimizer) -> torch.Tensor:
         # GradScaler keeps the per-device inf flags until update(); their sum is the
         # device-side "this step was skipped" flag. One flag (one device, one optimizer:
         # update() adds several in place into the first) is returned as it is, which
@@ -160,14 +211,14 @@ class NonFiniteGuard:
     def step(self, optimizer: torch.optim.Optimizer) -> torch.Tensor:
         self.unscale_(optimizer)
         found_inf = self._found_inf[id(optimizer)]
-        if _supports_fused_skip(optimizer):
+        if _supports_fused_skip(optimizer) and not _skip_decided_on_host(optimizer):
             optimizer.grad_scale = None
             optimizer.found_inf = found_inf
             try:
                 optimizer.step()
             finally:
                 del optimizer.grad_scale, optimizer.found_inf
-        elif not found_inf.item():  # non-fused optimizers need the flag on the host
+        elif not found_inf.item():  # non-fused, or a fused optimizer's first step
             optimizer.step()
         return found_inf
 
