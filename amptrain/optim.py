@@ -38,11 +38,13 @@ def _fused_ok(model: nn.Module) -> bool:
     return bool(devices) and devices <= {"cuda", "cpu"} and len(devices) == 1
 
 
-def build_optimizer(config: TrainConfig, model: nn.Module) -> torch.optim.Optimizer:
-    """AdamW or SGD (momentum, Nesterov off), fused where the device supports it."""
+def build_optimizer(config: TrainConfig, model: nn.Module, *, fused_allowed: bool = True
+                    ) -> torch.optim.Optimizer:
+    """AdamW or SGD (momentum, Nesterov off), fused where the device supports it and the
+    precision allows it (``fused_allowed``: see :meth:`Precision.allows_fused`)."""
     lr = scaled_lr(config)
     groups = parameter_groups(model, config.weight_decay)
-    fused = _fused_ok(model)
+    fused = fused_allowed and _fused_ok(model)
     if config.optimizer == "sgd" and any(hasattr(p, "to_local") for p in model.parameters()):
         fused = False  # FSDP2's DTensor parameters: torch 2.13 has no fused-SGD rule for them
     if config.optimizer == "adamw":

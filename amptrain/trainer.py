@@ -489,7 +489,8 @@ class Trainer:
         if self.config.channels_last and is_conv_net(model):
             model = model.to(memory_format=torch.channels_last)
         model = self.strategy.prepare_model(model, self.precision, optimizer)
-        optimizer = optimizer or build_optimizer(self.config, model)
+        optimizer = optimizer or build_optimizer(
+            self.config, model, fused_allowed=self.precision.allows_fused(self.config.optimizer))
         self.model, self.optimizer = self.precision.setup(model, optimizer)
         train_model = self.strategy.wrap(self.model)
         if self.config.compile:

@@ -227,6 +227,15 @@ class Precision:
                  if isinstance(m, FP32_NORM_TYPES) and id(m) not in inside]
         return islands + norms
 
+    def allows_fused(self, optimizer_name: str) -> bool:
+        """Whether torch's fused kernel for amptrain's ``optimizer_name`` is exact here.
+
+        torch 2.13's CPU fused SGD computes a wrong momentum for fp16/bf16 parameters
+        (pytorch#191763, fixed upstream after 2.13), which the X-true modes train directly.
+        """
+        half_params = self.spec.half_weights and not self.spec.master_weights
+        return not (optimizer_name == "sgd" and half_params and self.device.type == "cpu")
+
     def _raise_adam_eps(self, optimizer: torch.optim.Optimizer) -> None:
         floor = self.spec.min_adam_eps
         raised = False
