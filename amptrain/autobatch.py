@@ -359,7 +359,7 @@ class AutoBatch:
         """(micro, accumulate) for ``--micro-batch-size auto``: the largest divisor of the
         per-device batch whose probe fits (see the module docstring)."""
         t = self.trainer
-        per_device = t.config.batch_size // t.strategy.world_size
+        per_device = t.config.batching.batch_size // t.strategy.world_size
         windows = t._windows(train_data, 1, per_device, shuffle=True)
         if not isinstance(windows, DatasetWindows):
             raise UserError("--micro-batch-size auto needs a dataset that amptrain batches itself; "
@@ -406,13 +406,13 @@ class AutoBatch:
             log.info("auto micro-batch %d x accumulate %d%s = batch %d (%smeasured by %s; "
                      "tried %s)", micro, accumulate,
                      f" x {t.strategy.world_size} processes" if t.strategy.world_size > 1 else "",
-                     t.config.batch_size, where, meter.source, tried)
+                     t.config.batching.batch_size, where, meter.source, tried)
         return micro, accumulate
 
     def _budget(self) -> int | None:
         t = self.trainer
-        if t.config.memory_budget_gb is not None:
-            return int(t.config.memory_budget_gb * GB)
+        if t.config.batching.memory_budget_gb is not None:
+            return int(t.config.batching.memory_budget_gb * GB)
         if t.device.type == "cpu":
             rss, free = rss_bytes(), available_bytes()
             if rss is not None and free is not None:
@@ -464,8 +464,8 @@ class AutoBatch:
             with t.precision.autocast():
                 loss, _, _ = forward_batch(t.model, batch, t.loss_fn)
             t.precision.backward(loss)
-            if t.config.clip_grad_norm:
-                t.precision.clip_grad_norm_(t.model.parameters(), t.config.clip_grad_norm)
+            if t.config.schedule.clip_grad_norm:
+                t.precision.clip_grad_norm_(t.model.parameters(), t.config.schedule.clip_grad_norm)
             t.precision.step_async(t.optimizer)
         if t.device.type == "cuda":
             torch.cuda.synchronize(t.device)

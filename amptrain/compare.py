@@ -21,7 +21,6 @@ Three measurements, each done the fair way:
 """
 from __future__ import annotations
 
-import argparse
 import contextlib
 import dataclasses
 import gc
@@ -34,16 +33,18 @@ import os
 import statistics
 import sys
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import torch
 
-from .config import RunConfig, build_config, config_fields, flag, load_yaml, option, to_dict
+from .config import RunConfig, option, replace_options, to_dict
+from .config.options import require_non_negative, require_positive
 from .devices import resolve_device
 from .env import collect_env
-from .errors import TrainingHalted, UserError
+from .errors import TrainingHalted, UserError, flag
 from .precision import Precision
 from .runner import prepare_run, run_training
 from .trainer import Trainer, forward_batch
@@ -65,7 +66,7 @@ class CompareOptions:
     """What the study compares and how it measures (the flags ``train`` does not have)."""
 
     precisions: str = option("32-true,16-mixed,bf16-mixed", "comma-separated precisions to "
-                             "compare", group="compare")
+                             "compare", group="compare", comma_list=True)
     seeds: int = option(2, "training runs per precision, seeds --seed, --seed+1, ...",
                         group="compare")
     baseline: str = option("32-true", "precision that speedup, mem_ratio and delta_acc_pp are "
@@ -81,24 +82,17 @@ class CompareOptions:
     bench_steps: int | None = option(None, "speed only: time this many steps per precision "
                                      "and skip the training runs", kind=int, group="compare")
 
-    def validate(self) -> None:
-        """Raise :class:`UserError` naming the flag for any value that cannot work."""
-        for name in ("seeds", "timing_steps"):
-            value = getattr(self, name)
-            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-                raise UserError(f"{flag(name)} must be an integer >= 1 (got {value!r})")
-        if not isinstance(self.timing_warmup, int) or self.timing_warmup < 0:
-            raise UserError(f"--timing-warmup must be an integer >= 0 (got {self.timing_warmup!r})")
-        if self.bench_steps is not None and (not isinstance(self.bench_steps, int)
-                                             or self.bench_steps < 1):
-            raise UserError(f"--bench-steps must be an integer >= 1 (got {self.bench_steps!r})")
+    def __post_init__(self) -> None:
+        require_positive(self, "seeds", "timing_steps")
+        require_positive(self, "bench_steps", optional=True)
+        require_non_negative(self, "timing_warmup")
         if not (isinstance(self.tolerance_pp, (int, float)) and math.isfinite(self.tolerance_pp)
                 and self.tolerance_pp >= 0):
-            raise UserError(f"--tolerance-pp must be a number >= 0 (got {self.tolerance_pp!r})")
-        if isinstance(self.precisions, (list, tuple)):  # YAML lists are fine too
-            self.precisions = ",".join(map(str, self.precisions))
+            raise UserError(f"{flag('tolerance_pp')} must be a number >= 0 "
+                            f"(got {self.tolerance_pp!r})")
         if not [p for p in str(self.precisions).split(",") if p.strip()]:
-            raise UserError("--precisions needs at least one precision, e.g. 32-true,bf16-mixed")
+            raise UserError(f"{flag('precisions')} needs at least one precision, e.g. "
+                            f"32-true,bf16-mixed")
 
     @property
     def speed_only(self) -> bool:
@@ -167,7 +161,7 @@ class RunProbe:
         plan = getattr(trainer.train_windows, "plan", None)
         order = None if plan is None else digest(
             {"global_batch": plan.global_batch,
-             "orders": [plan.order(e) for e in range(trainer.config.epochs)]})
+             "orders": [plan.order(e) for e in range(trainer.config.schedule.epochs)]})
         self.facts = {"same_initial_weights": bool(same), "initial_weights_sha256": digest(fp32),
                       "data_order_sha256": order,
                       "first_step_loss_fp32": first_step_loss_fp32(trainer, fp32)}
@@ -259,7 +253,7 @@ class Contender:
 
 def build_contender(config: RunConfig, precision: str, needed_windows: int) -> Contender:
     """A Trainer set up exactly as a training run's (same seed, same model), writing nothing."""
-    run_config = dataclasses.replace(config, precision=precision, out=None, resume=None,
+    run_config = replace_options(config, precision=precision, out=None, resume=None,
                                      no_progress=True)
     data, model = prepare_run(run_config)
     trainer = Trainer(run_config)
@@ -267,7 +261,7 @@ def build_contender(config: RunConfig, precision: str, needed_windows: int) -> C
     switches = MathSwitches()
     # Only full global batches: a short last batch would make its step look faster.
     windows = [w for w in itertools.islice(trainer.train_windows.epoch(0), needed_windows + 1)
-               if w.global_samples == run_config.batch_size] or \
+               if w.global_samples == run_config.batching.batch_size] or \
         list(itertools.islice(trainer.train_windows.epoch(0), 1))
     return Contender(precision, trainer, switches, itertools.cycle(windows[:needed_windows]),
                      total_steps=trainer.total_steps)
@@ -410,12 +404,12 @@ def train_runs(config: RunConfig, precisions: list[str], seeds: list[int], out: 
     runs: list[dict[str, Any]] = []
     total = len(precisions) * len(seeds)
     for seed in seeds:
-        _, reference_model = prepare_run(dataclasses.replace(config, seed=seed))
+        _, reference_model = prepare_run(replace_options(config, seed=seed))
         reference = {k: v.detach().clone() for k, v in reference_model.state_dict().items()}
         del reference_model
         for precision in precisions:
             run_dir = out / "runs" / precision / f"seed-{seed}"
-            run_config = dataclasses.replace(config, precision=precision, seed=seed,
+            run_config = replace_options(config, precision=precision, seed=seed,
                                              out=str(run_dir), resume=None)
             log.info("compare: run %d/%d: %s, seed %d -> %s", len(runs) + 1, total, precision,
                      seed, run_dir)
@@ -559,8 +553,7 @@ def run_compare(config: RunConfig, options: CompareOptions, *, command: str | No
     """
     from . import report
 
-    options.validate()
-    if config.resume:
+    if config.checkpointing.resume:
         raise UserError("compare starts every run fresh: drop --resume")
     if not config.out:
         raise UserError("compare needs --out DIR")
@@ -579,7 +572,7 @@ def run_compare(config: RunConfig, options: CompareOptions, *, command: str | No
     speed = {p: speed_figures(c) for p, c in contenders.items()}
     if pick_log_every:
         steps = contenders[baseline].total_steps
-        config = dataclasses.replace(config, log_every=max(1, steps // CURVE_POINTS))
+        config = replace_options(config, log_every=max(1, steps // CURVE_POINTS))
     runs = [] if options.speed_only else train_runs(config, precisions, seeds, out)
 
     result = {"baseline": baseline, "runs": runs,
@@ -606,66 +599,3 @@ def memory_method(device: torch.device) -> str:
             f"transient of {MEMORY_STEPS} training steps above it (activations, gradients, "
             f"autocast copies), from {source}. Memory outside PyTorch's allocator (library "
             f"workspaces) is not included.")
-
-
-# -------------------------------------------------------------------- CLI
-_EXCLUDED_TRAIN_FLAGS = ("precision", "resume")
-
-
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """``amptrain compare`` flags: ``train``'s options (but --precision) plus the study's."""
-    from .cli import add_config_flags
-
-    parser.add_argument("--config", help="YAML file of options (flags override it)")
-    compare_fields = [f.name for f in dataclasses.fields(CompareOptions)]
-    add_config_flags(parser, CompareOptions, only=[n for n in compare_fields if n != "interleave"])
-    parser.add_argument("--interleave", action=argparse.BooleanOptionalAction,
-                        default=argparse.SUPPRESS,
-                        help=config_fields(CompareOptions)["interleave"].metadata["help"]
-                        + " (default: on)")
-    train_fields = [f.name for f in dataclasses.fields(RunConfig)
-                    if f.name not in _EXCLUDED_TRAIN_FLAGS]
-    add_config_flags(parser, RunConfig, only=train_fields)
-
-
-def split_values(args: argparse.Namespace) -> tuple[dict[str, Any], dict[str, Any]]:
-    """(train values, compare values) from --config YAML overridden by the given flags."""
-    from_yaml = load_yaml(args.config) if getattr(args, "config", None) else {}
-    train_names, compare_names = set(config_fields(RunConfig)), set(config_fields(CompareOptions))
-    unknown = sorted(set(from_yaml) - train_names - compare_names)
-    if unknown:
-        raise UserError(f"unknown option {flag(unknown[0])} in --config {args.config}")
-    if "precision" in from_yaml:
-        log.info("compare: ignoring precision from --config; each of --precisions is trained")
-        from_yaml.pop("precision")
-    train = {k: v for k, v in from_yaml.items() if k in train_names}
-    compare = {k: v for k, v in from_yaml.items() if k in compare_names}
-    for name, value in vars(args).items():
-        if name in compare_names:
-            compare[name] = value
-        elif name in train_names:
-            train[name] = value
-    return train, compare
-
-
-def run_command(args: argparse.Namespace) -> int:
-    """``amptrain compare``: run the study, print the summary table and where the reports are."""
-    import shlex
-
-    from .cli import default_out
-    from .report import format_table
-
-    train_values, compare_values = split_values(args)
-    config = build_config(RunConfig, train_values, source="option")
-    options = build_config(CompareOptions, compare_values, source="option")
-    if not config.out:  # runs/compare-<time>-<model>-<data>
-        default = Path(default_out(config))
-        config.out = str(default.with_name(f"compare-{default.name}"))
-    command = "amptrain " + " ".join(shlex.quote(a) for a in sys.argv[1:]) \
-        if Path(sys.argv[0]).name in ("amptrain", "__main__.py") else None
-    result = run_compare(config, options, command=command,
-                         pick_log_every="log_every" not in train_values)
-    print(format_table(result["summary"], result["baseline"]))
-    runs = "" if options.speed_only else ", runs/"
-    print(f"outputs: {config.out}/ (compare.json, report.md, report.html, compare.png{runs})")
-    return 0

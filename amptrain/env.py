@@ -8,19 +8,17 @@ convolution throughput per dtype on that device. Every CUDA fact comes from
 """
 from __future__ import annotations
 
-import argparse
-import json
 import os
 import platform
 import statistics
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 import torch
 from torch.nn import functional as F
 
-from .errors import UserError
 from .precision import fp8
 from .precision.fp8 import CC_FP8
 from .precision.modes import MODES, auto_mode, cpu_has_native_bf16
@@ -388,25 +386,3 @@ def format_bench(bench: dict[str, Any]) -> str:
         lines.append(f"  {r['op']:<7} {r['dtype']:<5} {r['ms']:>9.3f} {r['tflops']:>8.3f} "
                      f"{ratio}  {r['shape']}")
     return "\n".join(lines)
-
-
-def add_env_args(parser: argparse.ArgumentParser) -> None:
-    """Flags of ``amptrain env``."""
-    parser.add_argument("--json", action="store_true", help="print JSON (for machines)")
-    parser.add_argument("--bench", action="store_true",
-                        help="also measure fp32/bf16/fp16 matmul and conv throughput here")
-    parser.add_argument("--threads", type=int, default=None, metavar="N",
-                        help="CPU threads for --bench (default: PyTorch's choice)")
-
-
-def run_env(args: argparse.Namespace) -> int:
-    """``amptrain env``: print the report (or JSON)."""
-    info = collect_env()
-    if args.threads is not None:
-        if args.threads < 1:
-            raise UserError(f"--threads must be an integer >= 1 (got {args.threads})")
-        torch.set_num_threads(args.threads)
-    if args.bench:
-        info["bench"] = run_bench()
-    print(json.dumps(info, indent=2) if args.json else format_env(info))
-    return 0

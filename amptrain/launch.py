@@ -9,14 +9,13 @@ restarts after a failure (``--max-restarts``) continues from the run's last chec
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import logging
 import os
 import shlex
 import signal
 import sys
 
-from .config import RunConfig, cli_flag
+from .config import RunConfig, cli_flag, replace_options, to_dict
 from .distributed import LaunchEnv
 from .errors import UserError
 
@@ -97,18 +96,17 @@ def torchrun_args(args: argparse.Namespace, config: RunConfig) -> list[str]:
 def config_args(config: RunConfig) -> list[str]:
     """Flags that rebuild ``config`` (fields that differ from their defaults, and --out)."""
     argv: list[str] = []
-    for f in dataclasses.fields(config):
-        value = getattr(config, f.name)
-        default = f.default if f.default is not dataclasses.MISSING else f.default_factory()
-        if value == default and f.name != "out":
+    defaults = to_dict(type(config)())
+    for name, value in to_dict(config).items():
+        if value == defaults[name] and name != "out":
             continue
         if isinstance(value, bool):
-            argv += [cli_flag(f.name)] if value else []
+            argv += [cli_flag(name)] if value else []
         elif isinstance(value, list):
             for item in value:
-                argv += [cli_flag(f.name), str(item)]
+                argv += [cli_flag(name), str(item)]
         elif value is not None:
-            argv += [cli_flag(f.name), str(value)]
+            argv += [cli_flag(name), str(value)]
     return argv
 
 
@@ -138,13 +136,13 @@ def launch(args: argparse.Namespace, config: RunConfig) -> int:
     return 0
 
 
-def resume_after_restart(config: RunConfig) -> None:
+def resume_after_restart(config: RunConfig) -> RunConfig:
     """A worker that torchrun restarted continues from the last checkpoint in --out."""
     env = LaunchEnv.from_environ()
-    if env is None or env.restart_count == 0 or config.resume:
-        return
-    config.resume = "auto"
+    if env is None or env.restart_count == 0 or config.checkpointing.resume:
+        return config
     log.info("restart %d: resuming from the last checkpoint in %s", env.restart_count, config.out)
+    return replace_options(config, resume="auto")
 
 
 def _dest(name: str) -> str:

@@ -20,12 +20,11 @@ itself is :func:`amptrain.optim.build_scheduler`'s linear ramp: step ``s`` (0-ba
 """
 from __future__ import annotations
 
-import dataclasses
 import math
 from dataclasses import dataclass
 from typing import Any
 
-from .config import TrainConfig
+from .config import TrainConfig, replace_options
 from .optim import scaled_lr
 
 #: Goyal et al.'s warm-up length, in epochs.
@@ -47,19 +46,19 @@ class LrPlan:
 
     def scheduler_config(self, config: TrainConfig) -> TrainConfig:
         """``config`` with the warm-up actually used (for ``build_scheduler``)."""
-        return dataclasses.replace(config, warmup_steps=self.warmup_steps)
+        return replace_options(config, warmup_steps=self.warmup_steps)
 
     def describe(self, config: TrainConfig) -> str | None:
         """One line for the log when --lr-scaling changed the lr (and maybe the warm-up)."""
-        if config.lr_scaling == "none":
+        if config.schedule.lr_scaling == "none":
             return None
-        ratio = f"{config.batch_size}/{config.base_batch_size}"
-        how = ratio if config.lr_scaling == "linear" else f"sqrt({ratio})"
+        ratio = f"{config.batching.batch_size}/{config.schedule.base_batch_size}"
+        how = ratio if config.schedule.lr_scaling == "linear" else f"sqrt({ratio})"
         source = (f"automatic for a scaled-up lr: min({GOYAL_WARMUP_EPOCHS} epochs, "
                   f"{AUTO_WARMUP_FRACTION:.0%} of the run)"
                   if self.warmup_steps > self.warmup_given else "--warmup-steps")
-        return (f"lr scaling {config.lr_scaling}: lr {self.base_lr:g} x {how} = {self.lr:g} "
-                f"(--batch-size {config.batch_size}, --base-batch-size {config.base_batch_size}); "
+        return (f"lr scaling {config.schedule.lr_scaling}: lr {self.base_lr:g} x {how} = {self.lr:g} "
+                f"(--batch-size {config.batching.batch_size}, --base-batch-size {config.schedule.base_batch_size}); "
                 f"warm-up {self.warmup_steps} steps ({source})")
 
     def report(self) -> dict[str, Any]:
@@ -76,10 +75,10 @@ def auto_warmup_steps(steps_per_epoch: int, total_steps: int) -> int:
 
 def plan_lr(config: TrainConfig, steps_per_epoch: int, total_steps: int) -> LrPlan:
     """The learning rate and warm-up for ``config``'s batch size (see the module docstring)."""
-    base = config.resolved_lr()
+    base = config.schedule.resolved_lr()
     lr = scaled_lr(config)
     factor = lr / base
     auto = auto_warmup_steps(steps_per_epoch, total_steps) if factor > 1.0 else 0
-    warmup = min(max(config.warmup_steps, auto), max(1, total_steps))
+    warmup = min(max(config.schedule.warmup_steps, auto), max(1, total_steps))
     return LrPlan(base_lr=base, lr=lr, factor=factor, warmup_steps=warmup,
-                  warmup_given=config.warmup_steps, warmup_auto=auto)
+                  warmup_given=config.schedule.warmup_steps, warmup_auto=auto)

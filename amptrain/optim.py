@@ -12,11 +12,11 @@ from .config import TrainConfig
 
 def scaled_lr(config: TrainConfig) -> float:
     """--lr after --lr-scaling: k x batch -> k x lr (linear) or sqrt(k) x lr (sqrt)."""
-    lr = config.resolved_lr()
-    if config.lr_scaling == "none" or not config.base_batch_size:
+    lr = config.schedule.resolved_lr()
+    if config.schedule.lr_scaling == "none" or not config.schedule.base_batch_size:
         return lr
-    ratio = config.batch_size / config.base_batch_size
-    return lr * (ratio if config.lr_scaling == "linear" else math.sqrt(ratio))
+    ratio = config.batching.batch_size / config.schedule.base_batch_size
+    return lr * (ratio if config.schedule.lr_scaling == "linear" else math.sqrt(ratio))
 
 
 def parameter_groups(model: nn.Module, weight_decay: float) -> list[dict]:
@@ -43,13 +43,13 @@ def build_optimizer(config: TrainConfig, model: nn.Module, *, fused_allowed: boo
     """AdamW or SGD (momentum, Nesterov off), fused where the device supports it and the
     precision allows it (``fused_allowed``: see :meth:`Precision.allows_fused`)."""
     lr = scaled_lr(config)
-    groups = parameter_groups(model, config.weight_decay)
+    groups = parameter_groups(model, config.schedule.weight_decay)
     fused = fused_allowed and _fused_ok(model)
-    if config.optimizer == "sgd" and any(hasattr(p, "to_local") for p in model.parameters()):
+    if config.schedule.optimizer == "sgd" and any(hasattr(p, "to_local") for p in model.parameters()):
         fused = False  # FSDP2's DTensor parameters: torch 2.13 has no fused-SGD rule for them
-    if config.optimizer == "adamw":
+    if config.schedule.optimizer == "adamw":
         return torch.optim.AdamW(groups, lr=lr, fused=fused or None)
-    return torch.optim.SGD(groups, lr=lr, momentum=config.momentum, fused=fused or None)
+    return torch.optim.SGD(groups, lr=lr, momentum=config.schedule.momentum, fused=fused or None)
 
 
 def build_scheduler(config: TrainConfig, optimizer: torch.optim.Optimizer,
@@ -59,12 +59,12 @@ def build_scheduler(config: TrainConfig, optimizer: torch.optim.Optimizer,
     The Trainer advances it only after steps that really updated the weights.
     """
     total_steps = max(1, total_steps)
-    warmup = min(config.warmup_steps, total_steps)
-    if config.scheduler == "onecycle":
+    warmup = min(config.schedule.warmup_steps, total_steps)
+    if config.schedule.scheduler == "onecycle":
         pct = warmup / total_steps if warmup else 0.3
         return OneCycleLR(optimizer, max_lr=[g["lr"] for g in optimizer.param_groups],
                           total_steps=total_steps, pct_start=min(max(pct, 1e-3), 0.999))
-    decay = config.scheduler == "cosine"
+    decay = config.schedule.scheduler == "cosine"
 
     def factor(step: int) -> float:
         if step < warmup:

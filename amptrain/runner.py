@@ -14,7 +14,7 @@ from typing import Any, Iterator
 from torch import nn
 
 from . import checkpoint, outdir
-from .config import RunConfig
+from .config import RunConfig, replace_options
 from .data import DataBundle, DataOptions, build_data
 from .distributed import build_strategy
 from .errors import UserError
@@ -48,15 +48,15 @@ def prepare_run(config: RunConfig) -> tuple[DataBundle, nn.Module]:
 
 def run_training(config: RunConfig, **trainer_options: Any) -> FitResult:
     """Train as ``amptrain train`` does; returns the Trainer's result."""
-    resume_after_restart(config)
+    config = resume_after_restart(config)
     strategy = trainer_options.pop("strategy", None)
     owned = strategy is None
     if owned:
-        strategy = build_strategy(config.strategy, config.device)
+        strategy = build_strategy(config.distributed.strategy, config.device)
     try:
         # Under plain torchrun each process picked its own default --out: use rank 0's.
-        config.out = strategy.broadcast_object(config.out)
-        outdir.check(config.out, resume=bool(config.resume))
+        config = replace_options(config, out=strategy.broadcast_object(config.out))
+        outdir.check(config.out, resume=bool(config.checkpointing.resume))
         # The Trainer first: a precision the hardware lacks (fp8 on a CPU) is refused before
         # the data and the model are loaded.
         trainer = Trainer(config, strategy=strategy, **trainer_options)

@@ -147,13 +147,11 @@ class Trainer:
                                              if k in defaults and v != defaults[k]}
         self.config: TrainConfig = build_config(type(config) if config is not None else TrainConfig,
                                                 base)
-        self.strategy = strategy or build_strategy(self.config.strategy, self.config.device)
+        self.strategy = strategy or build_strategy(self.config.distributed.strategy,
+                                                   self.config.device)
         self.device = self.strategy.device
         c = self.config
-        self.precision = Precision(c.precision, device=self.device, init_scale=c.init_scale,
-                                   growth_factor=c.growth_factor, backoff_factor=c.backoff_factor,
-                                   growth_interval=c.growth_interval, min_scale=c.min_scale,
-                                   keep_fp32=c.keep_fp32, max_bad_steps=c.max_bad_steps)
+        self.precision = Precision.from_config(c.precision, device=self.device)
         self.callbacks = list(callbacks)
         self.run_info = dict(run_info or {})
         self.out = Path(c.out) if c.out else None
@@ -215,14 +213,14 @@ class Trainer:
         c = self.config
         self._check_fit_arguments(model, train_data, val_data, optimizer, loss_fn, class_names)
         if self.out is not None:
-            outdir.check(self.out, resume=bool(c.resume))
+            outdir.check(self.out, resume=bool(c.checkpointing.resume))
         seed_everything(c.seed, c.deterministic)
         tune_backends(self.device, c.deterministic)
         self.loss_fn = loss_fn or F.cross_entropy
         self.class_names = class_names
         self._prepare_model(model, optimizer)
-        micro, accumulate = c.batching(self.strategy.world_size)
-        if c.micro_batch_size == "auto":
+        micro, accumulate = c.batching.split(self.strategy.world_size)
+        if c.batching.auto:
             micro, accumulate = self.autobatch.find_micro_batch(train_data)
         self.micro_batch_size, self.accumulate = micro, accumulate
         self.train_windows = self._windows(train_data, micro, accumulate, shuffle=True)
@@ -230,8 +228,8 @@ class Trainer:
             raise UserError("train_data gives no batch for this process: it is empty or "
                             f"smaller than the {self.strategy.world_size} processes")
         self._val_data = val_data
-        total = len(self.train_windows) * c.epochs
-        self.total_steps = min(total, c.max_steps) if c.max_steps else total
+        total = len(self.train_windows) * c.schedule.epochs
+        self.total_steps = min(total, c.schedule.max_steps) if c.schedule.max_steps else total
         self.lr_plan = plan_lr(c, len(self.train_windows), self.total_steps)
         # The caller's own optimizer keeps the learning rate it was built with unless a
         # schedule is asked for: a default cosine decay to 0 would be a surprise.
@@ -243,12 +241,12 @@ class Trainer:
         if loss_fn is None:
             self._check_model_outputs(train_data)
         if self.strategy.is_main and self.out is not None:
-            outdir.prepare(self.out, resume=bool(c.resume))
+            outdir.prepare(self.out, resume=bool(c.checkpointing.resume))
         self._resume_if_requested()
         if self.strategy.is_main and self.out is not None:
             write_yaml(self.resolved_config(), self.out / "config.yaml")
         self.logger = RunLogger(self.out, enabled=self.strategy.is_main,
-                                progress=not c.no_progress,
+                                progress=not c.logging.no_progress,
                                 resumed_at=self.step if self.step > 0 else None)
         self.logger.message(self._banner())
         lr_note = self.lr_plan.describe(c)
@@ -363,7 +361,7 @@ class Trainer:
         if self.out is None:
             return None
         path = checkpoint.save_run_checkpoint(state, self.out / "checkpoints", self.step,
-                                              self.config.keep_last)
+                                              self.config.checkpointing.keep_last)
         self._last_saved_step = self.step
         return path
 
@@ -427,9 +425,9 @@ class Trainer:
         resolved["lr_scaling"] = "none"
         if self.lr_plan is not None:
             resolved["warmup_steps"] = self.lr_plan.warmup_steps
-            resolved["lr_schedule"] = {"lr_scaling": self.config.lr_scaling,
+            resolved["lr_schedule"] = {"lr_scaling": self.config.schedule.lr_scaling,
                                        **self.lr_plan.report()}
-        if self.config.micro_batch_size == "auto":
+        if self.config.batching.auto:
             resolved["memory_budget_gb"] = None  # the search ran; its result is fixed above
         resolved.update(self.autobatch.report())
         resolved["world_size"] = self.strategy.world_size
@@ -458,7 +456,7 @@ class Trainer:
             datacheck.check_dataset(val_data, "val_data", classifier=loss_fn is None,
                                     class_names=names)
         if isinstance(train_data, Dataset) and hasattr(train_data, "__len__"):
-            datacheck.check_batch_size(len(train_data), self.config.batch_size)
+            datacheck.check_batch_size(len(train_data), self.config.batching.batch_size)
 
     def _check_model_outputs(self, train_data: Any) -> None:
         """Check that the model's outputs fit the labels: now, on two in-memory samples
@@ -490,7 +488,7 @@ class Trainer:
             model = model.to(memory_format=torch.channels_last)
         model = self.strategy.prepare_model(model, self.precision, optimizer)
         optimizer = optimizer or build_optimizer(
-            self.config, model, fused_allowed=self.precision.allows_fused(self.config.optimizer))
+            self.config, model, fused_allowed=self.precision.allows_fused(self.config.schedule.optimizer))
         self.model, self.optimizer = self.precision.setup(model, optimizer)
         train_model = self.strategy.wrap(self.model)
         if self.config.compile:
@@ -505,7 +503,7 @@ class Trainer:
             plan = GlobalBatchPlan(len(data), micro * accumulate * world, micro,
                                    world_size=world, rank=self.strategy.rank,
                                    seed=self.config.seed, shuffle=shuffle)
-            return DatasetWindows(data, plan, self.device, num_workers=self.config.num_workers)
+            return DatasetWindows(data, plan, self.device, num_workers=self.config.batching.num_workers)
         # Only evaluation reads data unshuffled.
         data = self.strategy.shard_loader(data, seed=self.config.seed, evaluation=not shuffle)
         return LoaderWindows(data, accumulate, self.device, self.strategy.world_size)
@@ -518,18 +516,18 @@ class Trainer:
         return data.to(self.device) if data.nbytes() <= DEVICE_DATA_LIMIT_BYTES else data
 
     def _eval_micro(self) -> int:
-        micro, accumulate = self.config.batching(self.strategy.world_size)
+        micro, accumulate = self.config.batching.split(self.strategy.world_size)
         return micro * accumulate  # no gradients to hold: one pass per per-device batch
 
     def _resume_if_requested(self) -> None:
-        if not self.config.resume:
+        if not self.config.checkpointing.resume:
             return
         # Rank 0 decides and every rank follows: another rank may not see a just-written
         # file yet, and an error must stop all ranks, not leave them waiting for rank 0.
         decision, found = None, None
         if self.strategy.is_main:
             try:
-                found = checkpoint.find_resume(self.config.resume, self.out, cleanup=True)
+                found = checkpoint.find_resume(self.config.checkpointing.resume, self.out, cleanup=True)
                 decision = ("resume", str(found[0])) if found is not None else ("fresh", None)
             except UserError as exc:
                 decision = ("error", str(exc))
@@ -560,9 +558,9 @@ class Trainer:
         reset_peak_memory(self.device)
         self._last_log_time = time.perf_counter()
         self._last_log_step = self.step
-        while self.epoch < c.epochs and not self._done():
+        while self.epoch < c.schedule.epochs and not self._done():
             start = self.window_in_epoch
-            self.logger.bar(len(self.train_windows), f"epoch {self.epoch + 1}/{c.epochs}", start)
+            self.logger.bar(len(self.train_windows), f"epoch {self.epoch + 1}/{c.schedule.epochs}", start)
             for window in self.train_windows.epoch(self.epoch, start):
                 self._train_step(window)
                 self._step_epoch = self.epoch
@@ -590,7 +588,7 @@ class Trainer:
             self.save_checkpoint()
 
     def _done(self) -> bool:
-        return bool(self.config.max_steps and self.step >= self.config.max_steps) \
+        return bool(self.config.schedule.max_steps and self.step >= self.config.schedule.max_steps) \
             or self._stopping is not None
 
     def _agree_on_stop(self) -> None:
@@ -603,15 +601,15 @@ class Trainer:
         if self.strategy.world_size == 1:
             self._stopping = self.stop_requested
             return
-        if self.step % self.config.log_every:
+        if self.step % self.config.logging.log_every:
             return
         flag = torch.tensor([0.0 if self.stop_requested is None else 1.0], device=self.device)
         if self.strategy.reduce_sum(flag).item() > 0:
             self._stopping = self.stop_requested or "SIGTERM"
 
     def _complete(self) -> bool:
-        return self.epoch >= self.config.epochs \
-            or bool(self.config.max_steps and self.step >= self.config.max_steps)
+        return self.epoch >= self.config.schedule.epochs \
+            or bool(self.config.schedule.max_steps and self.step >= self.config.schedule.max_steps)
 
     def _preempted(self) -> Preempted:
         """Checkpoint after a stop request (a signal) and build the exception that ends the run.
@@ -661,9 +659,9 @@ class Trainer:
         # forward/backward meanwhile; the LR it sets is still the one this step needs.
         self._resolve_pending()
         params = self.model.parameters()
-        if self.config.clip_grad_norm:
-            self._grad_norm = self.precision.clip_grad_norm_(params, self.config.clip_grad_norm)
-        elif (self.step + 1) % self.config.log_every == 0:
+        if self.config.schedule.clip_grad_norm:
+            self._grad_norm = self.precision.clip_grad_norm_(params, self.config.schedule.clip_grad_norm)
+        elif (self.step + 1) % self.config.logging.log_every == 0:
             self._grad_norm = self.precision.grad_norm(params)
         self._pending = self.precision.step_async(self.optimizer)
         self.optimizer.zero_grad(set_to_none=True)
@@ -677,19 +675,19 @@ class Trainer:
 
     def _after_step(self) -> None:
         c = self.config
-        if self.step % c.log_every == 0:
+        if self.step % c.logging.log_every == 0:
             self._resolve_pending()
             self._log_train()
         self._emit("on_step_end")
-        if c.eval_every and self.step % c.eval_every == 0 and self._val_data is not None:
+        if c.logging.eval_every and self.step % c.logging.eval_every == 0 and self._val_data is not None:
             self._evaluate_and_log()
-        if c.save_every and self.step % c.save_every == 0 and self.out is not None:
+        if c.checkpointing.save_every and self.step % c.checkpointing.save_every == 0 and self.out is not None:
             self.save_checkpoint()
 
     def _end_of_epoch(self) -> None:
-        if self._done() or self.epoch >= self.config.epochs:
+        if self._done() or self.epoch >= self.config.schedule.epochs:
             return  # the final evaluation and checkpoint follow right away
-        if not self.config.eval_every and self._val_data is not None:
+        if not self.config.logging.eval_every and self._val_data is not None:
             self._evaluate_and_log()
         if self.out is not None and not self._saved_at_current_step():
             self.save_checkpoint()
@@ -752,7 +750,7 @@ class Trainer:
         p = self.precision
         chosen = f" (auto: {p.name})" if p.requested == "auto" else ""
         return (f"amptrain: precision {p.name}{chosen} [{p.spec.summary}] on {self.device}; "
-                f"{self.total_steps} steps of {self.config.batch_size} samples "
+                f"{self.total_steps} steps of {self.config.batching.batch_size} samples "
                 f"({self.micro_batch_size} x {self.accumulate} accumulated"
                 f"{f' x {self.strategy.world_size} processes' if self.strategy.world_size > 1 else ''})"
                 f"{'; your optimizer keeps its learning rate (no schedule)' if self.constant_lr else ''}")

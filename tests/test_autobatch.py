@@ -18,7 +18,7 @@ from amptrain.autobatch import (OutOfMemoryHalt, PeakMemory, divisors, halve, is
                                 largest_fitting, resplit, rss_bytes)
 from amptrain.batches import Window
 from amptrain.config import TrainConfig, build_config
-from amptrain.errors import UserError
+from amptrain.errors import UserError, cli_spelling
 from amptrain.lrscale import auto_warmup_steps
 from amptrain.trainer import Trainer
 from tests.conftest import tiny_classification
@@ -256,16 +256,21 @@ def test_auto_under_a_cpu_memory_budget_uses_measured_peak_rss():
 
 # ------------------------------------------------------------------- user errors
 def test_impossible_combinations_are_user_errors():
+    with cli_spelling():
+        _impossible_combinations()
+
+
+def _impossible_combinations():
     with pytest.raises(UserError, match="drop --accumulate"):
         build_config(TrainConfig, {"micro_batch_size": "auto", "accumulate": 2})
     with pytest.raises(UserError, match="only applies with --micro-batch-size auto"):
         build_config(TrainConfig, {"memory_budget_gb": 4.0})
     with pytest.raises(UserError, match=r"multiple of 3 \(nearest: 99 or 102\)"):
-        build_config(TrainConfig, {"batch_size": 100, "micro_batch_size": "auto"}).batching(3)
+        build_config(TrainConfig, {"batch_size": 100, "micro_batch_size": "auto"}).batching.split(3)
     with pytest.raises(UserError, match=r"valid values: 1, 2, 4, 5, 10, 20, 25, 50, \.\.\. "
                                         r"\(nearest: 20 or 25\), or keep it with --batch-size "
                                         r"96 or 120"):
-        build_config(TrainConfig, {"batch_size": 100, "micro_batch_size": 24}).batching()
+        build_config(TrainConfig, {"batch_size": 100, "micro_batch_size": 24}).batching.split()
 
 
 def test_auto_needs_a_dataset_that_amptrain_batches():

@@ -52,15 +52,15 @@ def test_values_are_converted_as_their_flag_would_convert_them():
     config = build_config(TrainConfig, {"lr": "1e-3", "epochs": "2", "max_steps": 4.0,
                                         "compile": "false", "keep_fp32": "head",
                                         "micro_batch_size": 8, "batch_size": 16})
-    assert config.lr == 0.001 and isinstance(config.lr, float)
-    assert config.epochs == 2 and config.max_steps == 4 and isinstance(config.max_steps, int)
-    assert config.compile is False and config.keep_fp32 == ["head"]
-    assert config.batching() == (8, 2)
+    assert config.schedule.lr == 0.001 and isinstance(config.schedule.lr, float)
+    assert config.schedule.epochs == 2 and config.schedule.max_steps == 4 and isinstance(config.schedule.max_steps, int)
+    assert config.compile is False and config.precision.keep_fp32 == ["head"]
+    assert config.batching.split() == (8, 2)
 
 
 def test_micro_batch_larger_than_the_batch():
     with pytest.raises(UserError, match="micro_batch_size 64 is larger than batch_size 32"):
-        build_config(TrainConfig, {"batch_size": 32, "micro_batch_size": 64}).batching()
+        build_config(TrainConfig, {"batch_size": 32, "micro_batch_size": 64}).batching.split()
 
 
 @pytest.mark.parametrize("values,expected", [
@@ -70,24 +70,24 @@ def test_micro_batch_larger_than_the_batch():
     ({"batch_size": 64, "micro_batch_size": 16, "accumulate": 4}, (16, 4)),
 ])
 def test_batching_derives_the_missing_value(values, expected):
-    assert build_config(TrainConfig, values).batching() == expected
+    assert build_config(TrainConfig, values).batching.split() == expected
 
 
 def test_batching_errors_list_valid_values():
     with pytest.raises(UserError, match="valid values: 1, 2, 3, 4, 6, 8, 12, 16"):
-        build_config(TrainConfig, {"batch_size": 48, "micro_batch_size": 10}).batching()
+        build_config(TrainConfig, {"batch_size": 48, "micro_batch_size": 10}).batching.split()
     with pytest.raises(UserError, match="not divisible by the 4 processes"):
-        build_config(TrainConfig, {"batch_size": 30}).batching(world_size=4)
+        build_config(TrainConfig, {"batch_size": 30}).batching.split(world_size=4)
     with pytest.raises(UserError, match="drop one of the three"):
         build_config(TrainConfig, {"batch_size": 64, "micro_batch_size": 8,
-                                   "accumulate": 4}).batching()
+                                   "accumulate": 4}).batching.split()
 
 
 def test_yaml_keys_accept_dashes(tmp_path):
     path = tmp_path / "run.yaml"
     path.write_text("batch-size: 32\nkeep_fp32: [head]\nmodel: mlp\n")
     config = build_config(RunConfig, load_yaml(path))
-    assert config.batch_size == 32 and config.keep_fp32 == ["head"] and config.model == "mlp"
+    assert config.batching.batch_size == 32 and config.precision.keep_fp32 == ["head"] and config.model == "mlp"
 
 
 def test_yaml_errors_are_user_errors(tmp_path):
@@ -115,7 +115,7 @@ def test_yaml_values_are_typed_like_their_flags(tmp_path, text, fragment):
     path.write_bytes(text)
     if fragment is None:
         config = build_config(RunConfig, load_yaml(path))
-        assert config.lr == 0.001 and config.max_steps == 3
+        assert config.schedule.lr == 0.001 and config.schedule.max_steps == 3
         return
     with cli_spelling(), pytest.raises(UserError) as error:
         build_config(RunConfig, load_yaml(path))

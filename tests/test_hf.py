@@ -145,7 +145,7 @@ def test_micro_batches_are_dicts_padded_to_their_longest_sequence(local):
 def test_accumulation_equals_one_batch_k_times_larger(local):
     """4 micro-batches padded to their own lengths give the step of one batch of 16."""
     model_dir, csv_path = local
-    config = RunConfig(model=f"hf:{model_dir}", data=f"csv-text:{csv_path}")
+    config = RunConfig.from_options(model=f"hf:{model_dir}", data=f"csv-text:{csv_path}")
     steps = {}
     for accumulate in (1, 4):
         data, model = prepare_run(config)
@@ -168,7 +168,7 @@ def test_accumulation_equals_one_batch_k_times_larger(local):
 @pytest.mark.parametrize("precision", ["32-true", "bf16-mixed", "16-mixed"])
 def test_fine_tunes_in_each_precision(local, tmp_path, precision):
     model_dir, csv_path = local
-    config = RunConfig(model=f"hf:{model_dir}", data=f"csv-text:{csv_path}", precision=precision,
+    config = RunConfig.from_options(model=f"hf:{model_dir}", data=f"csv-text:{csv_path}", precision=precision,
                        device="cpu", epochs=4, batch_size=16, lr=3e-3, no_progress=True,
                        out=str(tmp_path / precision))
     result = run_training(config)

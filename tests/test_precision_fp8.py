@@ -164,7 +164,7 @@ def test_plan_options_and_nothing_eligible():
 
 
 def test_builtin_transformer_converts_its_feed_forward_layers():
-    config = RunConfig(model="transformer:d_model=64,layers=2,heads=4,ff=128",
+    config = RunConfig.from_options(model="transformer:d_model=64,layers=2,heads=4,ff=128",
                        data="synthetic-seq:samples=64,length=16")
     _, model = prepare_run(config)
     plan = plan_float8(model)
@@ -181,7 +181,7 @@ def fp8_on_cpu(monkeypatch):
 
 @needs_torchao
 def test_conversion_keeps_parameters_names_and_optimizer(fp8_on_cpu):
-    config = RunConfig(model="transformer:d_model=64,layers=2,heads=4,ff=128",
+    config = RunConfig.from_options(model="transformer:d_model=64,layers=2,heads=4,ff=128",
                        data="synthetic-seq:samples=64,length=16")
     _, model = prepare_run(config)
     names = list(model.state_dict())
@@ -199,7 +199,7 @@ def test_conversion_keeps_parameters_names_and_optimizer(fp8_on_cpu):
 @needs_torchao
 @pytest.mark.slow
 def test_fp8_trains_and_checkpoints_load_without_torchao(fp8_on_cpu, tmp_path):
-    config = RunConfig(model="transformer:d_model=32,layers=2,heads=2,ff=64",
+    config = RunConfig.from_options(model="transformer:d_model=32,layers=2,heads=2,ff=64",
                        data="synthetic-seq:samples=160,length=16,vocab=100,signal=0.5",
                        precision="fp8", device="cpu", epochs=3, batch_size=16, lr=3e-3,
                        log_every=4, no_progress=True, out=str(tmp_path / "run"))
@@ -243,7 +243,7 @@ def test_fp8_on_gpu_tracks_bf16_loss():
     data_spec = "synthetic-seq:samples=2048,length=128,vocab=1000,signal=0.3"
     losses = {}
     for name in ("bf16-mixed", "fp8"):
-        config = RunConfig(model="transformer:d_model=256,layers=2,heads=4,ff=1024",
+        config = RunConfig.from_options(model="transformer:d_model=256,layers=2,heads=4,ff=1024",
                            data=data_spec, seed=0)
         data, model = prepare_run(config)
         trainer = Trainer(precision=name, device="cuda", batch_size=64, max_steps=60,

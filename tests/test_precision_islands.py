@@ -150,7 +150,7 @@ def test_transformer_with_large_activations_trains_in_16_mixed_without_skips():
 
 # ------------------------------------------------------------ LSTM in 16-mixed
 def test_lstm_trains_in_16_mixed_on_cpu(tmp_path):
-    config = RunConfig(model="lstm:embed=32,hidden=32", data="synthetic-seq:samples=512,length=32,"
+    config = RunConfig.from_options(model="lstm:embed=32,hidden=32", data="synthetic-seq:samples=512,length=32,"
                        "vocab=200,signal=0.5", precision="16-mixed", device="cpu",
                        epochs=4, batch_size=32, lr=1e-2, no_progress=True, out=str(tmp_path))
     result = run_training(config)
@@ -197,7 +197,7 @@ def test_bert_tiny_transformer_trains_from_scratch(tmp_path, data, precision):
     epochs = 3
     if data == "csv-text":
         data, epochs = f"csv-text:{_topic_csv(tmp_path / 'topics.csv')},max_len=16", 5
-    config = RunConfig(model="transformer", data=data, precision=precision, device="cpu",
+    config = RunConfig.from_options(model="transformer", data=data, precision=precision, device="cpu",
                        epochs=epochs, batch_size=32, lr=1e-3, no_progress=True,
                        out=str(tmp_path / "run"))
     result = run_training(config)

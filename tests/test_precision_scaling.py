@@ -46,10 +46,10 @@ def _adamw(model: nn.Module, **impl: bool) -> torch.optim.Optimizer:
 #: amptrain's own optimizers (fused on CPU), the same with foreach / for-loop kernels,
 #: and optimizers a user may pass.
 OPTIMIZERS: dict[str, Callable[[nn.Module], torch.optim.Optimizer]] = {
-    "sgd": lambda m: build_optimizer(TrainConfig(optimizer="sgd", lr=0.05), m),
+    "sgd": lambda m: build_optimizer(TrainConfig.from_options(optimizer="sgd", lr=0.05), m),
     "sgd-momentum0": lambda m: build_optimizer(
-        TrainConfig(optimizer="sgd", lr=0.05, momentum=0.0), m),
-    "adamw": lambda m: build_optimizer(TrainConfig(optimizer="adamw", lr=1e-2), m),
+        TrainConfig.from_options(optimizer="sgd", lr=0.05, momentum=0.0), m),
+    "adamw": lambda m: build_optimizer(TrainConfig.from_options(optimizer="adamw", lr=1e-2), m),
     "sgd-foreach": lambda m: _sgd(m, foreach=True),
     "sgd-forloop": lambda m: _sgd(m, foreach=False),
     "adamw-foreach": lambda m: _adamw(m, foreach=True),

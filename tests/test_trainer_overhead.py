@@ -98,7 +98,7 @@ class SpiedWindows:
 def spied_run(trainer: Trainer, model: nn.Module, data: Any, steps: int, *,
               optimizer: torch.optim.Optimizer | None = None) -> SyncSpy:
     """Train ``steps`` steps; spy on steps 3..steps-1 (none of them a log step)."""
-    trainer.config.max_steps = steps
+    trainer.config.schedule.max_steps = steps
     trainer.setup(model, data, optimizer=optimizer)
     spy = SyncSpy()
     trainer.train_windows = SpiedWindows(trainer.train_windows, spy, 3, steps)
@@ -186,7 +186,7 @@ def test_skip_flag_is_read_one_step_late():
 
     model = tiny_mlp()
     trainer = _trainer("16-mixed")
-    trainer.config.max_steps = 5
+    trainer.config.schedule.max_steps = 5
     trainer.setup(model, tiny_classification())
     # Registered after setup: its one probe forward (do outputs fit labels?) is no step.
     model.register_forward_pre_hook(lambda *_: events.append("forward"))

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from typing import Any, ContextManager, Iterable
+from typing import TYPE_CHECKING, Any, ContextManager, Iterable
 
 import torch
 from torch import nn
@@ -31,6 +31,9 @@ from .master import FP32_NORM_TYPES, MasterWeights, cast_model, modules_kept_fp3
 from .modes import (ALIASES, MODES, PRECISION_NAMES, ModeSpec, auto_mode, canonical_name,
                     unsupported_reason)
 from .scaling import DynamicLossScaler, FoundInfAgreement, NonFiniteGuard
+
+if TYPE_CHECKING:
+    from ..config import PrecisionConfig
 
 __all__ = ["Precision", "StepOutcome", "NonFiniteHalt", "MODES", "PRECISION_NAMES", "ALIASES",
            "ModeSpec", "canonical_name"]
@@ -115,6 +118,15 @@ class Precision:
         self._flag_index = 0
         self._agree: FoundInfAgreement | None = None
         self._select_mode()
+
+    @classmethod
+    def from_config(cls, config: PrecisionConfig, *,
+                    device: str | torch.device | None = None) -> Precision:
+        """The precision that a run's ``--precision`` and loss-scaler options describe."""
+        return cls(config.name, device=device, init_scale=config.init_scale,
+                   growth_factor=config.growth_factor, backoff_factor=config.backoff_factor,
+                   growth_interval=config.growth_interval, min_scale=config.min_scale,
+                   keep_fp32=config.keep_fp32, max_bad_steps=config.max_bad_steps)
 
     # ------------------------------------------------------------------ mode
     def _select_mode(self) -> None:

@@ -1,0 +1,72 @@
+"""``amptrain compare``: the A/B precision study from the command line."""
+from __future__ import annotations
+
+import argparse
+import logging
+from typing import Any
+
+from ..config import RunConfig, build_config, config_fields, load_yaml, replace_options
+from ..errors import UserError, flag
+from .common import add_config_flags, command_line, default_out
+
+HELP = "A/B study: train in several precisions, compare speed, memory and accuracy"
+
+log = logging.getLogger("amptrain")
+
+_EXCLUDED_TRAIN_FLAGS = ("precision", "resume")
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """``train``'s options (but --precision and --resume) plus the study's."""
+    from ..compare import CompareOptions
+
+    parser.add_argument("--config", help="YAML file of options (flags override it)")
+    compare_fields = list(config_fields(CompareOptions))
+    add_config_flags(parser, CompareOptions, only=[n for n in compare_fields if n != "interleave"])
+    parser.add_argument("--interleave", action=argparse.BooleanOptionalAction,
+                        default=argparse.SUPPRESS,
+                        help=config_fields(CompareOptions)["interleave"].metadata["help"]
+                        + " (default: on)")
+    train_fields = [name for name in config_fields(RunConfig)
+                    if name not in _EXCLUDED_TRAIN_FLAGS]
+    add_config_flags(parser, RunConfig, only=train_fields)
+
+
+def split_values(args: argparse.Namespace) -> tuple[dict[str, Any], dict[str, Any]]:
+    """(train values, compare values) from --config YAML overridden by the given flags."""
+    from ..compare import CompareOptions
+
+    from_yaml = load_yaml(args.config) if getattr(args, "config", None) else {}
+    train_names, compare_names = set(config_fields(RunConfig)), set(config_fields(CompareOptions))
+    unknown = sorted(set(from_yaml) - train_names - compare_names)
+    if unknown:
+        raise UserError(f"unknown option {flag(unknown[0])} in --config {args.config}")
+    if "precision" in from_yaml:
+        log.info("compare: ignoring precision from --config; each of --precisions is trained")
+        from_yaml.pop("precision")
+    train = {k: v for k, v in from_yaml.items() if k in train_names}
+    compare = {k: v for k, v in from_yaml.items() if k in compare_names}
+    for name, value in vars(args).items():
+        if name in compare_names:
+            compare[name] = value
+        elif name in train_names:
+            train[name] = value
+    return train, compare
+
+
+def run(args: argparse.Namespace) -> int:
+    """Run the study, print the summary table and where the reports are."""
+    from ..compare import CompareOptions, run_compare
+    from ..report import format_table
+
+    train_values, compare_values = split_values(args)
+    config = build_config(RunConfig, train_values, source="option")
+    options = build_config(CompareOptions, compare_values, source="option")
+    if not config.out:
+        config = replace_options(config, out=default_out(config, prefix="compare-"))
+    result = run_compare(config, options, command=command_line(),
+                         pick_log_every="log_every" not in train_values)
+    print(format_table(result["summary"], result["baseline"]))
+    runs = "" if options.speed_only else ", runs/"
+    print(f"outputs: {config.out}/ (compare.json, report.md, report.html, compare.png{runs})")
+    return 0

@@ -1,0 +1,33 @@
+"""``amptrain eval``: a checkpoint's metrics and reports on a dataset."""
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+HELP = "evaluate a checkpoint"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """The checkpoint, the data and where the reports go."""
+    parser.add_argument("--checkpoint", required=True,
+                        help="checkpoint file (e.g. DIR/checkpoints/last.pt) or a run directory")
+    parser.add_argument("--data", help="dataset to evaluate on (default: the training data)")
+    parser.add_argument("--precision", default="auto",
+                        help="precision for evaluation (default: auto)")
+    parser.add_argument("--out", required=True, help="directory for eval/ reports")
+    parser.add_argument("--batch-size", type=int, default=256, help="evaluation batch size")
+    parser.add_argument("--device", default="auto", help="cpu, cuda, cuda:N or auto")
+    parser.add_argument("--no-progress", action="store_true", help="no progress bar")
+
+
+def run(args: argparse.Namespace) -> int:
+    """Evaluate and print the headline metrics."""
+    from ..runner import run_evaluation
+
+    result, trained_with = run_evaluation(
+        checkpoint_path=args.checkpoint, data=args.data, precision=args.precision, out=args.out,
+        batch_size=args.batch_size, device=args.device, progress=not args.no_progress)
+    print(f"accuracy {result.accuracy:.4f}  loss {result.loss:.4f} on {result.samples} samples "
+          f"(checkpoint trained with {trained_with})")
+    print(f"reports: {Path(args.out) / 'eval'}/ (classification_report.txt, report.json)")
+    return 0

@@ -1,0 +1,50 @@
+"""``amptrain train``: one training run, here or as torchrun processes."""
+from __future__ import annotations
+
+import argparse
+
+from ..config import RunConfig, build_config, replace_options
+from ..errors import TrainingHalted, UserError
+from .common import add_config_flags, default_out, merged_values, number
+
+HELP = "train a model in one precision"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """Every training option as a flag, ``--config``, and the launcher flags."""
+    from ..launch import add_launch_flags
+
+    parser.add_argument("--config", help="YAML file of options (flags override it)")
+    add_config_flags(parser, RunConfig)
+    add_launch_flags(parser)
+
+
+def run(args: argparse.Namespace) -> int:
+    """Train; print the final metrics and where the outputs are (rank 0)."""
+    from ..distributed import is_main_process
+    from ..launch import launch, launch_requested
+    from ..runner import run_training
+
+    config = build_config(RunConfig, merged_values(args), source="option")
+    if config.checkpointing.resume == "auto" and not config.out:
+        raise UserError("--resume auto needs --out (the run directory to continue)")
+    if not config.out:
+        config = replace_options(config, out=default_out(config))
+    if launch_requested(args):
+        return launch(args, config)
+    result = run_training(config)
+    if not is_main_process():
+        return 0
+    bad = result.nonfinite_metrics()
+    if bad:  # a run that learnt nothing usable must not look like a success
+        raise TrainingHalted(
+            f"training diverged: its final {' and '.join(bad)} "
+            f"{'are' if len(bad) > 1 else 'is'} not finite after {result.steps} steps "
+            f"({result.skipped_steps} skipped); lower --lr, set --clip-grad-norm or run "
+            f"`amptrain diagnose` (outputs kept in {result.out}/)")
+    acc = f"{result.val_acc:.4f}" if result.val_acc is not None else "n/a"
+    speed = f", {result.samples_per_s:.0f} samples/s" if result.samples_per_s else ""
+    print(f"done: val_acc {acc}  val_loss {number(result.val_loss)}  after {result.steps} steps "
+          f"({result.precision}{speed}, {result.skipped_steps} skipped)")
+    print(f"outputs: {result.out}/ (config.yaml, metrics.jsonl, tb/, checkpoints/, eval/)")
+    return 0

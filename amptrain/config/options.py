@@ -1,0 +1,272 @@
+"""The option machinery: one declaration per option, from which the command-line flag, the
+YAML key and the library keyword are generated, each under the same flat name.
+
+Config classes are dataclasses of *sections* (themselves dataclasses of options), nested by
+concern as torchtitan's are. Every option keeps a flat name that is unique across the
+sections (``micro_batch_size``, ``lr``, ...): users write flat names, code reads
+``config.batching.micro_batch_size``. :func:`build_config` turns flat values into a
+validated config; :func:`to_dict` turns it back (config.yaml, checkpoints).
+"""
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import os
+from dataclasses import field
+from pathlib import Path
+from typing import Any, Iterable, Iterator
+
+import yaml
+
+from ..errors import UserError, flag
+
+
+def option(default: Any = None, help: str = "", *, choices: Iterable[str] | None = None,
+           kind: type | None = None, group: str = "training", flat: str | None = None,
+           open_choices: bool = False, comma_list: bool = False,
+           integer_or_word: bool = False) -> Any:
+    """A dataclass field with what the CLI needs (help text, choices, value type).
+
+    ``flat``: the user-facing name when it differs from the field's own (``precision``
+    for ``PrecisionConfig.name``). ``open_choices``: ``choices`` are listed in ``--help``
+    but other spellings (aliases) are validated elsewhere. ``comma_list``: a YAML list is
+    taken as its comma-joined string. ``integer_or_word``: an integer is kept as one
+    (``--micro-batch-size 16`` or ``auto``).
+    """
+    metadata = {"help": help, "choices": tuple(choices) if choices else None, "kind": kind,
+                "group": group, "flat": flat, "open_choices": open_choices,
+                "comma_list": comma_list, "integer_or_word": integer_or_word}
+    if isinstance(default, list):
+        return field(default_factory=lambda: list(default), metadata=metadata)
+    return field(default=default, metadata=metadata)
+
+
+def section(cls: type) -> Any:
+    """A dataclass field holding a section (built from its options' defaults)."""
+    return field(default_factory=cls, metadata={"section": True})
+
+
+def cli_flag(name: str) -> str:
+    """The command-line spelling of an option: ``micro_batch_size`` -> ``--micro-batch-size``.
+
+    For building command lines; error messages use :func:`~amptrain.errors.flag`, which
+    names the keyword instead when the caller is the library.
+    """
+    return "--" + name.replace("_", "-")
+
+
+# ------------------------------------------------------------------ the flat view
+def _is_section(f: dataclasses.Field) -> bool:
+    return bool(f.metadata.get("section"))
+
+
+def flat_name(f: dataclasses.Field) -> str:
+    """The user-facing name of an option field."""
+    return f.metadata.get("flat") or f.name
+
+
+def _leaves(cls: type, path: tuple[str, ...] = ()) -> Iterator[tuple[str, tuple[str, ...],
+                                                                     dataclasses.Field]]:
+    for f in dataclasses.fields(cls):
+        if _is_section(f):
+            section_cls = f.default_factory  # type: ignore[misc]
+            yield from _leaves(section_cls, (*path, f.name))  # type: ignore[arg-type]
+        else:
+            yield flat_name(f), (*path, f.name), f
+
+
+def config_fields(cls: type) -> dict[str, dataclasses.Field]:
+    """Every option of a config class by flat name (sections flattened), in field order."""
+    return {name: f for name, _, f in _leaves(cls)}
+
+
+def option_paths(cls: type) -> dict[str, tuple[str, ...]]:
+    """flat name -> attribute path (``("batching", "micro_batch_size")``)."""
+    return {name: path for name, path, _ in _leaves(cls)}
+
+
+def build_config(cls: type, values: dict[str, Any], source: str = "option") -> Any:
+    """A validated ``cls`` from flat values, rejecting unknown names by name.
+
+    Every value is first converted as its flag would convert it (:func:`coerce`); each
+    section validates itself when it is built.
+    """
+    known = config_fields(cls)
+    unknown = sorted(set(values) - set(known))
+    if unknown:
+        raise UserError(_unknown_message(cls, unknown[0], source, known))
+    typed = {name: coerce(known[name], value) for name, value in values.items()}
+    return _build(cls, typed)
+
+
+def _build(cls: type, flat: dict[str, Any]) -> Any:
+    kwargs: dict[str, Any] = {}
+    for f in dataclasses.fields(cls):
+        if _is_section(f):
+            kwargs[f.name] = _build(f.default_factory, flat)  # type: ignore[arg-type]
+        elif flat_name(f) in flat:
+            kwargs[f.name] = flat[flat_name(f)]
+    return cls(**kwargs)
+
+
+def to_dict(config: Any) -> dict[str, Any]:
+    """The flat options of a config (for config.yaml, checkpoints and Trainer keywords)."""
+    values: dict[str, Any] = {}
+    for f in dataclasses.fields(config):
+        value = getattr(config, f.name)
+        if _is_section(f):
+            values.update(to_dict(value))
+        else:
+            values[flat_name(f)] = list(value) if isinstance(value, list) else value
+    return values
+
+
+def replace_options(config: Any, **changes: Any) -> Any:
+    """A copy of ``config`` with some options (flat names) changed, validated anew."""
+    return build_config(type(config), {**to_dict(config), **changes})
+
+
+# ------------------------------------------------------------------ types
+_A_KIND = {int: "an integer", float: "a number"}
+
+
+def coerce(field_: dataclasses.Field, value: Any) -> Any:
+    """``value`` as option ``field_`` takes it, converted as its flag would convert it.
+
+    YAML 1.1 reads ``1e-3`` as a string and a library caller may pass ``"0.1"``: a
+    number written as text is taken; a value of the wrong kind is a :class:`UserError`
+    naming the option.
+    """
+    name = flat_name(field_)
+    default = field_.default if field_.default is not dataclasses.MISSING else None
+    if value is None:
+        if default is None:
+            return None
+        raise UserError(f"{flag(name)} needs a value (default: {default})")
+    if field_.default is dataclasses.MISSING:  # list options (--keep-fp32 PATTERN ...)
+        items = [value] if isinstance(value, str) else value
+        if not isinstance(items, (list, tuple)) or not all(isinstance(i, str) for i in items):
+            raise UserError(f"{flag(name)} takes a pattern or a list of patterns "
+                            f"(got {value!r})")
+        return list(items)
+    if isinstance(default, bool):
+        if isinstance(value, bool):
+            return value
+        if isinstance(value, str) and value.lower() in ("true", "false"):
+            return value.lower() == "true"
+        raise UserError(f"{flag(name)} is true or false (got {value!r})")
+    kind = field_.metadata.get("kind") or type(default)
+    if kind is str:
+        return _coerce_text(field_, name, value)
+    if kind in (int, float):
+        return _coerce_number(name, kind, value)
+    return value
+
+
+def _coerce_text(field_: dataclasses.Field, name: str, value: Any) -> Any:
+    if field_.metadata.get("integer_or_word") and not isinstance(value, bool):
+        # micro_batch_size: an integer, or the word auto
+        if isinstance(value, int):
+            return value
+        if isinstance(value, str) and value.strip().isdigit():
+            return int(value)
+    if field_.metadata.get("comma_list") and isinstance(value, (list, tuple)):
+        return ",".join(map(str, value))
+    if isinstance(value, os.PathLike):
+        return os.fspath(value)
+    if not isinstance(value, str):
+        raise UserError(f"{flag(name)} must be a string (got {type(value).__name__} {value!r})")
+    return value
+
+
+def _coerce_number(name: str, kind: type, value: Any) -> Any:
+    if isinstance(value, bool) or not isinstance(value, (int, float, str)):
+        raise UserError(f"{flag(name)} must be {_A_KIND[kind]} (got {value!r})")
+    try:
+        number = kind(value.strip()) if isinstance(value, str) else value
+    except ValueError:
+        raise UserError(f"{flag(name)} must be {_A_KIND[kind]} (got {value!r})") from None
+    if kind is int and isinstance(number, float):
+        if not number.is_integer():
+            raise UserError(f"{flag(name)} must be {_A_KIND[kind]} (got {value!r})")
+        number = int(number)
+    return float(number) if kind is float else number
+
+
+def _unknown_message(cls: type, name: str, source: str, known: dict[str, Any]) -> str:
+    close = difflib.get_close_matches(name, list(known), n=1)
+    if flag(name).startswith("--"):
+        hint = f"; did you mean {flag(close[0])}?" if close else ""
+        command = "train " if cls.__name__ == "RunConfig" else ""
+        return f"unknown {source} {flag(name)}{hint} (see `amptrain {command}--help`)"
+    hint = f"; did you mean {close[0]}?" if close else ""
+    return f"unknown keyword {name!r} for Trainer ({cls.__name__}){hint}"
+
+
+# ------------------------------------------------------------------ checks
+def require_positive(section: Any, *names: str, optional: bool = False) -> None:
+    """Each named option is an integer >= 1 (or None when ``optional``)."""
+    for name in names:
+        value = getattr(section, name)
+        if value is None and optional:
+            continue
+        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+            raise UserError(f"{flag(name)} must be an integer >= 1 (got {value!r})")
+
+
+def require_non_negative(section: Any, *names: str) -> None:
+    """Each named option is a number >= 0."""
+    for name in names:
+        value = getattr(section, name)
+        if not isinstance(value, (int, float)) or isinstance(value, bool) or value < 0:
+            raise UserError(f"{flag(name)} must be >= 0 (got {value!r})")
+
+
+def require_choices(section: Any) -> None:
+    """Options with closed ``choices`` hold one of them."""
+    for f in dataclasses.fields(section):
+        choices = f.metadata.get("choices")
+        value = getattr(section, f.name)
+        if choices and not f.metadata.get("open_choices") and value not in choices:
+            raise UserError(f"{flag(flat_name(f))} must be one of {', '.join(choices)} "
+                            f"(got {value!r})")
+
+
+# ------------------------------------------------------------------ YAML
+#: Keys that ``Trainer.resolved_config()`` writes to config.yaml but that are not options.
+RESOLVED_ONLY_KEYS = frozenset({"world_size", "lr_schedule", "micro_batch_search", "oom_events"})
+
+
+def load_yaml(path: str | Path) -> dict[str, Any]:
+    """Read a --config YAML file into a dict with underscore keys."""
+    path = Path(path)
+    if path.is_dir():
+        raise UserError(f"--config {path} is a directory; give the YAML file")
+    if not path.is_file():
+        raise UserError(f"--config {path}: no such file")
+    try:
+        text = path.read_bytes().decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise UserError(f"--config {path}: not UTF-8 text (byte {exc.start})") from None
+    except OSError as exc:
+        raise UserError(f"--config {path}: cannot read it ({exc.strerror})") from None
+    try:
+        raw = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" at line {mark.line + 1}" if mark else ""
+        raise UserError(f"--config {path}: not valid YAML{where}") from None
+    if raw is None:
+        raise UserError(f"--config {path}: the file is empty; write one option: value per line")
+    if not isinstance(raw, dict):
+        raise UserError(f"--config {path}: expected a mapping of option: value "
+                        f"(got a YAML {type(raw).__name__})")
+    values = {str(k).replace("-", "_"): v for k, v in raw.items()}
+    # A run's resolved config.yaml also records facts that are not options; reading it
+    # back as --config must work, so those are dropped here.
+    return {k: v for k, v in values.items() if k not in RESOLVED_ONLY_KEYS}
+
+
+def write_yaml(data: dict[str, Any], path: str | Path) -> None:
+    """Write a resolved config as YAML, keys in field order."""
+    Path(path).write_text(yaml.safe_dump(data, sort_keys=False))

@@ -1,0 +1,272 @@
+"""What a training run is configured with, nested by concern; each section validates
+itself when it is built (never changing a value), and each error names the option."""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+from ..errors import UserError, flag
+from .options import (build_config, option, require_choices, require_non_negative,
+                      require_positive, section)
+
+OPTIMIZERS = ("sgd", "adamw")
+SCHEDULERS = ("none", "cosine", "onecycle")
+LR_SCALING = ("none", "linear", "sqrt")
+STRATEGIES = ("auto", "ddp", "fsdp", "dp")
+DEFAULT_LR = {"adamw": 1e-3, "sgd": 0.05}
+#: Lightning's bound: numpy seeds take 32 bits, and a seed is a name, not a size.
+MAX_SEED = 2 ** 32 - 1
+
+
+def _positive_numbers(section_: object, *names: str) -> None:
+    for name in names:
+        value = getattr(section_, name)
+        if value is not None and not (math.isfinite(value) and value > 0):
+            raise UserError(f"{flag(name)} must be a positive number (got {value})")
+
+
+@dataclass
+class PrecisionConfig:
+    """The precision mode and its loss scaler (read by :meth:`Precision.from_config`)."""
+
+    name: str = option("auto", "precision mode (see `amptrain env`); auto picks the best the "
+                               "hardware supports", group="precision", flat="precision")
+    init_scale: float = option(65536.0, "initial fp16 loss scale", group="precision")
+    growth_factor: float = option(2.0, "loss-scale growth factor", group="precision")
+    backoff_factor: float = option(0.5, "loss-scale backoff factor on overflow", group="precision")
+    growth_interval: int = option(2000, "clean steps before the loss scale grows", group="precision")
+    min_scale: float = option(1.0, "loss-scale floor: reaching it stops training",
+                              group="precision")
+    keep_fp32: list[str] = option([], "glob of module names run in fp32 inside autocast "
+                                      "(repeatable, e.g. head or '*.norm*')", group="precision")
+    max_bad_steps: int = option(10, "consecutive non-finite steps (no loss scaler) before "
+                                    "training stops", group="precision")
+
+    def __post_init__(self) -> None:
+        require_positive(self, "growth_interval", "max_bad_steps")
+        _positive_numbers(self, "init_scale", "min_scale")
+        if self.growth_factor <= 1.0:
+            raise UserError(f"{flag('growth_factor')} must be > 1 (got {self.growth_factor})")
+        if not 0.0 < self.backoff_factor < 1.0:
+            raise UserError(f"{flag('backoff_factor')} must be between 0 and 1 "
+                            f"(got {self.backoff_factor})")
+        if self.min_scale > self.init_scale:
+            raise UserError(f"{flag('min_scale')} ({self.min_scale}) must not exceed "
+                            f"{flag('init_scale')} ({self.init_scale})")
+
+
+@dataclass
+class BatchingConfig:
+    """How many samples make a step, and how they are cut into micro-batches."""
+
+    batch_size: int = option(64, "effective global batch per optimizer step "
+                                 "(micro-batch x accumulate x processes)")
+    micro_batch_size: int | str | None = option(
+        None, "samples per forward/backward on each device (an integer, or auto: the largest "
+              "that fits, found by probing real steps)", kind=str, integer_or_word=True)
+    memory_budget_gb: float | None = option(
+        None, "memory a step may use, for --micro-batch-size auto (default: the GPU's own "
+              "limit; on CPU the RAM available now; CPU counts peak RSS)", kind=float)
+    accumulate: int | None = option(None, "micro-batches accumulated per optimizer step", kind=int)
+    num_workers: int = option(0, "DataLoader worker processes (in-memory data needs none)")
+
+    def __post_init__(self) -> None:
+        require_positive(self, "batch_size")
+        require_positive(self, "accumulate", optional=True)
+        require_non_negative(self, "num_workers")
+        micro = self.micro_batch_size
+        if micro is not None and micro != "auto":
+            if not isinstance(micro, int) or isinstance(micro, bool) or micro < 1:
+                raise UserError(f"{flag('micro_batch_size')} must be a positive integer or "
+                                f"'auto' (got {micro!r})")
+        if micro == "auto" and self.accumulate is not None:
+            raise UserError(f"{flag('micro_batch_size')} auto derives {flag('accumulate')} "
+                            f"from what fits; drop {flag('accumulate')} (or give an integer "
+                            f"{flag('micro_batch_size')})")
+        if self.memory_budget_gb is not None and micro != "auto":
+            raise UserError(f"{flag('memory_budget_gb')} only applies with "
+                            f"{flag('micro_batch_size')} auto")
+        _positive_numbers(self, "memory_budget_gb")
+
+    @property
+    def auto(self) -> bool:
+        """True when the micro-batch size is to be found by probing (``auto``)."""
+        return self.micro_batch_size == "auto"
+
+    def split(self, world_size: int = 1) -> tuple[int, int]:
+        """(micro_batch_size, accumulate) such that micro x accumulate x world_size == batch_size.
+
+        Any two of --batch-size, --micro-batch-size and --accumulate determine the third;
+        an inconsistent or indivisible combination is a user error that lists valid values.
+        """
+        bs, mbs, acc = flag("batch_size"), flag("micro_batch_size"), flag("accumulate")
+        per_device, rem = divmod(self.batch_size, world_size)
+        if rem:
+            below = self.batch_size - rem
+            nearest = f"{below} or {below + world_size}" if below else str(world_size)
+            raise UserError(f"{bs} {self.batch_size} is not divisible by the "
+                            f"{world_size} processes; use a multiple of {world_size} "
+                            f"(nearest: {nearest})")
+        micro = self.micro_batch_size if isinstance(self.micro_batch_size, int) else None
+        if micro is not None and micro > per_device:
+            where = f"the per-device batch {per_device} ({bs} {self.batch_size} over " \
+                    f"{world_size} processes)" if world_size > 1 else f"{bs} {self.batch_size}"
+            raise UserError(f"{mbs} {micro} is larger than {where}: a micro-batch is a part "
+                            f"of the batch; lower {mbs} or raise {bs}")
+        if micro is not None and self.accumulate is not None:
+            if micro * self.accumulate != per_device:
+                raise UserError(
+                    f"{mbs} {micro} x {acc} {self.accumulate} x "
+                    f"{world_size} process(es) = {micro * self.accumulate * world_size}, not "
+                    f"{bs} {self.batch_size}; drop one of the three")
+            return micro, self.accumulate
+        if micro is not None:
+            if per_device % micro:
+                valid = [d for d in range(1, per_device + 1) if per_device % d == 0]
+                near = [d for d in valid if d < micro][-1:] + [d for d in valid if d > micro][:1]
+                step = micro * world_size
+                batches = [b for b in (self.batch_size // step * step,
+                                       self.batch_size // step * step + step) if b]
+                raise UserError(f"{mbs} {micro} does not divide the per-device "
+                                f"batch {per_device}; valid values: {_some(valid)} (nearest: "
+                                f"{' or '.join(map(str, near))}), or keep it with {bs} "
+                                f"{' or '.join(map(str, batches))}")
+            return micro, per_device // micro
+        accumulate = self.accumulate or 1
+        if per_device % accumulate:
+            valid = [d for d in range(1, per_device + 1) if per_device % d == 0]
+            raise UserError(f"{acc} {accumulate} does not divide the per-device batch "
+                            f"{per_device}; valid values: {_some(valid)}")
+        return per_device // accumulate, accumulate
+
+
+@dataclass
+class ScheduleConfig:
+    """How long to train, the optimizer, and the learning rate over the run."""
+
+    epochs: int = option(3, "passes over the training data")
+    max_steps: int | None = option(None, "stop after this many optimizer steps (overrides "
+                                         "--epochs when reached first)", kind=int)
+    optimizer: str = option("adamw", "optimizer", choices=OPTIMIZERS)
+    lr: float | None = option(None, "learning rate (default: 1e-3 for adamw, 0.05 for sgd)",
+                              kind=float)
+    momentum: float = option(0.9, "SGD momentum")
+    weight_decay: float = option(0.01, "weight decay")
+    scheduler: str = option("cosine", "learning-rate schedule over the run", choices=SCHEDULERS)
+    warmup_steps: int = option(0, "linear warm-up steps before the schedule")
+    lr_scaling: str = option("none", "scale --lr with --batch-size / --base-batch-size",
+                             choices=LR_SCALING)
+    base_batch_size: int | None = option(None, "the batch size --lr was tuned for", kind=int)
+    clip_grad_norm: float | None = option(None, "clip the (unscaled) gradient norm to this value",
+                                          kind=float)
+
+    def __post_init__(self) -> None:
+        require_positive(self, "epochs")
+        require_positive(self, "max_steps", "base_batch_size", optional=True)
+        require_non_negative(self, "warmup_steps", "weight_decay", "momentum")
+        _positive_numbers(self, "lr", "clip_grad_norm")
+        require_choices(self)
+        if self.lr_scaling != "none" and self.base_batch_size is None:
+            raise UserError(f"{flag('lr_scaling')} {self.lr_scaling} needs "
+                            f"{flag('base_batch_size')} (the batch size {flag('lr')} was "
+                            f"tuned for)")
+
+    def resolved_lr(self) -> float:
+        """The learning rate before batch-size scaling: --lr or the optimizer's default."""
+        return self.lr if self.lr is not None else DEFAULT_LR[self.optimizer]
+
+
+@dataclass
+class CheckpointConfig:
+    """When checkpoints are written, how many are kept, and what to resume from."""
+
+    save_every: int | None = option(None, "checkpoint every N steps (and at each epoch end)",
+                                    kind=int)
+    keep_last: int = option(2, "step-N.pt checkpoints kept besides last.pt")
+    resume: str | None = option(None, "auto (latest valid checkpoint in --out) or a checkpoint path",
+                                kind=str)
+
+    def __post_init__(self) -> None:
+        require_positive(self, "save_every", optional=True)
+        require_non_negative(self, "keep_last")
+
+
+@dataclass
+class LoggingConfig:
+    """How often metrics are read and evaluation runs, and how progress is shown."""
+
+    log_every: int = option(10, "read and log metrics every N optimizer steps")
+    eval_every: int | None = option(None, "evaluate every N steps (default: each epoch end)",
+                                    kind=int)
+    no_progress: bool = option(False, "no progress bars (plain log lines instead)")
+
+    def __post_init__(self) -> None:
+        require_positive(self, "log_every")
+        require_positive(self, "eval_every", optional=True)
+
+
+@dataclass
+class DistributedConfig:
+    """How the processes of a run share the work."""
+
+    strategy: str = option("auto", "distribution strategy", choices=STRATEGIES)
+
+    def __post_init__(self) -> None:
+        require_choices(self)
+
+
+@dataclass
+class TrainConfig:
+    """Everything the :class:`~amptrain.Trainer` loop needs; no model or data names."""
+
+    device: str = option("auto", "cpu, cuda, cuda:N or auto (cuda when available)")
+    seed: int = option(0, "seed for weights, data order and dropout")
+    deterministic: bool = option(False, "deterministic kernels (bitwise-repeatable on CPU)")
+    channels_last: bool = option(False, "channels_last memory format for conv nets")
+    compile: bool = option(False, "torch.compile the model")
+    out: str | None = option(None, "output directory (default: runs/<time>-<model>-<data>)",
+                             kind=str)
+    precision: PrecisionConfig = section(PrecisionConfig)
+    batching: BatchingConfig = section(BatchingConfig)
+    schedule: ScheduleConfig = section(ScheduleConfig)
+    checkpointing: CheckpointConfig = section(CheckpointConfig)
+    logging: LoggingConfig = section(LoggingConfig)
+    distributed: DistributedConfig = section(DistributedConfig)
+
+    @classmethod
+    def from_options(cls, **options: Any) -> Any:
+        """The config from flat option names, as flags and YAML give them
+        (``TrainConfig.from_options(lr=0.1, batch_size=32)``)."""
+        return build_config(cls, options)
+
+    def __post_init__(self) -> None:
+        require_non_negative(self, "seed")
+        if self.seed > MAX_SEED:
+            raise UserError(f"{flag('seed')} must be an integer from 0 to {MAX_SEED} "
+                            f"(got {self.seed})")
+        if self.out is not None and not self.out.strip():
+            raise UserError(f"{flag('out')} must name a directory (got {self.out!r})")
+
+
+@dataclass
+class RunConfig(TrainConfig):
+    """A command-line run: the training options plus which model and data to build."""
+
+    model: str = option("cnn", "model name (mlp, cnn, resnet18, resnet50, lstm, transformer, "
+                               "module:pkg.mod.factory, timm:NAME, hf:PATH)", group="run")
+    data: str = option("digits", "dataset (digits, synthetic-image, synthetic-seq, idx:DIR, "
+                                 "cifar10:DIR, imagefolder:DIR, npz:FILE, csv-text:FILE)",
+                       group="run")
+    val_fraction: float = option(0.2, "validation share when the data has no split", group="run")
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if not 0.0 < self.val_fraction < 1.0:
+            raise UserError(f"{flag('val_fraction')} must be between 0 and 1 "
+                            f"(got {self.val_fraction})")
+
+
+def _some(values: list[int], limit: int = 8) -> str:
+    shown = ", ".join(map(str, values[:limit]))
+    return shown + (", ..." if len(values) > limit else "")
