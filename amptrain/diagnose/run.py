@@ -1,0 +1,190 @@
+"""The diagnosis runs through the Trainer, and :func:`diagnose`, which builds the report.
+
+Four short runs of the same steps from the same initial weights and data:
+
+1. ``32-true`` with a :class:`~.ranges.RangeRecorder` on every module;
+2. ``16-mixed`` as the user would train it: the first module whose output or output
+   gradient held inf/NaN, and at which step;
+3. ``16-mixed`` with the recommendations applied (``keep_fp32`` + initial loss scale):
+   does it train without non-finite steps?
+4. ``bf16-mixed``: does bf16 avoid the problem?
+"""
+from __future__ import annotations
+
+import copy
+import dataclasses
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import nn
+
+from ..config import RunConfig, TrainConfig, replace_options
+from ..data import DataBundle
+from ..devices import resolve_device
+from ..env import cpu_flags, device_features, gpu_info, supported_precisions
+from ..errors import UserError
+from ..precision import NonFiniteHalt
+from ..probe import NonFiniteEvent, NonFiniteWatch
+from ..runner import prepare_run
+from ..trainer import Trainer
+from .ranges import FORMATS, FP16, SAMPLE_LIMIT, RangeRecorder, fractions
+from .recommend import (
+    _bf16_verdict,
+    _casts_inputs_to_half,
+    _flags,
+    _in_island,
+    keep_fp32_candidates,
+    module_risks,
+    recommend_loss_scale,
+)
+
+
+@dataclass
+class RunSummary:
+    """One short training run: how many steps were skipped, where inf/NaN first appeared."""
+
+    precision: str
+    steps: int
+    skipped_steps: int
+    first_nonfinite: NonFiniteEvent | None
+    halted: str | None
+    keep_fp32: list[str]
+    init_scale: float | None
+
+    def to_json(self) -> dict[str, Any]:
+        data = dataclasses.asdict(self)
+        data["first_nonfinite"] = dataclasses.asdict(self.first_nonfinite) \
+            if self.first_nonfinite else None
+        return data
+
+
+def run_steps(config: TrainConfig, data: DataBundle, model: nn.Module, steps: int,
+              precision: str, attach: Callable[[Trainer], Any] | None = None,
+              **overrides: Any) -> tuple[RunSummary, Any]:
+    """Train ``model`` for ``steps`` steps with the Trainer; returns (summary, attached).
+
+    ``attach(trainer)`` installs hooks on the prepared model and returns an object with
+    ``remove()``. Nothing is written to disk; a run that halts on non-finite values is
+    reported, not raised.
+    """
+    options = dict(precision=precision, max_steps=steps, epochs=steps, out=None,
+                   no_progress=True, log_every=steps, eval_every=None, save_every=None,
+                   resume=None, compile=False, **overrides)
+    trainer = Trainer(replace_options(config, **options))
+    trainer.setup(model, data.train)
+    watch = NonFiniteWatch(trainer.model, lambda: trainer.step,
+                           lambda: trainer.precision.loss_scale_tensor)
+    attached = attach(trainer) if attach is not None else None
+    halted = None
+    try:
+        trainer.run()
+    except NonFiniteHalt as exc:
+        halted = str(exc)
+    finally:
+        watch.remove()
+        if attached is not None:
+            attached.remove()
+        trainer.precision.teardown()
+    c = trainer.config
+    summary = RunSummary(precision=trainer.precision.name, steps=trainer.step,
+                         skipped_steps=trainer.precision.skipped_steps,
+                         first_nonfinite=watch.first(), halted=halted,
+                         keep_fp32=list(c.precision.keep_fp32),
+                         init_scale=c.precision.init_scale if trainer.precision.spec.loss_scaling else None)
+    return summary, attached
+
+
+def diagnose(config: TrainConfig, steps: int = 20, *, data: DataBundle | None = None,
+             model: nn.Module | None = None) -> dict[str, Any]:
+    """Run the four diagnosis runs and build the report (a JSON-ready dict).
+
+    ``config`` (a :class:`RunConfig`) names the model and data, built with
+    :func:`~amptrain.runner.prepare_run`, unless ``data`` and ``model`` are given (then a
+    plain :class:`TrainConfig` will do). Its training options (batch size, lr, seed,
+    scaler settings, keep_fp32...) apply to every run.
+    """
+    if steps < 1:
+        raise UserError(f"--steps must be an integer >= 1 (got {steps})")
+    if data is None or model is None:
+        if not isinstance(config, RunConfig):
+            raise UserError("diagnose needs a model and data, or a RunConfig naming them")
+        data, model = prepare_run(config)
+    initial = copy.deepcopy(model)
+
+    stats_run, recorder = run_steps(config, data, copy.deepcopy(initial), steps, "32-true",
+                                    attach=lambda t: RangeRecorder(t.model))
+    stats = recorder.read()
+    device = resolve_device(config.device)
+    fp16_run, _ = run_steps(config, data, copy.deepcopy(initial), steps, "16-mixed")
+    first = fp16_run.first_nonfinite
+
+    modules = {(n or type(m).__name__): m for n, m in initial.named_modules()}
+    root = type(initial).__name__  # how the hooks label the model itself
+    keep = keep_fp32_candidates(stats, modules, root, first, config.precision.keep_fp32)
+    islands = list(dict.fromkeys(list(config.precision.keep_fp32)
+                                 + [k["pattern"] for k in keep]))
+    scale = recommend_loss_scale(stats, islands, config.precision.init_scale)
+
+    verify_options: dict[str, Any] = {"keep_fp32": islands, "init_scale": scale["init_scale"]}
+    if scale["init_scale"] < config.precision.min_scale:
+        verify_options["min_scale"] = scale["init_scale"]
+    verified, _ = run_steps(config, data, copy.deepcopy(initial), steps, "16-mixed",
+                            **verify_options)
+    bf16_run = None
+    supported = _supported_here(device)
+    if supported["bf16-mixed"] or device.type == "cpu":
+        bf16_run, _ = run_steps(config, data, copy.deepcopy(initial), steps, "bf16-mixed")
+
+    for name, s in stats.items():
+        island = _in_island(name, islands)
+        casts = name in modules and _casts_inputs_to_half(modules[name])
+        s["fp32_with_recommendations"] = island
+        s["risk"], s["reasons"] = module_risks(name, s, first, scale["log2"], island, casts,
+                                               _in_island(name, list(config.precision.keep_fp32)))
+        if s["gradient"] is not None and scale["log2"] is not None:
+            s["gradient"]["fp16_at_recommended_scale"] = fractions(
+                s["_hist"]["gradient"], FP16, scale["log2"])
+        if s["param_gradient"] is not None and scale["log2"] is not None:
+            s["param_gradient"]["fp16_at_recommended_scale"] = fractions(
+                s["_hist"]["param_gradient"], FP16, scale["log2"])
+
+    report = {
+        "model": getattr(config, "model", type(initial).__name__),
+        "data": getattr(config, "data", None), "root": root, "steps": steps,
+        "batch_size": config.batching.batch_size, "seed": config.seed, "device": str(device),
+        "sample_limit": SAMPLE_LIMIT,
+        "formats": {f.name: {"max": f.max, "min_normal": f.min_normal,
+                             "flush_below": f.flush_below} for f in FORMATS},
+        "first_nonfinite": dataclasses.asdict(first) if first else None,
+        "runs": {"32-true": stats_run.to_json(), "16-mixed": fp16_run.to_json(),
+                 "16-mixed-recommended": verified.to_json(),
+                 "bf16-mixed": bf16_run.to_json() if bf16_run else None},
+        "recommendations": {
+            "init_scale": scale["init_scale"],
+            "min_scale": verify_options.get("min_scale"),
+            "loss_scale": scale,
+            "keep_fp32": keep,
+            "bf16": _bf16_verdict(stats, first, scale, bf16_run, supported, device),
+        },
+        "modules": {name: {k: v for k, v in s.items() if k != "_hist"}
+                    for name, s in sorted(stats.items(), key=lambda kv: (
+                        -kv[1]["risk"], not kv[1]["leaf"], _order(kv[1])))},
+    }
+    report["recommendations"]["flags"] = _flags(report["recommendations"], islands)
+    report["recommendations"]["verified"] = {
+        "skipped_steps": verified.skipped_steps, "steps": verified.steps,
+        "first_nonfinite": report["runs"]["16-mixed-recommended"]["first_nonfinite"],
+        "clean": verified.skipped_steps == 0 and verified.halted is None}
+    return report
+
+
+def _supported_here(device: torch.device) -> dict[str, bool]:
+    gpus = [gpu_info(i) for i in range(torch.cuda.device_count())] \
+        if device.type == "cuda" else []
+    return supported_precisions(device_features(device, cpu_flags(), gpus))
+
+
+def _order(s: dict[str, Any]) -> int:
+    return s["order"] if s["order"] is not None else 1 << 30

@@ -1,0 +1,124 @@
+"""The report writers: the printed summary, diagnose.md and diagnose.json."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from .recommend import _g, _pct, bf16_trouble
+
+
+def summary_lines(report: dict[str, Any]) -> list[str]:
+    """The short summary printed by the command (and atop diagnose.md)."""
+    recs = report["recommendations"]
+    lines = [(f"diagnose: {report['model']} on {report['data'] or 'the given data'}, "
+             f"{report['steps']} steps of "
+             f"{report['batch_size']} on {report['device']} (32-true statistics, then 16-mixed)")]
+    first = report["first_nonfinite"]
+    fp16 = report["runs"]["16-mixed"]
+    if first:
+        scale = f", loss scale {first['loss_scale']:g}" if first["loss_scale"] else ""
+        lines.append(f"first non-finite in 16-mixed: module '{first['module']}' "
+                     f"({first['phase']}) at step {first['step']}{scale}; "
+                     f"{fp16['skipped_steps']} of {fp16['steps']} steps skipped"
+                     + (" (halted)" if fp16["halted"] else ""))
+    else:
+        lines.append(f"16-mixed: no non-finite values in {fp16['steps']} steps")
+    fp32 = report["runs"]["32-true"]
+    if fp32["skipped_steps"]:
+        lines.append(f"32-true itself had {fp32['skipped_steps']} non-finite steps of "
+                     f"{fp32['steps']}: that is not a precision problem (lower --lr, "
+                     f"--clip-grad-norm)")
+    risky: list[tuple[str, dict[str, Any]]] = []
+    for name, m in report["modules"].items():
+        # A container usually repeats its last child's numbers: name the child only.
+        if m["risk"] > 0 and len(risky) < 3 and not any(
+                name == report["root"] or other.startswith(name + ".") for other, _ in risky):
+            risky.append((name, m))
+    if risky:
+        lines.append("riskiest: " + "; ".join(f"{n} ({m['reasons'][0]})" for n, m in risky))
+    for k in recs["keep_fp32"]:
+        lines.append(f"keep in fp32: {k['pattern']} -- {k['reason']}")
+    ls = recs["loss_scale"]
+    lines.append(f"initial loss scale: {recs['init_scale']:g} -- {ls['reason']}")
+    v = recs["verified"]
+    lines.append(f"recommended: {recs['flags']}")
+    lines.append(f"  checked: {v['steps']} steps of 16-mixed with it -> {v['skipped_steps']} "
+                 f"non-finite steps")
+    b = recs["bf16"]
+    lines.append(f"bf16-mixed {'avoids the problem' if b['avoids_problem'] else 'does not avoid it' if b['fp16_problem'] else 'is also fine'}: "
+                 f"{b['reason']}")
+    return lines
+
+
+def _cell(stats: dict[str, Any] | None, key: str, fmt: str = "frac") -> str:
+    if not stats:
+        return ""
+    if fmt == "num":
+        value = stats[key]
+        return "" if value is None else _g(value)
+    fmt_name, field_name = key.split(".")
+    return _pct(stats[fmt_name][field_name])
+
+
+def markdown_report(report: dict[str, Any]) -> str:
+    """diagnose.md: the summary, the recommendations and a table, riskiest modules first."""
+    recs = report["recommendations"]
+    lines = ["# amptrain diagnose", "", *[f"- {line}" for line in summary_lines(report)], ""]
+    ls = recs["loss_scale"]
+    if ls["unscaled"] and ls["scaled"]:
+        lines += ["## Loss scale", "",
+                  (f"Gradient values fp16 cannot hold ({ls['modules_counted']} modules outside "
+                  f"fp32 islands, sampled):"), "",
+                  "| scale | above fp16 max | below fp16 min normal | flushed to zero |",
+                  "|---|---|---|---|"]
+        for label, f in (("1", ls["unscaled"]), (f"{recs['init_scale']:g} (recommended)",
+                                                 ls["scaled"])):
+            lines.append(f"| {label} | {_pct(f['above_max'])} | {_pct(f['below_min_normal'])} "
+                         f"| {_pct(f['flushed_to_zero'])} |")
+        lines.append("")
+    lines += ["## Modules (riskiest first)", "",
+              ("Fractions are of sampled values; fp16: max 65504, min normal 6.1e-05, "
+              "values below 3.0e-08 flush to zero. Gradients are unscaled (fp32 run); "
+              "\"x scale\" multiplies them by the recommended loss scale, and (fp32) marks "
+              "modules that run in fp32 once the recommendations are applied."), "",
+              ("| module | type | risk | act abs-max | act min≠0 | act >fp16 max "
+              "| act <fp16 normal | act flushed | grad abs-max | grad min≠0 "
+              "| grad <fp16 normal | grad flushed | grad <normal x scale | weight-grad abs-max "
+              "| out of bf16 range | why |"),
+              "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    for name, m in report["modules"].items():
+        act, grad = m["activation"], m["gradient"]
+        scaled = "(fp32)" if m["fp32_with_recommendations"] else \
+            _pct(grad["fp16_at_recommended_scale"]["below_min_normal"]) \
+            if grad and "fp16_at_recommended_scale" in grad else ""
+        bf16_bad = bf16_trouble(m)
+        lines.append(
+            f"| `{name}` | {m['type']} | {m['risk']:.0f} | {_cell(act, 'abs_max', 'num')} "
+            f"| {_cell(act, 'min_nonzero', 'num')} | {_cell(act, 'fp16.above_max')} "
+            f"| {_cell(act, 'fp16.below_min_normal')} | {_cell(act, 'fp16.flushed_to_zero')} "
+            f"| {_cell(grad, 'abs_max', 'num')} | {_cell(grad, 'min_nonzero', 'num')} "
+            f"| {_cell(grad, 'fp16.below_min_normal')} | {_cell(grad, 'fp16.flushed_to_zero')} "
+            f"| {scaled} | {_cell(m['param_gradient'], 'abs_max', 'num')} "
+            f"| {', '.join(bf16_bad) or 'none'} | {'; '.join(m['reasons'])} |")
+    return "\n".join(lines) + "\n"
+
+
+def write_reports(report: dict[str, Any], out: str | Path) -> tuple[Path, Path]:
+    """Write DIR/diagnose.json and DIR/diagnose.md."""
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    json_path, md_path = out / "diagnose.json", out / "diagnose.md"
+    json_path.write_text(json.dumps(report, indent=2, allow_nan=False, default=_jsonable))
+    md_path.write_text(markdown_report(report))
+    return json_path, md_path
+
+
+def _jsonable(value: Any) -> Any:
+    if isinstance(value, (np.integer,)):
+        return int(value)
+    if isinstance(value, (np.floating,)):
+        return float(value)
+    raise TypeError(f"not JSON serialisable: {type(value).__name__}")
