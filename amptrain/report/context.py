@@ -1,0 +1,76 @@
+"""What a study was and where it ran, in words: the title, device, configuration, method
+and environment lines that the plots, report.md and report.html all show.
+
+Kept apart from markdown.py and html.py so that plots.py (the PNG's title line) can use
+them too without importing a renderer.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+from .study import Study, human_bytes
+
+
+def _title(study: Study) -> str:
+    cfg = study.details.get("config", {})
+    model, data = cfg.get("model", "?"), cfg.get("data", "?")
+    return f"amptrain compare — {model} on {data}"
+
+
+# ------------------------------------------------------------- environment
+def _device_line(study: Study) -> str:
+    env = study.details.get("env", {})
+    device = study.details.get("device", "?")
+    if str(device).startswith("cuda") and env.get("gpus"):
+        return f"{env['gpus'][0].get('name', 'GPU')} ({device})"
+    cores = f", {env['cpu_cores']} cores" if env.get("cpu_cores") else ""
+    return f"{env.get('cpu', 'CPU')}{cores} ({device})"
+
+
+def _env_value(key: str, value: Any) -> str:
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    if isinstance(value, (int, float)) and key.endswith("bytes"):
+        return human_bytes(value)
+    if isinstance(value, dict):
+        return ", ".join(f"{k}: {_env_value(k, v)}" for k, v in value.items()) or "—"
+    if isinstance(value, (list, tuple)):
+        return "; ".join(_env_value(key, v) for v in value) or "none"
+    return "—" if value is None else str(value)
+
+
+def env_rows(study: Study) -> list[tuple[str, str]]:
+    """(name, value) rows of the hardware and software the study ran on."""
+    rows = [("device used", str(study.details.get("device", "?")))]
+    rows += [(k, _env_value(k, v)) for k, v in study.details.get("env", {}).items()]
+    return rows
+
+
+def _method_lines(study: Study) -> list[str]:
+    d = study.details
+    o = d.get("options", {})
+    timed = o.get("bench_steps") or o.get("timing_steps")
+    order = "interleaved (round-robin, rotating order)" if o.get("interleave", True) else \
+        "one precision after another"
+    lines = [
+        (f"Speed: {o.get('timing_warmup')} warm-up + {timed} timed optimizer steps per "
+         f"precision, {order}, device synchronised around every step; median step time, "
+         f"samples/s = global batch / median step time; whiskers: step-time quartiles."),
+        f"Memory: {d.get('memory_method', 'n/a')}",
+        (f"Accuracy: final validation accuracy of each run; mean and sample standard "
+         f"deviation over seeds {', '.join(map(str, d.get('seeds', [])))}; verdict ok when "
+         f"|Δ acc| ≤ {o.get('tolerance_pp', 0.5):g} pp."),
+        ("Every run of a seed starts from identical initial weights and sees the same data "
+         "order (checked per run: see compare.json runs[].same_initial_weights, "
+         "data_order_sha256, first_step_loss_fp32)."),
+    ]
+    if d.get("duration_s") is not None:
+        lines.append(f"Whole study: {d['duration_s']:.0f} s, started {d.get('started', '?')}.")
+    return lines
+
+
+def _config_line(study: Study) -> str:
+    cfg = study.details.get("config", {})
+    keys = ("model", "data", "epochs", "max_steps", "batch_size", "optimizer", "lr", "scheduler",
+            "device")
+    return ", ".join(f"{k} {cfg[k]}" for k in keys if cfg.get(k) is not None)

@@ -1,0 +1,109 @@
+"""A finished compare study as read back from its directory, and the number formatting
+every report shares.
+
+Everything a report shows comes from what the study left on disk (``compare.json``,
+``study.json`` and each run's ``metrics.jsonl``), so a report can be re-rendered without
+re-running the study.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+#: Stable colours for the usual precisions; others take the next free one.
+#: (Here rather than in plots.py: :meth:`Study.colour` picks from them, and the HTML table's
+#: swatches must match the plots' colours.)
+_COLOURS = {"32-true": "#4c566a", "tf32": "#8f6fb3", "16-mixed": "#e07b39",
+            "bf16-mixed": "#2f7fc1", "16-master": "#c9a227", "bf16-master": "#3aa39a",
+            "16-true": "#c44e52", "bf16-true": "#55a868", "fp8": "#a05195"}
+_SPARE = ["#937860", "#da8bc3", "#8c8c8c", "#ccb974", "#64b5cd"]
+
+
+@dataclass
+class Curves:
+    """One run's logged series."""
+
+    steps: list[int] = field(default_factory=list)
+    loss: list[float | None] = field(default_factory=list)
+    loss_scale: list[float | None] = field(default_factory=list)
+    val_steps: list[int] = field(default_factory=list)
+    val_acc: list[float] = field(default_factory=list)
+
+
+@dataclass
+class Study:
+    """A finished compare study as read back from its directory."""
+
+    out: Path
+    compare: dict[str, Any]
+    details: dict[str, Any]
+    curves: dict[str, dict[int, Curves]]   # precision -> seed -> series
+
+    @property
+    def baseline(self) -> str:
+        return self.compare["baseline"]
+
+    @property
+    def summary(self) -> list[dict[str, Any]]:
+        return self.compare["summary"]
+
+    @property
+    def precisions(self) -> list[str]:
+        return [row["precision"] for row in self.summary]
+
+    def colour(self, precision: str) -> str:
+        if precision in _COLOURS:
+            return _COLOURS[precision]
+        others = [p for p in self.precisions if p not in _COLOURS]
+        return _SPARE[others.index(precision) % len(_SPARE)] if precision in others else "#333"
+
+
+# ------------------------------------------------------------------ loading
+def read_curves(metrics_file: Path) -> Curves:
+    """Train and eval series of one run's metrics.jsonl (missing file: empty series)."""
+    curves = Curves()
+    if not metrics_file.exists():
+        return curves
+    for line in metrics_file.read_text().splitlines():
+        if not line.strip():
+            continue
+        record = json.loads(line)
+        if "loss" in record:
+            curves.steps.append(record["step"])
+            curves.loss.append(record["loss"])
+            curves.loss_scale.append(record.get("loss_scale"))
+        if record.get("val_acc") is not None:
+            curves.val_steps.append(record["step"])
+            curves.val_acc.append(record["val_acc"])
+    return curves
+
+
+def load_study(out: str | Path) -> Study:
+    """Read compare.json, study.json and every run's metrics from a study directory."""
+    out = Path(out)
+    compare = json.loads((out / "compare.json").read_text())
+    details_file = out / "study.json"
+    details = json.loads(details_file.read_text()) if details_file.exists() else {}
+    curves: dict[str, dict[int, Curves]] = {}
+    for run in compare.get("runs", []):
+        run_dir = out / run.get("dir", f"runs/{run['precision']}/seed-{run['seed']}")
+        curves.setdefault(run["precision"], {})[run["seed"]] = read_curves(run_dir / "metrics.jsonl")
+    return Study(out, compare, details, curves)
+
+
+# --------------------------------------------------------------- formatting
+def human_bytes(n: float | None) -> str:
+    """1536 -> '1.5 KiB'; None -> 'n/a'."""
+    if n is None:
+        return "n/a"
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(n) < 1024 or unit == "TiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n:.1f} TiB"  # pragma: no cover
+
+
+def _num(value: float | None, fmt: str, suffix: str = "") -> str:
+    return "n/a" if value is None else f"{value:{fmt}}{suffix}"

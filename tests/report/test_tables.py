@@ -1,0 +1,91 @@
+"""amptrain.report.tables: the terminal and Markdown tables, and the recommendation."""
+from __future__ import annotations
+
+import copy
+
+import pytest
+
+from amptrain.report.study import load_study
+from amptrain.report.tables import (
+    _COLUMNS,
+    fastest,
+    format_table,
+    markdown_table,
+    recommendation,
+)
+
+
+@pytest.fixture
+def summary(tiny_study):
+    """Two trained rows: 32-true (baseline) and 16-mixed, 1.5x faster and within tolerance."""
+    return load_study(tiny_study).summary
+
+
+def test_markdown_table_marks_verdicts_the_baseline_and_the_fastest(summary):
+    lines = markdown_table(summary, "32-true").splitlines()
+    assert lines[0] == "| " + " | ".join(_COLUMNS) + " |"
+    assert lines[1] == "|---|:---:|" + "---:|" * 9
+    assert lines[2] == ("| `32-true` (baseline) | ✅ ok | 90.00 ± 1.00 % | baseline | 1,000 | "
+                        "1.00× | 64.00 ms | 200.0 MiB | 1.00× | 0.3000 | 0 |")
+    assert lines[3] == ("| `16-mixed` | ✅ ok | 90.20 ± 1.20 % | +0.20 pp | 1,500 | **1.50×** | "
+                        "42.67 ms | 120.0 MiB | 0.60× | 0.3100 | 3 |")
+    assert len(lines) == 4
+
+
+def test_markdown_table_bolds_nothing_when_the_baseline_is_fastest(summary):
+    summary = copy.deepcopy(summary)
+    summary[1].update(speedup=0.8, verdict="worse", delta_acc_pp=-2.0)
+    text = markdown_table(summary, "32-true")
+    assert "**" not in text
+    assert "| ❌ worse |" in text and "| -2.00 pp |" in text
+
+
+def test_markdown_table_of_a_speed_only_study(speed_only_study):
+    lines = markdown_table(load_study(speed_only_study).summary, "32-true").splitlines()
+    # No verdicts, no accuracy: "n/a" cells; the baseline's Δ still says "baseline".
+    assert lines[2].startswith("| `32-true` (baseline) | n/a | n/a | baseline | 1,000 |")
+    assert lines[3].startswith("| `bf16-mixed` | n/a | n/a | n/a | 1,200 | **1.20×** |")
+    assert lines[3].endswith("| 1.0 KiB | 0.50× | n/a | n/a |")
+
+
+def test_format_table_aligns_columns_under_a_rule(summary):
+    lines = format_table(summary, "32-true").splitlines()
+    assert len(lines) == 4
+    assert set(lines[1]) == {"-", " "}
+    header, base, other = lines[0], lines[2], lines[3]
+    assert base.index("baseline") == other.index("+0.20 pp") == header.index("Δ acc")
+    assert base.index("1.00×") == other.index("1.50×") == header.index("speedup")
+    assert all(line == line.rstrip() for line in lines)
+    assert other.endswith("  3")  # skipped steps, the last column
+
+
+def test_fastest_is_the_highest_speedup_or_none():
+    rows = [{"precision": "a", "speedup": 1.0}, {"precision": "b", "speedup": 2.0},
+            {"precision": "c", "speedup": None}]
+    assert fastest(rows) == "b"
+    assert fastest([{"precision": "a", "speedup": None}]) is None
+
+
+def test_recommendation_sentences(summary, speed_only_study):
+    assert recommendation(summary, "32-true", 0.5) == (
+        "16-mixed is 1.50× faster than 32-true, 0.60× the memory, "
+        "accuracy within ±0.5 pp (+0.20 pp).")
+    better = copy.deepcopy(summary)
+    better[1].update(verdict="better", delta_acc_pp=0.6)
+    assert recommendation(better, "32-true", 0.5).endswith("accuracy +0.60 pp better.")
+    worse = copy.deepcopy(summary)
+    worse[1]["verdict"] = "worse"
+    assert recommendation(worse, "32-true", 0.5) == (
+        "No precision matched 32-true's accuracy within ±0.5 pp while being timed: "
+        "keep 32-true.")
+    slower = copy.deepcopy(summary)
+    slower[1]["speedup"] = 0.9
+    assert recommendation(slower, "32-true", 0.5) == (
+        "No precision that matched 32-true's accuracy ran faster here: keep 32-true.")
+    bench = load_study(speed_only_study).summary
+    assert recommendation(bench, "32-true", 0.5) == (
+        "bf16-mixed is the fastest: 1.20× 32-true's throughput, 0.50× the memory "
+        "(speed only: accuracy not measured).")
+    bench[1]["speedup"] = 0.7
+    assert recommendation(bench, "32-true", 0.5) == (
+        "Nothing ran faster than 32-true here: keep 32-true (speed only: accuracy not measured).")
