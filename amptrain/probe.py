@@ -42,7 +42,9 @@ def first_nonfinite_module(model: nn.Module, run: Callable[[], Any]) -> tuple[st
             if not backward and not bool(torch.isfinite(grad).all()):
                 backward.append(label)
 
-        def forward_hook(mod: nn.Module, args: Any, output: Any, label: str = label) -> None:
+        # on_grad is bound as a default: a closure would see the loop's last on_grad.
+        def forward_hook(mod: nn.Module, args: Any, output: Any, label: str = label,
+                         on_grad: Any = on_grad) -> None:
             if not forward and _nonfinite(output):
                 forward.append(label)
             for t in _tensors(output):
