@@ -1,4 +1,4 @@
-"""Fault injection for tests/test_distributed.py, loaded only when this directory is on
+"""Fault injection for tests/distributed/test_ddp.py, loaded only when this directory is on
 PYTHONPATH (Python imports ``sitecustomize`` at start-up).
 
 With ``AMPTRAIN_TEST_KILL_RANK=R`` and ``AMPTRAIN_TEST_KILL_STEP=S``, the torchrun worker

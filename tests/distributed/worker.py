@@ -1,6 +1,6 @@
-"""Scenarios that tests/test_distributed.py runs under torchrun (2 CPU processes, gloo).
+"""Scenarios that the tests in tests/distributed/ run under torchrun (2 CPU processes, gloo).
 
-``python -m torch.distributed.run --nproc-per-node 2 tests/distributed_worker.py OUT [NAME...]``
+``python -m torch.distributed.run --nproc-per-node 2 tests/distributed/worker.py OUT [NAME...]``
 runs every scenario (or the named ones) once and saves each rank's observations to
 ``OUT/<scenario>-rank<R>.pt``; the tests compare them with single-process runs. One
 launch for all scenarios keeps the suite fast (process start-up dominates).
@@ -11,8 +11,9 @@ import contextlib
 import faulthandler
 import signal
 import sys
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import torch
 from torch.utils.data import DataLoader
@@ -22,8 +23,8 @@ from amptrain.trainer import Trainer
 from tests.conftest import tiny_classification, tiny_mlp
 
 SAMPLES = 200  # 6 global batches of 32 and a partial one of 8: the last window is uneven
-COMMON = dict(device="cpu", no_progress=True, scheduler="none", epochs=1, log_every=1,
-              batch_size=32, optimizer="sgd", lr=0.1)
+COMMON = {"device": "cpu", "no_progress": True, "scheduler": "none", "epochs": 1,
+          "log_every": 1, "batch_size": 32, "optimizer": "sgd", "lr": 0.1}
 
 #: (precision, accumulate, optimizer) runs compared with one process (same global batch).
 EQUAL_RUNS = [("32-true", 1, "sgd"), ("32-true", 2, "sgd"), ("bf16-mixed", 1, "sgd"),
@@ -57,7 +58,7 @@ class Recording:
     inject: tuple[int, int] | None = None  # (rank, optimizer step index)
     always_sync = False
 
-    def accumulation_context(self, model, boundary):  # noqa: D102
+    def accumulation_context(self, model, boundary):
         @contextlib.contextmanager
         def recorded():
             with super(Recording, self).accumulation_context(model, boundary or self.always_sync):
@@ -82,7 +83,7 @@ class RecordingFSDP(Recording, FSDPStrategy):
 class DisagreeingDDP(RecordingDDP):
     """Control: DDP without found-inf agreement (what agreement protects against)."""
 
-    def prepare_model(self, model, precision, optimizer=None):  # noqa: D102
+    def prepare_model(self, model, precision, optimizer=None):
         model = super().prepare_model(model, precision, optimizer)
         precision.set_found_inf_agreement(None)
         return model

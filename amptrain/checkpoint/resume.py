@@ -1,0 +1,159 @@
+"""Finding and checking what ``--resume`` continues from.
+
+``--resume auto`` takes the newest readable checkpoint of the run directory, skipping
+damaged ones; a resumed run's config is checked against the checkpoint's, and the
+metrics a killed run logged after its last checkpoint are dropped (the resumed run
+logs those steps again).
+"""
+from __future__ import annotations
+
+import json
+import logging
+import os
+from pathlib import Path
+from typing import Any
+
+from ..errors import UserError
+from .files import CHECKPOINT_DIR, LAST, load, remove_unfinished, step_checkpoints
+
+log = logging.getLogger("amptrain")
+
+#: Config fields that change the rest of the run's trajectory when they differ on resume.
+INEXACT_IF_CHANGED = ("data", "seed", "epochs", "max_steps", "lr", "scheduler", "warmup_steps",
+                      "weight_decay", "momentum", "clip_grad_norm", "val_fraction")
+
+
+def find_resume(target: str, out: str | Path | None, *, cleanup: bool = True
+                ) -> tuple[Path, dict[str, Any]] | None:
+    """The checkpoint ``--resume TARGET`` means, loaded: (path, state), or None to start fresh.
+
+    ``auto`` takes the latest valid checkpoint under ``OUT/checkpoints`` (None when there
+    is none yet); a directory means the same inside it; anything else is a file path.
+    ``cleanup`` deletes leftovers of a save that was killed half-way.
+    """
+    if target == "auto":
+        if out is None:
+            raise UserError("--resume auto needs --out (the run directory to continue)")
+        directory = Path(out) / CHECKPOINT_DIR
+        if cleanup:
+            for leftover in remove_unfinished(directory):
+                log.info("removed %s, left by a checkpoint write that never finished", leftover)
+        found = latest_valid(directory)
+        if found is None:
+            log.info("--resume auto: no checkpoint in %s, starting fresh", directory)
+        return found
+    path = Path(target)
+    if path.is_dir():
+        directory = path / CHECKPOINT_DIR if (path / CHECKPOINT_DIR).is_dir() else path
+        found = latest_valid(directory)
+        if found is None:
+            raise UserError(f"--resume {path}: no checkpoint in {directory}")
+        return found
+    return path, load(path)
+
+
+def latest_valid(directory: str | Path) -> tuple[Path, dict[str, Any]] | None:
+    """``last.pt``, else the newest ``step-N.pt`` that loads; corrupt ones are skipped with a
+    warning. None when the directory holds no checkpoint; an error when none is readable."""
+    directory = Path(directory)
+    candidates = [directory / LAST] if (directory / LAST).is_file() else []
+    candidates += reversed(step_checkpoints(directory))
+    for candidate in candidates:
+        try:
+            return candidate, load(candidate)
+        except UserError as exc:
+            log.warning("skipping %s", exc)
+    if candidates:
+        raise UserError(f"--resume: none of the {len(candidates)} checkpoints in {directory} "
+                        f"is readable; remove them to start over, or --resume a good copy")
+    return None
+
+
+def check_compatible(state: dict[str, Any], config: dict[str, Any], run_info: dict[str, Any],
+                     path: str | Path) -> None:
+    """Refuse a resume whose config contradicts the checkpoint; warn where it is only inexact.
+
+    ``config`` is the resolved config of the run that resumes. A different model, class
+    count or input shape cannot load the weights, another optimizer cannot use the saved
+    optimizer state, and a different global batch would read the saved data position
+    and LR schedule wrongly. Other differences (:data:`INEXACT_IF_CHANGED`) are allowed
+    but make the continuation differ from the original run, which a warning says.
+    """
+    saved = state.get("config") or {}
+    if saved.get("model") and config.get("model") and saved["model"] != config["model"]:
+        raise UserError(f"--model {config['model']} does not match checkpoint {path}, which was "
+                        f"trained with --model {saved['model']}; resume with --model "
+                        f"{saved['model']} or start a new run with another --out")
+    saved_inputs = (state.get("run") or {}).get("inputs") or {}
+    inputs = run_info.get("inputs") or {}
+    for key, what in (("num_classes", "{} classes"), ("input_shape", "inputs of shape {}")):
+        if key not in saved_inputs or key not in inputs:
+            continue
+        now, then = _plain(inputs[key]), _plain(saved_inputs[key])
+        if now != then:
+            raise UserError(f"--data {config.get('data')} has {what.format(now)}, but checkpoint "
+                            f"{path} was trained on {what.format(then)} (--data "
+                            f"{saved.get('data')}); resume with the same data")
+    if "batch_size" in saved and saved["batch_size"] != config.get("batch_size"):
+        raise UserError(f"--batch-size {config.get('batch_size')} differs from checkpoint {path}'s "
+                        f"{saved['batch_size']}: its data position and learning-rate schedule "
+                        f"count batches of {saved['batch_size']}; resume with --batch-size "
+                        f"{saved['batch_size']}")
+    if saved.get("optimizer") and saved["optimizer"] != config.get("optimizer"):
+        raise UserError(f"--optimizer {config.get('optimizer')} differs from checkpoint {path}'s "
+                        f"{saved['optimizer']}, whose optimizer state it cannot use; resume with "
+                        f"--optimizer {saved['optimizer']}")
+    changed = [f"--{key.replace('_', '-')} {config[key]} (checkpoint: {saved[key]})"
+               for key in INEXACT_IF_CHANGED
+               if key in saved and key in config and saved[key] != config[key]]
+    if changed:
+        log.warning("resume is not exact: %s", ", ".join(changed))
+
+
+def _plain(value: Any) -> Any:
+    return tuple(value) if isinstance(value, (list, tuple)) else value
+
+
+def resume_message(path: str | Path, state: dict[str, Any], precision: str,
+                   steps_per_epoch: int | None) -> str:
+    """One line for the user: where the run continues and which precision trained it."""
+    trained = state.get("precision_name", "unknown")
+    position = f"epoch {int(state['epoch']) + 1}"
+    if steps_per_epoch:
+        position = (f"next: batch {int(state['window_in_epoch']) + 1}/{steps_per_epoch} of "
+                    f"{position}")
+    if trained == precision:
+        how = f"trained with {trained}"
+    else:
+        how = (f"trained with {trained}, continuing in {precision}: its fp32 weights and "
+               f"optimizer state carry over")
+        had_scale = bool((state.get("precision") or {}).get("scaler"))
+        if had_scale:
+            how += "; its loss-scale state does not apply here"
+    return f"resuming from {path} at step {int(state['step'])} ({position}; {how})"
+
+
+def trim_metrics(path: str | Path, step: int) -> int:
+    """Drop records after ``step`` from a metrics.jsonl (a killed run logged past its
+    last checkpoint; the resumed run logs those steps again). Returns how many went."""
+    path = Path(path)
+    if not path.is_file():
+        return 0
+    kept, dropped = [], 0
+    for line in path.read_text().splitlines():
+        try:
+            record = json.loads(line)
+            keep = int(record.get("step", 0)) <= step
+        except (ValueError, TypeError, AttributeError):  # a line cut short by a kill
+            keep = False
+        if keep:
+            kept.append(line)
+        else:
+            dropped += 1
+    if dropped:
+        tmp = path.with_name(f".{path.name}.tmp")
+        tmp.write_text("".join(line + "\n" for line in kept))
+        os.replace(tmp, path)
+        log.info("%s: dropped %d records logged after step %d (the resumed run logs them again)",
+                 path, dropped, step)
+    return dropped

@@ -1,0 +1,103 @@
+"""What goes into a checkpoint's state and comes out of it again.
+
+The Trainer assembles a checkpoint (``Trainer.state_dict``); these are the pieces that do
+not depend on it: checking that saved weights fit a model, loading optimizer state across
+precisions, and capturing and restoring the random generators for an exact resume.
+"""
+from __future__ import annotations
+
+import logging
+import random
+from typing import Any
+
+import numpy as np
+import torch
+
+from ..errors import UserError
+
+log = logging.getLogger("amptrain")
+
+#: Optimizer group entries that describe how this process runs the optimizer (kernel
+#: choice, the precision layer's Adam eps floor), not the training state: the running
+#: optimizer keeps its own values when a checkpoint is loaded.
+RUNTIME_GROUP_KEYS = ("eps", "fused", "foreach", "capturable", "differentiable")
+
+
+def weights_mismatch(expected: dict[str, torch.Tensor], found: dict[str, Any]) -> str | None:
+    """The first difference between a model's state_dict and a checkpoint's, or None."""
+    for key, value in expected.items():
+        if key not in found:
+            return f"the model's '{key}' is missing from the checkpoint"
+        other = found[key]
+        if isinstance(value, torch.Tensor) and isinstance(other, torch.Tensor) \
+                and value.shape != other.shape:
+            return (f"'{key}' has shape {tuple(other.shape)} in the checkpoint but "
+                    f"{tuple(value.shape)} in the model")
+    extra = [key for key in found if key not in expected]
+    if extra:
+        return f"the checkpoint's '{extra[0]}' is not in the model"
+    return None
+
+
+def load_optimizer_state(optimizer: torch.optim.Optimizer, saved: dict[str, Any]) -> None:
+    """Load a checkpoint's optimizer state into ``optimizer``, whatever precision wrote it.
+
+    State is keyed by parameter position, which is the same with or without fp32 master
+    copies (the masters take their parameters' places), and torch casts moments to each
+    parameter's dtype. The entries in :data:`RUNTIME_GROUP_KEYS` keep this optimizer's
+    values: they belong to the current precision and device, not to the run.
+    """
+    runtime = [{k: g[k] for k in RUNTIME_GROUP_KEYS if k in g} for g in optimizer.param_groups]
+    sizes = [len(g["params"]) for g in optimizer.param_groups]
+    saved_sizes = [len(g["params"]) for g in saved.get("param_groups", [])]
+    if sizes != saved_sizes:
+        raise UserError(f"the checkpoint's optimizer has parameter groups of sizes {saved_sizes}, "
+                        f"this one {sizes}: a different model or optimizer setup")
+    try:
+        optimizer.load_state_dict(saved)
+    except (ValueError, KeyError, RuntimeError) as exc:
+        raise UserError(f"the checkpoint's optimizer state does not fit: "
+                        f"{str(exc).strip().splitlines()[0]}") from None
+    for group, kept in zip(optimizer.param_groups, runtime):
+        group.update(kept)
+        if not (group.get("fused") or group.get("capturable")):
+            # Plain kernels keep the step count as a CPU scalar; fused ones on the device.
+            for param in group["params"]:
+                step = optimizer.state.get(param, {}).get("step")
+                if isinstance(step, torch.Tensor) and step.device.type != "cpu":
+                    optimizer.state[param]["step"] = step.to("cpu", torch.float32)
+
+
+# ------------------------------------------------------------------------ RNG
+def capture_rng() -> dict[str, Any]:
+    """Python, numpy, torch and CUDA generator states, as tensors and plain values."""
+    kind, keys, pos, has_gauss, cached = np.random.get_state()
+    rng: dict[str, Any] = {
+        "python": random.getstate(),
+        "numpy": {"kind": kind, "keys": torch.from_numpy(keys.astype(np.int64)), "pos": int(pos),
+                  "has_gauss": int(has_gauss), "cached_gaussian": float(cached)},
+        "torch": torch.get_rng_state(),
+    }
+    if torch.cuda.is_available():
+        rng["cuda"] = torch.cuda.get_rng_state_all()
+    return rng
+
+
+def restore_rng(rng: dict[str, Any]) -> None:
+    """Undo :func:`capture_rng` (CUDA states only where CUDA is available)."""
+    if "python" in rng:
+        random.setstate(rng["python"])
+    numpy_state = rng.get("numpy")
+    if isinstance(numpy_state, dict):
+        np.random.set_state((numpy_state["kind"], numpy_state["keys"].numpy().astype(np.uint32),
+                             numpy_state["pos"], numpy_state["has_gauss"],
+                             numpy_state["cached_gaussian"]))
+    if "torch" in rng:
+        torch.set_rng_state(rng["torch"])
+    if "cuda" in rng and torch.cuda.is_available():
+        states = rng["cuda"]
+        if len(states) == torch.cuda.device_count():
+            torch.cuda.set_rng_state_all(states)
+        else:
+            log.warning("checkpoint has CUDA RNG states for %d devices, this process sees %d: "
+                        "CUDA random streams restart", len(states), torch.cuda.device_count())
