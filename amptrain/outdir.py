@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import Any, Callable
 
 from .errors import UserError, flag
 
@@ -53,3 +54,22 @@ def prepare(out: str | os.PathLike[str], *, resume: bool) -> Path:
         raise UserError(f"{flag('out')} {path}: cannot create it "
                         f"({exc.strerror or type(exc).__name__})") from None
     return path
+
+
+def check_on_main(out: str | os.PathLike[str], *, resume: bool, is_main: bool,
+                  broadcast: Callable[[Any], Any]) -> None:
+    """:func:`check` on the main process, whose verdict every process follows.
+
+    Each process checking for itself would race: rank 0 may already have written
+    metrics.jsonl into ``out`` when a slower rank looks, and that rank would then refuse
+    the very run it belongs to.
+    """
+    problem = None
+    if is_main:
+        try:
+            check(out, resume=resume)
+        except UserError as exc:
+            problem = str(exc)
+    problem = broadcast(problem)
+    if problem:
+        raise UserError(problem)

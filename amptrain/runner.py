@@ -56,7 +56,8 @@ def run_training(config: RunConfig, **trainer_options: Any) -> FitResult:
     try:
         # Under plain torchrun each process picked its own default --out: use rank 0's.
         config = replace_options(config, out=strategy.broadcast_object(config.out))
-        outdir.check(config.out, resume=bool(config.checkpointing.resume))
+        outdir.check_on_main(config.out, resume=bool(config.checkpointing.resume),
+                             is_main=strategy.is_main, broadcast=strategy.broadcast_object)
         # The Trainer first: a precision the hardware lacks (fp8 on a CPU) is refused before
         # the data and the model are loaded.
         trainer = Trainer(config, strategy=strategy, **trainer_options)

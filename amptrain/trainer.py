@@ -213,7 +213,9 @@ class Trainer:
         c = self.config
         self._check_fit_arguments(model, train_data, val_data, optimizer, loss_fn, class_names)
         if self.out is not None:
-            outdir.check(self.out, resume=bool(c.checkpointing.resume))
+            outdir.check_on_main(self.out, resume=bool(c.checkpointing.resume),
+                                 is_main=self.strategy.is_main,
+                                 broadcast=self.strategy.broadcast_object)
         seed_everything(c.seed, c.deterministic)
         tune_backends(self.device, c.deterministic)
         self.loss_fn = loss_fn or F.cross_entropy
