@@ -45,7 +45,8 @@ from .config.options import require_non_negative, require_positive
 from .devices import resolve_device
 from .env import collect_env
 from .errors import TrainingHalted, UserError, flag
-from .precision import Precision
+from .precision.maths import MathSwitches
+from .precision.support import resolve_name
 from .runner import prepare_run, run_training
 from .trainer import Trainer, forward_batch
 
@@ -105,17 +106,14 @@ class CompareOptions:
 
 def resolve_precisions(options: CompareOptions, device: torch.device) -> tuple[str, list[str]]:
     """(baseline, precisions): canonical names, ``auto`` resolved, baseline first, no repeats."""
-    def canonical(name: str) -> str:
+    def canonical(name: str, option: str) -> str:
         try:
-            return Precision(name.strip(), device=device).name
+            return resolve_name(name.strip(), device)
         except UserError as exc:
-            raise UserError(f"--precisions: {exc}") from None
+            raise UserError(f"{flag(option)}: {exc}") from None
 
-    names = [canonical(p) for p in str(options.precisions).split(",") if p.strip()]
-    try:
-        baseline = Precision(options.baseline, device=device).name
-    except UserError as exc:
-        raise UserError(f"--baseline: {exc}") from None
+    names = [canonical(p, "precisions") for p in str(options.precisions).split(",") if p.strip()]
+    baseline = canonical(options.baseline, "baseline")
     if baseline not in names:
         log.info("compare: adding the baseline %s to --precisions (speedups are relative to it)",
                  baseline)
@@ -199,20 +197,6 @@ def sync(device: torch.device) -> None:
     """Wait for the device: the clock may only be read once queued work is done."""
     if device.type == "cuda":
         torch.cuda.synchronize(device)
-
-
-class MathSwitches:
-    """Process-global maths switches (TF32) as one Trainer's precision left them.
-
-    Precisions set these at setup; when steps of several precisions alternate in one
-    process, each step must run under its own precision's switches.
-    """
-
-    def __init__(self) -> None:
-        self.values = (torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32)
-
-    def apply(self) -> None:
-        torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = self.values
 
 
 @dataclass

@@ -19,53 +19,9 @@ from typing import Any
 import torch
 from torch.nn import functional as F
 
+from .devices import CPU_FLAGS, cpu_flags, cpu_model, gpu_info, resolve_device
 from .precision import fp8
-from .precision.fp8 import CC_FP8
-from .precision.modes import MODES, auto_mode, cpu_has_native_bf16
-
-#: /proc/cpuinfo flags that decide how fast reduced precision is on an x86 CPU.
-CPU_FLAGS = {"amx_bf16": "AMX-BF16", "amx_fp16": "AMX-FP16", "amx_tile": "AMX-TILE",
-             "avx512_bf16": "AVX512-BF16", "avx512_fp16": "AVX512-FP16"}
-
-#: Every precision `supported` reports on: amptrain's modes (fp8 included).
-PRECISIONS = tuple(MODES)
-
-# Compute capabilities (major, minor) where NVIDIA hardware features start.
-CC_FP16 = (6, 0)          # fast fp16 arithmetic (Pascal P100)
-CC_TENSOR_CORES = (7, 0)  # Volta: fp16 Tensor Cores
-CC_BF16 = (8, 0)          # Ampere: bf16 and TF32 Tensor Cores
-# CC_FP8 (8.9, Ada / Hopper: fp8 Tensor Cores) comes from the precision layer.
-
-
-def cpu_model() -> str:
-    """The CPU's model name from /proc/cpuinfo (Linux), else platform's guess."""
-    try:
-        with open("/proc/cpuinfo") as handle:
-            for line in handle:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
-
-
-def read_cpu_flags(path: str = "/proc/cpuinfo") -> set[str] | None:
-    """The CPU's feature flags (x86 ``flags``, ARM ``Features``), or None when unknown."""
-    try:
-        with open(path) as handle:
-            for line in handle:
-                key, _, value = line.partition(":")
-                if key.strip() in ("flags", "Features"):
-                    return set(value.split())
-    except OSError:
-        pass
-    return None
-
-
-def cpu_flags(path: str = "/proc/cpuinfo") -> dict[str, bool | None]:
-    """{flag: present} for :data:`CPU_FLAGS`; values are None when the flags are unknown."""
-    flags = read_cpu_flags(path)
-    return {name: (None if flags is None else name in flags) for name in CPU_FLAGS}
+from .precision.support import gpu_features, support_table
 
 
 def _version(query: Callable[[], Any]) -> str | None:
@@ -84,76 +40,6 @@ def _nccl_version() -> str | None:
     if not torch.cuda.is_available():
         return None
     return _version(torch.cuda.nccl.version)
-
-
-def gpu_info(index: int) -> dict[str, Any]:
-    """Name, compute capability, memory and precision features of one CUDA device."""
-    props = torch.cuda.get_device_properties(index)
-    cc = (props.major, props.minor)
-    return {"name": props.name, "compute_capability": f"{props.major}.{props.minor}",
-            "memory_bytes": int(props.total_memory),
-            "multiprocessors": getattr(props, "multi_processor_count", None),
-            "tensor_cores": cc >= CC_TENSOR_CORES, "fp16": cc >= CC_FP16,
-            "bf16": cc >= CC_BF16, "tf32": cc >= CC_BF16, "fp8": cc >= CC_FP8}
-
-
-def default_device() -> torch.device:
-    """The device ``--device auto`` (and so ``env``) talks about."""
-    return torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu")
-
-
-def device_features(device: torch.device, flags: dict[str, bool | None],
-                    gpus: list[dict[str, Any]]) -> dict[str, bool]:
-    """Which reduced-precision maths ``device`` does in hardware (not emulated)."""
-    if device.type == "cuda":
-        gpu = gpus[device.index or 0]
-        return {key: bool(gpu[key]) for key in ("tensor_cores", "fp16", "bf16", "tf32", "fp8")}
-    native_bf16 = cpu_has_native_bf16() or bool(flags.get("avx512_bf16") or flags.get("amx_bf16"))
-    native_fp16 = bool(flags.get("avx512_fp16") or flags.get("amx_fp16"))
-    return {"tensor_cores": False, "amx": bool(flags.get("amx_tile")), "fp16": native_fp16,
-            "bf16": native_bf16, "tf32": False, "fp8": False}
-
-
-def precision_needs(device: torch.device) -> dict[str, str]:
-    """What each precision needs from this kind of device (one line each, for the table)."""
-    if device.type == "cuda":
-        by_kind = {"fp32": "any CUDA GPU", "tf32": "compute capability 8.0+ (Ampere)",
-                   "fp16": "compute capability 6.0+ (Tensor Cores: 7.0+)",
-                   "bf16": "compute capability 8.0+ (Ampere)",
-                   "fp8": "compute capability 8.9+ (Ada/Hopper) and torchao"}
-    else:
-        by_kind = {"fp32": "any CPU", "tf32": "an NVIDIA GPU (here it trains as 32-true)",
-                   "fp16": "AVX512-FP16 or AMX-FP16 (AMX-FP16 for fast conv)",
-                   "bf16": "AVX512-BF16 or AMX-BF16 (AMX for speed)",
-                   "fp8": "an NVIDIA GPU with compute capability 8.9+ and torchao"}
-    needs = {}
-    for name, spec in MODES.items():
-        dtypes = (spec.compute_dtype, spec.param_dtype)
-        kind = "fp8" if spec.float8_linears else "tf32" if spec.tf32 else \
-            "bf16" if torch.bfloat16 in dtypes else "fp16" if torch.float16 in dtypes else "fp32"
-        needs[name] = by_kind[kind]
-    return needs
-
-
-def supported_precisions(features: dict[str, bool]) -> dict[str, bool]:
-    """{precision: runs natively on this device} for every mode.
-
-    fp8 also needs torchao: it is supported exactly when ``--precision fp8`` would be
-    accepted (:func:`amptrain.precision.fp8.fp8_unsupported_reason`).
-    """
-    supported = {}
-    for name, spec in MODES.items():
-        if spec.float8_linears:
-            supported[name] = features["fp8"] and fp8.torchao_available()
-        elif spec.tf32:
-            supported[name] = features["tf32"]
-        elif torch.bfloat16 in (spec.compute_dtype, spec.param_dtype):
-            supported[name] = features["bf16"]
-        elif torch.float16 in (spec.compute_dtype, spec.param_dtype):
-            supported[name] = features["fp16"]
-        else:
-            supported[name] = True
-    return supported
 
 
 def env_notes(device: torch.device, flags: dict[str, bool | None], features: dict[str, bool],
@@ -211,12 +97,11 @@ def collect_env() -> dict[str, Any]:
     ``--device auto`` would use.
     """
     flags = cpu_flags()
-    gpus = [gpu_info(i) for i in range(torch.cuda.device_count())] \
-        if torch.cuda.is_available() else []
-    device = default_device()
-    features = device_features(device, flags, gpus)
-    supported = supported_precisions(features)
-    recommended = auto_mode(device)
+    gpus = [{**gpu_info(i), **gpu_features(*torch.cuda.get_device_capability(i))}
+            for i in range(torch.cuda.device_count())] if torch.cuda.is_available() else []
+    device = resolve_device("auto")
+    support = support_table(device, flags)
+    features, recommended = support["features"], support["recommended_precision"]
     return {
         "python": platform.python_version(), "torch": torch.__version__,
         "cuda": torch.version.cuda, "cpu": cpu_model(), "cpu_cores": os.cpu_count(),
@@ -225,10 +110,7 @@ def collect_env() -> dict[str, Any]:
         "nccl": _nccl_version(),
         "cpu_flags": flags,
         "device": str(device),
-        "features": features,
-        "needs": precision_needs(device),
-        "supported": supported,
-        "recommended_precision": recommended,
+        **support,
         "channels_last": recommended != "32-true",
         "notes": env_notes(device, flags, features, gpus, recommended),
     }
@@ -296,7 +178,7 @@ def run_bench(device: torch.device | None = None, rounds: int = 5,
     repeats the kernel until about ``target_s`` seconds have passed. A dtype the device
     cannot run is reported with ``tflops`` None and the error.
     """
-    device = device or default_device()
+    device = device or resolve_device("auto")
     results = []
     with torch.inference_mode():
         for case in bench_cases(device):
@@ -357,12 +239,12 @@ def format_env(info: dict[str, Any]) -> str:
     lines += ["", f"device {info['device']}: Tensor Cores {_yes(f['tensor_cores'])}   "
                   f"bf16 {_yes(f['bf16'])}   fp16 {_yes(f['fp16'])}   TF32 {_yes(f['tf32'])}   "
                   f"fp8 {_yes(f['fp8'])}", ""]
-    width = max(len(p) for p in PRECISIONS)
-    lines.append(f"  {'precision':<{width}}  supported  needs")
-    for name in PRECISIONS:
+    width = max(len(p) for p in info["supported"])
+    lines.append(f"  {'precision':<{width}}  {'supported':<16}  needs")
+    for name, native in info["supported"].items():
         mark = "  <- recommended" if name == info["recommended_precision"] else ""
-        lines.append(f"  {name:<{width}}  {_yes(info['supported'][name]):<9}  "
-                     f"{info['needs'][name]}{mark}")
+        support = "emulated (slow)" if info["emulated"].get(name) else _yes(native)
+        lines.append(f"  {name:<{width}}  {support:<16}  {info['needs'][name]}{mark}")
     extra = " (+ --channels-last for conv nets)" if info["channels_last"] else ""
     lines += ["", f"recommended: --precision {info['recommended_precision']}{extra}"]
     if info["notes"]:

@@ -6,8 +6,6 @@ One optimizer step ("step") is one global batch: ``accumulate`` micro-batches pe
 """
 from __future__ import annotations
 
-import contextlib
-import dataclasses
 import functools
 import logging
 import os
@@ -250,6 +248,9 @@ class Trainer:
         self.logger = RunLogger(self.out, enabled=self.strategy.is_main,
                                 progress=not c.logging.no_progress,
                                 resumed_at=self.step if self.step > 0 else None)
+        emulated = self.precision.emulation_note()
+        if emulated:  # first, so that nobody reads past it
+            log.warning("%s", emulated)
         self.logger.message(self._banner())
         lr_note = self.lr_plan.describe(c)
         if lr_note:

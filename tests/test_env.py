@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from amptrain import env
+from amptrain import devices, env
 from amptrain.precision import MODES, fp8
-from amptrain.precision.modes import cpu_has_native_bf16
+from amptrain.precision.support import cpu_has_native_bf16
 from tests.conftest import fake_gpu
 
 ROOT = Path(__file__).parents[1]
@@ -68,9 +68,9 @@ def test_cpu_flags_are_parsed_from_cpuinfo(tmp_path):
     fake = tmp_path / "cpuinfo"
     fake.write_text("processor\t: 0\nmodel name\t: Fake CPU\n"
                     "flags\t\t: fpu sse avx512f avx512_bf16 amx_tile amx_bf16\n\n")
-    assert env.cpu_flags(str(fake)) == {"amx_bf16": True, "amx_fp16": False, "amx_tile": True,
+    assert devices.cpu_flags(str(fake)) == {"amx_bf16": True, "amx_fp16": False, "amx_tile": True,
                                         "avx512_bf16": True, "avx512_fp16": False}
-    assert set(env.cpu_flags(str(tmp_path / "missing")).values()) == {None}
+    assert set(devices.cpu_flags(str(tmp_path / "missing")).values()) == {None}
 
 
 def test_collect_env_keeps_the_keys_other_reports_embed():

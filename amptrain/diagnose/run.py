@@ -23,7 +23,7 @@ from torch import nn
 from ..config import RunConfig, TrainConfig, replace_options
 from ..data import DataBundle
 from ..devices import resolve_device
-from ..env import cpu_flags, device_features, gpu_info, supported_precisions
+from ..precision.support import device_features, supported_precisions
 from ..errors import UserError
 from ..precision import NonFiniteHalt
 from ..probe import NonFiniteEvent, NonFiniteWatch
@@ -181,9 +181,7 @@ def diagnose(config: TrainConfig, steps: int = 20, *, data: DataBundle | None = 
 
 
 def _supported_here(device: torch.device) -> dict[str, bool]:
-    gpus = [gpu_info(i) for i in range(torch.cuda.device_count())] \
-        if device.type == "cuda" else []
-    return supported_precisions(device_features(device, cpu_flags(), gpus))
+    return supported_precisions(device_features(device))
 
 
 def _order(s: dict[str, Any]) -> int:

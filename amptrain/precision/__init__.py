@@ -23,20 +23,23 @@ from typing import TYPE_CHECKING, Any, ContextManager, Iterable
 import torch
 from torch import nn
 
-from ..errors import TrainingHalted, UserError
+from ..devices import resolve_device
+from ..errors import TrainingHalted, UserError, flag
 from .fp8 import Float8Plan, convert_linears, plan_float8
 from .islands import (ForwardPatches, cpu_fp16_fp32_modules, install_cpu_fp16_conv,
                       install_cpu_fp16_fp32_islands, install_fp32_islands, match_modules)
 from .master import FP32_NORM_TYPES, MasterWeights, cast_model, modules_kept_fp32
-from .modes import (ALIASES, MODES, PRECISION_NAMES, ModeSpec, auto_mode, canonical_name,
-                    unsupported_reason)
+from .maths import set_tf32
+from .modes import ALIASES, MODES, PRECISION_NAMES, ModeSpec, canonical_name
+from .support import (auto_mode, device_features, emulated_precisions, resolve_name,
+                      unsupported_reason)
 from .scaling import DynamicLossScaler, FoundInfAgreement, NonFiniteGuard
 
 if TYPE_CHECKING:
     from ..config import PrecisionConfig
 
 __all__ = ["Precision", "StepOutcome", "NonFiniteHalt", "MODES", "PRECISION_NAMES", "ALIASES",
-           "ModeSpec", "canonical_name"]
+           "ModeSpec", "canonical_name", "resolve_name"]
 
 log = logging.getLogger("amptrain")
 
@@ -99,7 +102,7 @@ class Precision:
                  min_scale: float = 1.0, keep_fp32: Iterable[str] = (),
                  max_bad_steps: int = 10, fp8_skip_first_last: bool = True) -> None:
         self.requested = canonical_name(name)
-        self.device = torch.device(device) if device is not None else _default_device()
+        self.device = torch.device(device) if device is not None else resolve_device("auto")
         self._scaler_options = dict(init_scale=init_scale, growth_factor=growth_factor,
                                     backoff_factor=backoff_factor, growth_interval=growth_interval)
         self.min_scale = min_scale
@@ -146,6 +149,17 @@ class Precision:
         """The mode actually used (``auto`` resolved)."""
         return self.spec.name
 
+    def emulation_note(self) -> str | None:
+        """A warning when this device only emulates the mode (slow), naming the faster
+        choice; None when the mode runs natively."""
+        features = device_features(self.device)
+        if not emulated_precisions(self.device, features)[self.name]:
+            return None
+        faster = auto_mode(self.device)
+        return (f"{self.name} is emulated on this {self.device.type} (no native "
+                f"{'bf16' if self.spec.compute_dtype == torch.bfloat16 else 'fp16'} maths): "
+                f"expect it slower than 32-true; {flag('precision')} {faster} is faster here")
+
     # ----------------------------------------------------------------- setup
     def setup(self, model: nn.Module, optimizer: torch.optim.Optimizer | None = None
               ) -> tuple[nn.Module, torch.optim.Optimizer | None]:
@@ -183,7 +197,7 @@ class Precision:
         if cpu_fp16:
             install_cpu_fp16_conv(self._patches, model, skip=set(islands.values()))
             install_cpu_fp16_fp32_islands(self._patches, fp32_on_cpu)
-        self._set_tf32()
+        set_tf32(self.spec, self.device)
         if optimizer is not None:
             self._optimizers.append(optimizer)
         return model, optimizer
@@ -262,20 +276,6 @@ class Precision:
     def teardown(self) -> None:
         """Remove the forward wrappers installed by :meth:`setup`."""
         self._patches.remove()
-
-    def _set_tf32(self) -> None:
-        if self.device.type != "cuda":
-            if self.spec.tf32:
-                log.info("tf32 has no effect on %s: training as 32-true", self.device.type)
-            return
-        # Set every time: these switches are process-global and a previous run in the same
-        # process (compare) may have changed them. Other modes get PyTorch's defaults.
-        matmul, cudnn = (True, True) if self.spec.tf32 else \
-            (False, False) if self.spec.name == "32-true" else (False, True)
-        torch.backends.cuda.matmul.allow_tf32 = matmul
-        torch.backends.cudnn.allow_tf32 = cudnn
-        if self.spec.tf32 and torch.cuda.get_device_capability(self.device)[0] < 8:
-            log.info("this GPU has no TF32 (compute capability < 8.0): tf32 trains as 32-true")
 
     # --------------------------------------------------------------- forward
     def autocast(self) -> ContextManager:
@@ -442,7 +442,3 @@ def _is_fsdp_sharded(model: nn.Module) -> bool:
     except ImportError:  # torch builds without distributed support
         return False
     return isinstance(model, FSDPModule)
-
-
-def _default_device() -> torch.device:
-    return torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu")

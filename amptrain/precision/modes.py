@@ -1,7 +1,8 @@
 """The table of precision modes: what each one keeps in which dtype.
 
 Every behavioural difference between modes is data in :data:`MODES`; the rest of the
-precision package reads these fields and never branches on a mode's name.
+precision package reads these fields and never branches on a mode's name. What a device
+supports of them is :mod:`amptrain.precision.support`.
 """
 from __future__ import annotations
 
@@ -9,11 +10,10 @@ from dataclasses import dataclass
 
 import torch
 
-from ..errors import UserError
-from . import fp8
+from ..errors import UserError, flag
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class ModeSpec:
     """How one precision mode stores weights, computes, and protects its gradients."""
 
@@ -38,26 +38,36 @@ class ModeSpec:
 _F32, _F16, _BF16 = torch.float32, torch.float16, torch.bfloat16
 
 MODES: dict[str, ModeSpec] = {spec.name: spec for spec in (
-    ModeSpec("32-true", _F32, None, False, False, False, "fp32 weights and maths, TF32 off"),
-    ModeSpec("tf32", _F32, None, False, False, True, "fp32 weights, TF32 matmul/conv on CUDA"),
-    ModeSpec("16-mixed", _F32, _F16, False, True, False,
-             "fp32 weights, fp16 autocast, dynamic loss scaling"),
-    ModeSpec("bf16-mixed", _F32, _BF16, False, False, False, "fp32 weights, bf16 autocast"),
-    ModeSpec("16-master", _F16, _F16, True, True, False,
-             "fp16 model, fp32 master weights in the optimizer, dynamic loss scaling"),
-    ModeSpec("bf16-master", _BF16, _BF16, True, False, False,
-             "bf16 model, fp32 master weights in the optimizer"),
-    ModeSpec("16-true", _F16, _F16, False, True, False,
-             "fp16 model and optimizer, dynamic loss scaling", min_adam_eps=1e-4),
-    ModeSpec("bf16-true", _BF16, _BF16, False, False, False, "bf16 model and optimizer"),
-    ModeSpec("fp8", _F32, _BF16, False, False, False,
-             "fp32 weights, torchao float8 Linear layers, bf16 autocast elsewhere",
+    ModeSpec(name="32-true", param_dtype=_F32, compute_dtype=None, master_weights=False,
+             loss_scaling=False, tf32=False, summary="fp32 weights and maths, TF32 off"),
+    ModeSpec(name="tf32", param_dtype=_F32, compute_dtype=None, master_weights=False,
+             loss_scaling=False, tf32=True, summary="fp32 weights, TF32 matmul/conv on CUDA"),
+    ModeSpec(name="16-mixed", param_dtype=_F32, compute_dtype=_F16, master_weights=False,
+             loss_scaling=True, tf32=False,
+             summary="fp32 weights, fp16 autocast, dynamic loss scaling"),
+    ModeSpec(name="bf16-mixed", param_dtype=_F32, compute_dtype=_BF16, master_weights=False,
+             loss_scaling=False, tf32=False, summary="fp32 weights, bf16 autocast"),
+    ModeSpec(name="16-master", param_dtype=_F16, compute_dtype=_F16, master_weights=True,
+             loss_scaling=True, tf32=False,
+             summary="fp16 model, fp32 master weights in the optimizer, dynamic loss scaling"),
+    ModeSpec(name="bf16-master", param_dtype=_BF16, compute_dtype=_BF16, master_weights=True,
+             loss_scaling=False, tf32=False,
+             summary="bf16 model, fp32 master weights in the optimizer"),
+    ModeSpec(name="16-true", param_dtype=_F16, compute_dtype=_F16, master_weights=False,
+             loss_scaling=True, tf32=False,
+             summary="fp16 model and optimizer, dynamic loss scaling", min_adam_eps=1e-4),
+    ModeSpec(name="bf16-true", param_dtype=_BF16, compute_dtype=_BF16, master_weights=False,
+             loss_scaling=False, tf32=False, summary="bf16 model and optimizer"),
+    ModeSpec(name="fp8", param_dtype=_F32, compute_dtype=_BF16, master_weights=False,
+             loss_scaling=False, tf32=False,
+             summary="fp32 weights, torchao float8 Linear layers, bf16 autocast elsewhere",
              float8_linears=True),
 )}
 
-#: Lightning's short spellings and common synonyms.
+#: Lightning's short spellings, common synonyms and Keras's mixed-precision policy names.
 ALIASES = {"32": "32-true", "fp32": "32-true", "16": "16-mixed", "fp16": "16-mixed",
-           "bf16": "bf16-mixed", "16-mixed-master": "16-master"}
+           "bf16": "bf16-mixed", "16-mixed-master": "16-master",
+           "float32": "32-true", "mixed_float16": "16-mixed", "mixed_bfloat16": "bf16-mixed"}
 
 PRECISION_NAMES = tuple(MODES) + ("auto",)
 
@@ -66,50 +76,6 @@ def canonical_name(name: str) -> str:
     """Map an alias to its mode name, or raise a UserError listing the valid names."""
     name = ALIASES.get(str(name), str(name))
     if name not in MODES and name != "auto":
-        raise UserError(f"unknown --precision {name!r}; choose one of "
-                        f"{', '.join(PRECISION_NAMES)}")
+        raise UserError(f"unknown {flag('precision')} {name!r}; choose one of "
+                        f"{', '.join(PRECISION_NAMES)} (or an alias: {', '.join(ALIASES)})")
     return name
-
-
-def cpu_has_native_bf16() -> bool:
-    """True when oneDNN has bf16 kernels on this CPU (AVX512-BF16 or AMX)."""
-    try:
-        return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
-    except (AttributeError, RuntimeError):  # builds without oneDNN
-        return False
-
-
-def cuda_bf16_supported(device: torch.device) -> bool:
-    """bf16 in hardware (compute capability 8.0+), not emulated."""
-    major, _ = torch.cuda.get_device_capability(device)
-    return major >= 8
-
-
-def auto_mode(device: torch.device) -> str:
-    """The fastest mode that is safe on ``device``: bf16 where native, else fp16 or fp32.
-
-    Never fp8: it pays off only for large Linear layers, and its loss curve has to be
-    checked against bf16 for each model (benchmarks/gpu_fp8.py), so it is opt-in.
-    """
-    if device.type == "cuda":
-        if cuda_bf16_supported(device):
-            return "bf16-mixed"
-        major, _ = torch.cuda.get_device_capability(device)
-        return "16-mixed" if major >= 7 else "32-true"
-    if device.type == "cpu" and cpu_has_native_bf16():
-        return "bf16-mixed"
-    return "32-true"
-
-
-def unsupported_reason(spec: ModeSpec, device: torch.device) -> str | None:
-    """Why ``spec`` cannot run on ``device`` (a message naming the flag), or None."""
-    if spec.float8_linears:
-        return fp8.fp8_unsupported_reason(spec.name, device)
-    uses_bf16 = _BF16 in (spec.param_dtype, spec.compute_dtype)
-    if device.type == "cuda" and uses_bf16 and not cuda_bf16_supported(device):
-        cc = "%d.%d" % torch.cuda.get_device_capability(device)
-        return (f"--precision {spec.name} needs a GPU with bf16 (compute capability 8.0+); "
-                f"{torch.cuda.get_device_name(device)} has {cc}: use --precision 16-mixed")
-    if device.type not in ("cpu", "cuda") and spec.compute_dtype is not None:
-        return f"--precision {spec.name} is not supported on {device.type}; use --precision 32-true"
-    return None

@@ -9,7 +9,7 @@ from torch import nn
 from torch.nn import functional as F
 
 from amptrain import Precision
-from amptrain.errors import TrainingHalted, UserError
+from amptrain.errors import TrainingHalted, UserError, cli_spelling
 from amptrain.precision import MODES, canonical_name
 from tests.conftest import tiny_classification, tiny_mlp
 
@@ -212,7 +212,12 @@ def test_cpu_fp16_conv_backward_matches_reference_kernel():
 
 def test_names_aliases_and_unknown():
     assert canonical_name("bf16") == "bf16-mixed" and canonical_name("16") == "16-mixed"
-    with pytest.raises(UserError, match="unknown --precision 'fp12'"):
+    # Keras's mixed-precision policy names
+    assert [canonical_name(n) for n in ("float32", "mixed_float16", "mixed_bfloat16")] == \
+        ["32-true", "16-mixed", "bf16-mixed"]
+    with cli_spelling(), pytest.raises(UserError, match="unknown --precision 'fp12'"):
+        canonical_name("fp12")
+    with pytest.raises(UserError, match="unknown precision 'fp12'"):
         canonical_name("fp12")
     assert Precision("auto", device="cpu").name in MODES
 

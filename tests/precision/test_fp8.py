@@ -27,7 +27,7 @@ from amptrain.runner import prepare_run
 from amptrain.trainer import Trainer
 from tests import conftest
 
-ROOT = Path(__file__).parents[1]
+ROOT = Path(__file__).parents[2]
 HAS_TORCHAO = importlib.util.find_spec("torchao") is not None
 needs_torchao = pytest.mark.skipif(not HAS_TORCHAO,
                                    reason="torchao is not installed (pip install 'amptrain[fp8]')")

@@ -1,0 +1,165 @@
+"""What a device supports: which precision modes run natively, which are only emulated,
+which are refused, and which one ``auto`` picks. The single authority on these facts:
+``env``, ``compare``, ``diagnose`` and :class:`~amptrain.precision.Precision` ask here.
+
+Every CUDA fact comes from ``torch.cuda.*`` queries and every CPU fact from
+``/proc/cpuinfo`` and oneDNN, so tests can fake either.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from ..devices import cpu_flags, resolve_device
+from ..errors import UserError, flag
+from . import fp8
+from .fp8 import CC_FP8
+from .modes import MODES, ModeSpec, canonical_name
+
+# Compute capabilities (major, minor) where NVIDIA hardware features start.
+CC_FP16 = (6, 0)          # fast fp16 arithmetic (Pascal P100)
+CC_TENSOR_CORES = (7, 0)  # Volta: fp16 Tensor Cores
+CC_BF16 = (8, 0)          # Ampere: bf16 and TF32 Tensor Cores
+
+_F16, _BF16 = torch.float16, torch.bfloat16
+
+
+def cpu_has_native_bf16() -> bool:
+    """True when oneDNN has bf16 kernels on this CPU (AVX512-BF16 or AMX)."""
+    try:
+        return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
+    except (AttributeError, RuntimeError):  # builds without oneDNN
+        return False
+
+
+def cuda_bf16_supported(device: torch.device) -> bool:
+    """bf16 in hardware (compute capability 8.0+), not emulated."""
+    major, _ = torch.cuda.get_device_capability(device)
+    return major >= 8
+
+
+def gpu_features(major: int, minor: int) -> dict[str, bool]:
+    """The reduced-precision hardware of a GPU of compute capability ``major.minor``."""
+    cc = (major, minor)
+    return {"tensor_cores": cc >= CC_TENSOR_CORES, "fp16": cc >= CC_FP16,
+            "bf16": cc >= CC_BF16, "tf32": cc >= CC_BF16, "fp8": cc >= CC_FP8}
+
+
+def device_features(device: torch.device,
+                    flags: dict[str, bool | None] | None = None) -> dict[str, bool]:
+    """Which reduced-precision maths ``device`` does in hardware (not emulated)."""
+    if device.type == "cuda":
+        return gpu_features(*torch.cuda.get_device_capability(device))
+    flags = cpu_flags() if flags is None else flags
+    native_bf16 = cpu_has_native_bf16() or bool(flags.get("avx512_bf16") or flags.get("amx_bf16"))
+    native_fp16 = bool(flags.get("avx512_fp16") or flags.get("amx_fp16"))
+    return {"tensor_cores": False, "amx": bool(flags.get("amx_tile")), "fp16": native_fp16,
+            "bf16": native_bf16, "tf32": False, "fp8": False}
+
+
+def _kind(spec: ModeSpec) -> str:
+    """The hardware feature a mode needs: fp8, tf32, bf16, fp16 or fp32."""
+    dtypes = (spec.compute_dtype, spec.param_dtype)
+    return "fp8" if spec.float8_linears else "tf32" if spec.tf32 else \
+        "bf16" if _BF16 in dtypes else "fp16" if _F16 in dtypes else "fp32"
+
+
+def precision_needs(device: torch.device) -> dict[str, str]:
+    """What each precision needs from this kind of device (one line each, for the table)."""
+    if device.type == "cuda":
+        by_kind = {"fp32": "any CUDA GPU", "tf32": "compute capability 8.0+ (Ampere)",
+                   "fp16": "compute capability 6.0+ (Tensor Cores: 7.0+)",
+                   "bf16": "compute capability 8.0+ (Ampere)",
+                   "fp8": "compute capability 8.9+ (Ada/Hopper) and torchao"}
+    else:
+        by_kind = {"fp32": "any CPU", "tf32": "an NVIDIA GPU (here it trains as 32-true)",
+                   "fp16": "AVX512-FP16 or AMX-FP16 (AMX-FP16 for fast conv)",
+                   "bf16": "AVX512-BF16 or AMX-BF16 (AMX for speed)",
+                   "fp8": "an NVIDIA GPU with compute capability 8.9+ and torchao"}
+    return {name: by_kind[_kind(spec)] for name, spec in MODES.items()}
+
+
+def supported_precisions(features: dict[str, bool]) -> dict[str, bool]:
+    """{precision: runs natively on a device with ``features``} for every mode.
+
+    fp8 also needs torchao: it is supported exactly when ``--precision fp8`` would be
+    accepted (:func:`amptrain.precision.fp8.fp8_unsupported_reason`).
+    """
+    supported = {}
+    for name, spec in MODES.items():
+        kind = _kind(spec)
+        if kind == "fp8":
+            supported[name] = features["fp8"] and fp8.torchao_available()
+        else:
+            supported[name] = kind == "fp32" or bool(features[kind])
+    return supported
+
+
+def emulated_precisions(device: torch.device, features: dict[str, bool]) -> dict[str, bool]:
+    """{precision: accepted here but computed without hardware for it (slow)}.
+
+    On a CPU without AVX512-FP16/AMX-FP16, fp16 is converted to fp32 around every kernel,
+    and bf16 without AVX512-BF16/AMX likewise: they run, several times slower than fp32.
+    A refused mode (bf16 on a pre-Ampere GPU, fp8 without sm89) is not "emulated".
+    """
+    emulated = {}
+    for name, spec in MODES.items():
+        kind = _kind(spec)
+        accepted = unsupported_reason(spec, device) is None
+        emulated[name] = accepted and kind in ("fp16", "bf16") and not features[kind]
+    return emulated
+
+
+def auto_mode(device: torch.device) -> str:
+    """The fastest mode that is safe on ``device`` and never an emulated one: bf16 where
+    native, else fp16 on Tensor-Core GPUs, else fp32.
+
+    Never fp8: it pays off only for large Linear layers, and its loss curve has to be
+    checked against bf16 for each model (benchmarks/gpu_fp8.py), so it is opt-in.
+    """
+    if device.type == "cuda":
+        if cuda_bf16_supported(device):
+            return "bf16-mixed"
+        major, _ = torch.cuda.get_device_capability(device)
+        return "16-mixed" if major >= 7 else "32-true"
+    if device.type == "cpu" and cpu_has_native_bf16():
+        return "bf16-mixed"
+    return "32-true"
+
+
+def unsupported_reason(spec: ModeSpec, device: torch.device) -> str | None:
+    """Why ``spec`` cannot run on ``device`` (a message naming the option), or None."""
+    if spec.float8_linears:
+        return fp8.fp8_unsupported_reason(spec.name, device)
+    uses_bf16 = _BF16 in (spec.param_dtype, spec.compute_dtype)
+    precision = flag("precision")
+    if device.type == "cuda" and uses_bf16 and not cuda_bf16_supported(device):
+        cc = "%d.%d" % torch.cuda.get_device_capability(device)
+        return (f"{precision} {spec.name} needs a GPU with bf16 (compute capability 8.0+); "
+                f"{torch.cuda.get_device_name(device)} has {cc}: use {precision} 16-mixed")
+    if device.type not in ("cpu", "cuda") and spec.compute_dtype is not None:
+        return f"{precision} {spec.name} is not supported on {device.type}; use 32-true"
+    return None
+
+
+def resolve_name(name: str, device: torch.device | str | None = None) -> str:
+    """The mode ``name`` means on ``device``: aliases mapped, ``auto`` resolved, and a mode
+    the device cannot run refused with a :class:`UserError` saying what to use instead."""
+    device = resolve_device("auto") if device is None else torch.device(device)
+    canonical = canonical_name(name)
+    resolved = auto_mode(device) if canonical == "auto" else canonical
+    reason = unsupported_reason(MODES[resolved], device)
+    if reason:
+        raise UserError(reason)
+    return resolved
+
+
+def support_table(device: torch.device, flags: dict[str, bool | None] | None = None
+                  ) -> dict[str, Any]:
+    """Everything ``env`` reports about precisions on ``device``, in one dict."""
+    features = device_features(device, flags)
+    return {"features": features, "needs": precision_needs(device),
+            "supported": supported_precisions(features),
+            "emulated": emulated_precisions(device, features),
+            "recommended_precision": auto_mode(device)}

@@ -1,0 +1,70 @@
+"""What a device supports: native, emulated and refused precisions, auto's choice, and
+name resolution, on faked CPUs and GPUs."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from amptrain.errors import UserError, cli_spelling
+from amptrain.precision import support
+from tests.conftest import fake_gpu
+
+NO_FLAGS = {"amx_bf16": False, "amx_fp16": False, "amx_tile": False, "avx512_bf16": False,
+            "avx512_fp16": False}
+CPU = torch.device("cpu")
+
+
+@pytest.mark.parametrize("flags,native_bf16,fp16,bf16", [
+    # AVX2-only: bf16 and fp16 both emulated
+    ({}, False, "emulated", "emulated"),
+    # AMD EPYC Zen 4: AVX512-BF16, no fp16 units
+    ({"avx512_bf16": True}, True, "emulated", "native"),
+    # Sapphire Rapids: AMX-BF16 and AVX512-FP16
+    ({"amx_bf16": True, "amx_tile": True, "avx512_fp16": True}, True, "native", "native"),
+])
+def test_cpu_classes(monkeypatch, flags, native_bf16, fp16, bf16):
+    monkeypatch.setattr(support, "cpu_has_native_bf16", lambda: native_bf16)
+    table = support.support_table(CPU, {**NO_FLAGS, **flags})
+    for name in ("16-mixed", "16-master", "16-true"):
+        assert table["emulated"][name] is (fp16 == "emulated")
+        assert table["supported"][name] is (fp16 == "native")
+    for name in ("bf16-mixed", "bf16-master", "bf16-true"):
+        assert table["emulated"][name] is (bf16 == "emulated")
+    assert not table["emulated"]["32-true"] and not table["emulated"]["fp8"]
+    # auto never picks an emulated precision
+    assert table["recommended_precision"] == ("bf16-mixed" if native_bf16 else "32-true")
+    assert not table["emulated"][table["recommended_precision"]]
+
+
+@pytest.mark.parametrize("gpu,major,minor,auto,bf16_ok", [
+    ("Tesla T4", 7, 5, "16-mixed", False),
+    ("NVIDIA A100", 8, 0, "bf16-mixed", True),
+    ("Tesla P100", 6, 0, "32-true", False),
+])
+def test_gpus(monkeypatch, gpu, major, minor, auto, bf16_ok):
+    fake_gpu(monkeypatch, gpu, major, minor)
+    cuda = torch.device("cuda")
+    assert support.auto_mode(cuda) == auto
+    assert support.resolve_name("auto", cuda) == auto
+    if bf16_ok:
+        assert support.resolve_name("bf16", cuda) == "bf16-mixed"
+    else:
+        with cli_spelling(), pytest.raises(UserError, match="--precision bf16-mixed needs a GPU "
+                                                            "with bf16 .* use --precision 16-mixed"):
+            support.resolve_name("bf16", cuda)
+        # refused is not "emulated"
+        features = support.device_features(cuda)
+        assert not support.emulated_precisions(cuda, features)["bf16-mixed"]
+
+
+def test_resolve_name_maps_aliases_and_refuses_unknown_names():
+    assert support.resolve_name("mixed_bfloat16", CPU) == "bf16-mixed"
+    assert support.resolve_name("32", CPU) == "32-true"
+    with pytest.raises(UserError, match="unknown precision 'fp12'"):
+        support.resolve_name("fp12", CPU)
+
+
+def test_needs_name_the_hardware_per_kind():
+    needs = support.precision_needs(CPU)
+    assert needs["bf16-true"] == needs["bf16-mixed"] and "AVX512-BF16" in needs["bf16-mixed"]
+    assert "AVX512-FP16" in needs["16-mixed"] and needs["32-true"] == "any CPU"
