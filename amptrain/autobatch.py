@@ -1,16 +1,20 @@
 """Memory-aware micro-batches: find the largest that fits, and shrink on out-of-memory.
 
+A planner: it runs what it is given (a step at a micro-batch size, a forward/backward of a
+window) and answers with a :class:`BatchPlan`; it holds no training state of its own and
+knows nothing of the Trainer, which applies each plan in one place.
+
 The global batch (``--batch-size``) is fixed; only the way it is cut into micro-batches
 changes, so the optimisation maths never does (see :mod:`amptrain.batches`):
 
-* ``--micro-batch-size auto`` (:meth:`AutoBatch.find_micro_batch`) runs real training
+* ``--micro-batch-size auto`` (:meth:`MicroBatchPlanner.search`) runs real training
   steps (forward, backward, optimizer step, in the run's precision, on the run's first
   batches) at candidate micro-batch sizes, keeps the largest that fits, and sets
   ``accumulate`` so that micro x accumulate x processes == batch. Candidates are the
   divisors of the per-device batch, so the batch is always met exactly. The weights,
   optimizer, loss scaler and RNG are restored after every probe: probing does not change
   training.
-* Mid-training, an out-of-memory error in a forward/backward (:meth:`AutoBatch.run`)
+* Mid-training, an out-of-memory error in a forward/backward (:meth:`MicroBatchPlanner.run`)
   drops the partial gradients, frees memory, halves the micro-batch (doubling the
   accumulation) and redoes the same global batch, re-cut, from the same RNG and BatchNorm
   state; later steps keep the new split.
@@ -19,24 +23,11 @@ changes, so the optimisation maths never does (see :mod:`amptrain.batches`):
 
 Measuring memory
 ----------------
-"Fits" means: no out-of-memory error, and the probe's peak memory within the budget.
-
-* CUDA: ``torch.cuda.max_memory_reserved`` after ``reset_peak_memory_stats`` (what the
-  process took from the device); the budget is ``--memory-budget-gb`` when given, else the
-  device itself (its out-of-memory error).
-* CPU has no device limit, so ``--memory-budget-gb`` (default: the RAM in use plus the
-  RAM available now) bounds the process's peak resident memory (RSS) during a step.
-  ``getrusage``'s ``ru_maxrss`` is a lifetime peak that cannot be reset, which would make
-  every probe after a large one look large. Linux can reset it: writing ``5`` to
-  ``/proc/self/clear_refs`` sets the high-water mark ``VmHWM`` to the current RSS. Each
-  probe therefore frees memory (``gc``, and glibc's ``malloc_trim`` so freed heap really
-  leaves the process), resets ``VmHWM``, runs, and reads ``VmHWM``. This measures what
-  the budget is about -- the whole process, Python heap and allocator slack included --
-  where the alternatives do not: torch's profiler sees only tensors (and slows the step),
-  and a child process per probe would need a picklable model and data (spawn) or is
-  unsafe with OpenMP threads (fork). Where ``VmHWM`` cannot be reset (not Linux), probes
-  run in ascending order only, so the never-decreasing ``ru_maxrss`` still reads each
-  probe's own peak.
+"Fits" means: no out-of-memory error, and the probe's peak memory within the budget, as
+:class:`~amptrain.memory.MemoryMeter` measures it in its ``"process"`` scope. CUDA's budget
+is ``--memory-budget-gb`` when given, else the device itself (its out-of-memory error);
+the CPU has no device limit, so ``--memory-budget-gb`` (default: the RAM in use plus the
+RAM available now) bounds the process's peak resident memory during a step.
 
 The search gallops upwards (each probe about twice the last) and then bisects between the
 last size that fit and the first that did not: no probe is much larger than the answer,
@@ -46,26 +37,17 @@ exceeds the budget by more than :data:`PREDICTION_SLACK` is judged without runni
 """
 from __future__ import annotations
 
-import copy
-import ctypes
-import gc
 import logging
 import math
-import re
-import resource
-import sys
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass
-from typing import TYPE_CHECKING, Any, Callable
+from typing import Any
 
 import torch
 
-from .batches import DatasetWindows, Window
-from .config import write_yaml
-from .errors import TrainingHalted, UserError
-
-if TYPE_CHECKING:  # pragma: no cover
-    from .trainer import Trainer
+from .batches import Window
+from .errors import TrainingHalted, UserError, flag
+from .memory import MemoryMeter, available_bytes, free_memory, rss_bytes
 
 log = logging.getLogger("amptrain")
 
@@ -146,84 +128,14 @@ def largest_fitting(candidates: list[int], fits: Callable[[int], bool], *, start
     return sizes[lo] if lo >= 0 else None
 
 
-# ----------------------------------------------------------------- memory meter
-def free_memory(device: torch.device) -> None:
-    """Collect garbage and hand cached memory back (CUDA cache, glibc heap)."""
-    gc.collect()
-    if device.type == "cuda":
-        torch.cuda.empty_cache()
-    else:
-        _malloc_trim()
+@dataclass(frozen=True)
+class BatchPlan:
+    """How a per-device batch is cut: ``micro_batch`` samples x ``accumulate`` passes."""
+
+    micro_batch: int
+    accumulate: int
 
 
-def _malloc_trim() -> None:
-    try:
-        libc = ctypes.CDLL(None)
-        libc.malloc_trim(0)
-    except (OSError, AttributeError):  # not glibc: nothing to trim
-        pass
-
-
-def _proc_kib(path: str, key: str) -> int | None:
-    try:
-        with open(path) as f:
-            match = re.search(rf"^{key}:\s+(\d+)\s*kB", f.read(), re.MULTILINE)
-    except OSError:
-        return None
-    return int(match.group(1)) * 1024 if match else None
-
-
-def _reset_rss_peak() -> bool:
-    """Set the process's RSS high-water mark to its current RSS (Linux); False if impossible."""
-    try:
-        with open("/proc/self/clear_refs", "w") as f:
-            f.write("5")
-    except OSError:
-        return False
-    return _proc_kib("/proc/self/status", "VmHWM") is not None
-
-
-def rss_bytes() -> int | None:
-    """The process's resident memory now (Linux), or None."""
-    return _proc_kib("/proc/self/status", "VmRSS")
-
-
-def available_bytes() -> int | None:
-    """RAM that can be taken without swapping (Linux MemAvailable), or None."""
-    return _proc_kib("/proc/meminfo", "MemAvailable")
-
-
-class PeakMemory:
-    """The peak memory of one block of work on ``device`` (see the module docstring)."""
-
-    def __init__(self, device: torch.device) -> None:
-        self.device = device
-        if device.type == "cuda":
-            self.resettable, self.source = True, "CUDA max_memory_reserved"
-        elif _reset_rss_peak():
-            self.resettable, self.source = True, "peak RSS (VmHWM, reset before each probe)"
-        else:
-            self.resettable, self.source = False, "peak RSS (ru_maxrss; probes ascending)"
-
-    def measure(self, work: Callable[[], None]) -> int:
-        """Run ``work`` and return the peak bytes while it ran."""
-        free_memory(self.device)
-        if self.device.type == "cuda":
-            torch.cuda.synchronize(self.device)
-            torch.cuda.reset_peak_memory_stats(self.device)
-            work()
-            torch.cuda.synchronize(self.device)
-            return int(torch.cuda.max_memory_reserved(self.device))
-        if self.resettable:
-            _reset_rss_peak()
-            work()
-            return int(_proc_kib("/proc/self/status", "VmHWM") or 0)
-        work()
-        peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-        return int(peak if sys.platform == "darwin" else peak * 1024)
-
-
-# ------------------------------------------------------------ probing support
 @dataclass
 class Probe:
     """One tried micro-batch size."""
@@ -234,70 +146,174 @@ class Probe:
     note: str  # "fits", "over budget", "out of memory: ...", "predicted over budget"
 
 
-class _StepStart:
-    """What a failed forward/backward changes besides gradients: RNG draws and module
-    buffers (BatchNorm running statistics). Saved before every step so that a redo starts
-    from exactly the same state; costs one multi-tensor copy and a 5 KB RNG copy per step,
-    with no device sync."""
+class MicroBatchPlanner:
+    """``--micro-batch-size auto`` search and out-of-memory recovery for one run.
 
-    def __init__(self, model: torch.nn.Module, device: torch.device) -> None:
-        self.device = device
-        self.buffers = [b for b in model.buffers()]
-        self.saved = [b.detach().clone() for b in self.buffers]
-        self.cpu_rng: torch.Tensor | None = None
-        self.cuda_rng: torch.Tensor | None = None
-
-    def save(self) -> None:
-        self.cpu_rng = torch.get_rng_state()
-        if self.device.type == "cuda":
-            self.cuda_rng = torch.cuda.get_rng_state(self.device)
-        if self.buffers:
-            torch._foreach_copy_(self.saved, self.buffers)
-
-    def restore(self) -> None:
-        torch.set_rng_state(self.cpu_rng)
-        if self.cuda_rng is not None:
-            torch.cuda.set_rng_state(self.cuda_rng, self.device)
-        if self.buffers:
-            torch._foreach_copy_(self.buffers, self.saved)
-
-
-class _TrainingState:
-    """Weights (fp32, master copies included), optimizer, loss scaler and RNG, on the CPU.
-
-    Copies live on the CPU so they do not count against the device memory being probed.
+    ``agree(fits)`` must return True only when every process fits (all ranks pick the same
+    micro-batch); with one process it is the identity.
     """
 
-    def __init__(self, trainer: "Trainer") -> None:
-        self.weights = {k: v.detach().to("cpu", copy=True)
-                        for k, v in trainer.precision.fp32_state_dict(trainer.model).items()}
-        self.optimizer = _cpu_copy(trainer.optimizer.state_dict())
-        self.precision = copy.deepcopy(trainer.precision.state_dict())
-        self.device = trainer.device
-        self.rng = torch.get_rng_state()
-        self.cuda_rng = torch.cuda.get_rng_state(self.device) if self.device.type == "cuda" \
-            else None
+    def __init__(self, device: torch.device, *, batch_size: int, world_size: int = 1,
+                 memory_budget_gb: float | None = None,
+                 agree: Callable[[bool], bool] = lambda fits: fits) -> None:
+        self.device = device
+        self.batch_size = batch_size
+        self.world_size = world_size
+        self.per_device = batch_size // world_size
+        self.memory_budget_gb = memory_budget_gb
+        self.agree = agree
+        self.limit: int | None = None        # micro-batch cap after an out-of-memory error
+        self.search_report: dict[str, Any] | None = None
+        self.oom_events: list[dict[str, Any]] = []
 
-    def restore(self, trainer: "Trainer") -> None:
-        trainer.model.zero_grad(set_to_none=True)
-        trainer.optimizer.zero_grad(set_to_none=True)
-        trainer.precision.load_fp32_state_dict(trainer.model, self.weights)
-        # load_state_dict may keep references to the tensors it is given: hand it a copy.
-        trainer.optimizer.load_state_dict(copy.deepcopy(self.optimizer))
-        trainer.precision.load_state_dict(copy.deepcopy(self.precision))
-        torch.set_rng_state(self.rng)
-        if self.cuda_rng is not None:
-            torch.cuda.set_rng_state(self.cuda_rng, self.device)
+    # ------------------------------------------------------------- auto search
+    def search(self, run_steps: Callable[[int], None], restore: Callable[[], None]) -> BatchPlan:
+        """The largest divisor of the per-device batch whose probe fits.
 
+        ``run_steps(micro)`` runs real training steps cut at ``micro``; ``restore()`` puts
+        the training state back after each probe (see the module docstring).
+        """
+        meter = MemoryMeter(self.device, "process")
+        budget = self.budget()
+        probes: list[Probe] = []
 
-def _cpu_copy(value: Any) -> Any:
-    if isinstance(value, torch.Tensor):
-        return value.detach().to("cpu", copy=True)
-    if isinstance(value, dict):
-        return {k: _cpu_copy(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return type(value)(_cpu_copy(v) for v in value)
-    return copy.deepcopy(value)
+        def fits(micro: int) -> bool:
+            probe = self._probe(micro, run_steps, restore, meter, budget, probes)
+            probes.append(probe)
+            return probe.fits
+
+        try:
+            # Start at the smallest candidate above 1: BatchNorm cannot train on one sample,
+            # and where 2 does not fit the search still goes down to 1.
+            micro = largest_fitting(divisors(self.per_device), fits, start=1,
+                                    ascending=not meter.resettable)
+        finally:
+            restore()
+            free_memory(self.device)
+        self.search_report = {"micro_batch_size": micro,
+                              "accumulate": self.per_device // micro if micro else None,
+                              "memory_budget_bytes": budget, "measured_by": meter.source,
+                              "probes": [asdict(p) for p in probes]}
+        tried = ", ".join(f"{p.micro_batch_size}: {p.note}" +
+                          (f" ({_gb(p.peak_bytes)})" if p.peak_bytes is not None else "")
+                          for p in probes)
+        if micro is None:
+            first = min(probes, key=lambda p: p.micro_batch_size)
+            hint = (f"raise {flag('memory_budget_gb')} (now {budget / GB:g})"
+                    if budget is not None and first.note.startswith("over")
+                    else f"use a cheaper {flag('precision')} (e.g. bf16-mixed) or a smaller "
+                         f"model")
+            raise UserError(f"{flag('micro_batch_size')} auto: even micro-batch 1 does not fit "
+                            f"({first.note}, peak {_gb(first.peak_bytes)}"
+                            f"{f' > budget {_gb(budget)}' if budget is not None else ''}); {hint}")
+        plan = BatchPlan(micro, self.per_device // micro)
+        where = f"budget {_gb(budget)}, " if budget is not None else ""
+        processes = f" x {self.world_size} processes" if self.world_size > 1 else ""
+        self.search_report["summary"] = (
+            f"auto micro-batch {plan.micro_batch} x accumulate {plan.accumulate}{processes} = "
+            f"batch {self.batch_size} ({where}measured by {meter.source}; tried {tried})")
+        return plan
+
+    def budget(self) -> int | None:
+        """Bytes a step may use: --memory-budget-gb, else what the CPU can give (None:
+        the CUDA device's own limit decides)."""
+        if self.memory_budget_gb is not None:
+            return int(self.memory_budget_gb * GB)
+        if self.device.type == "cpu":
+            rss, free = rss_bytes(), available_bytes()
+            if rss is not None and free is not None:
+                return rss + free  # what this process may grow to without swapping
+        return None
+
+    def _probe(self, micro: int, run_steps: Callable[[int], None], restore: Callable[[], None],
+               meter: MemoryMeter, budget: int | None, probes: list[Probe]) -> Probe:
+        predicted = _predict(micro, probes)
+        if budget is not None and predicted is not None and predicted > PREDICTION_SLACK * budget:
+            return Probe(micro, self.agree(False), predicted, "predicted over budget")
+        failure, peak = None, None
+        try:
+            peak = meter.measure(lambda: run_steps(micro))
+        except Exception as exc:  # noqa: BLE001 - only out-of-memory is expected here
+            if not is_out_of_memory(exc):
+                raise
+            failure = _first_line(exc)
+        # Outside the except block: the traceback (and the activations its frames hold)
+        # is gone.
+        restore()
+        free_memory(self.device)
+        if failure is not None:
+            return Probe(micro, self.agree(False), None, f"out of memory: {failure}")
+        if budget is not None and peak is not None and peak > budget:
+            return Probe(micro, self.agree(False), peak, "over budget")
+        ok = self.agree(True)
+        return Probe(micro, ok, peak, "fits" if ok else "does not fit on another process")
+
+    # ------------------------------------------------------- out-of-memory recovery
+    def run(self, window: Window, forward_backward: Callable[[Window], None], *,
+            plan: BatchPlan, step: int, drop_gradients: Callable[[], None],
+            step_start: Any = None) -> tuple[Window, BatchPlan]:
+        """Run ``forward_backward(window)``; on out-of-memory redo it in smaller micro-batches.
+
+        Returns the window as it finally ran (re-cut after a recovery) and the plan that
+        later steps should use. ``step_start`` (a :class:`~amptrain.snapshot.StepStart`,
+        saved by the caller) brings RNG and BatchNorm statistics back before a redo, as a
+        run that used the smaller micro-batch from the start would have them.
+        """
+        if self.limit is not None and max(window.micro_samples, default=0) > self.limit:
+            window = resplit(window, self.limit)  # planned before the micro-batch shrank
+        while True:
+            failure = None
+            try:
+                forward_backward(window)
+                return window, plan
+            except Exception as exc:  # noqa: BLE001 - anything else is re-raised
+                if not is_out_of_memory(exc):
+                    raise
+                failure = _first_line(exc)
+            # Outside the except block: the traceback (and the activations its frames
+            # hold) is gone. The failed attempt may have accumulated some gradients.
+            drop_gradients()
+            free_memory(self.device)
+            plan = self._shrink(window, failure, plan, step)
+            window = resplit(window, plan.micro_batch)
+            if step_start is not None:
+                step_start.restore()
+
+    def _shrink(self, window: Window, failure: str, plan: BatchPlan, step: int) -> BatchPlan:
+        failed = max(window.micro_samples)
+        per_device = plan.micro_batch * plan.accumulate
+        smaller = halve(failed, per_device)
+        if smaller is None:
+            raise OutOfMemoryHalt(
+                f"out of memory at step {step} even with micro-batch 1 ({failure}): the model, "
+                f"its optimizer state and one sample do not fit; use a cheaper "
+                f"{flag('precision')} (e.g. bf16-mixed), a smaller model, or a device with "
+                f"more memory")
+        if self.world_size > 1:
+            raise OutOfMemoryHalt(
+                f"out of memory at step {step} with micro-batch {failed} ({failure}); one of "
+                f"{self.world_size} processes cannot redo a step alone: restart with "
+                f"{flag('micro_batch_size')} {smaller} (or auto)")
+        new = BatchPlan(smaller, math.ceil(per_device / smaller))
+        self.limit = smaller
+        self.oom_events.append({"step": step, "micro_batch_size": [plan.micro_batch, smaller],
+                                "accumulate": [plan.accumulate, new.accumulate], "error": failure,
+                                "message": f"out of memory at step {step} with micro-batch "
+                                           f"{failed}; redoing the step as micro-batch {smaller} "
+                                           f"x accumulate {new.accumulate} (same global batch "
+                                           f"of {window.global_samples}) and keeping that split"})
+        return new
+
+    def report(self) -> dict[str, Any]:
+        """What config.yaml records about micro-batch sizing."""
+        out: dict[str, Any] = {}
+        if self.search_report is not None:
+            out["micro_batch_search"] = {k: v for k, v in self.search_report.items()
+                                         if k != "summary"}
+        if self.oom_events:
+            out["oom_events"] = [{k: v for k, v in e.items() if k != "message"}
+                                 for e in self.oom_events]
+        return out
 
 
 # ---------------------------------------------------------------- re-splitting
@@ -341,214 +357,6 @@ def _first_line(exc: BaseException) -> str:
 
 def _gb(value: int | None) -> str:
     return "?" if value is None else f"{value / GB:.2f} GB"
-
-
-# --------------------------------------------------------------------- AutoBatch
-class AutoBatch:
-    """The Trainer's micro-batch sizing: ``auto`` search and out-of-memory recovery."""
-
-    def __init__(self, trainer: "Trainer") -> None:
-        self.trainer = trainer
-        self.limit: int | None = None        # micro-batch cap after an out-of-memory error
-        self.search: dict[str, Any] | None = None
-        self.oom_events: list[dict[str, Any]] = []
-        self._start: _StepStart | None = None
-
-    # ------------------------------------------------------------- auto search
-    def find_micro_batch(self, train_data: Any) -> tuple[int, int]:
-        """(micro, accumulate) for ``--micro-batch-size auto``: the largest divisor of the
-        per-device batch whose probe fits (see the module docstring)."""
-        t = self.trainer
-        per_device = t.config.batching.batch_size // t.strategy.world_size
-        windows = t._windows(train_data, 1, per_device, shuffle=True)
-        if not isinstance(windows, DatasetWindows):
-            raise UserError("--micro-batch-size auto needs a dataset that amptrain batches itself; "
-                            "a DataLoader's batch_size is its micro-batch: set it there instead")
-        # The dataset as training will hold it (on the GPU when small enough), moved once.
-        train_data = windows.dataset
-        del windows
-        meter = PeakMemory(t.device)
-        budget = self._budget()
-        probes: list[Probe] = []
-        state = _TrainingState(t)
-
-        def fits(micro: int) -> bool:
-            probe = self._probe(train_data, micro, per_device, meter, budget, probes, state)
-            probes.append(probe)
-            return probe.fits
-
-        try:
-            # Start at the smallest candidate above 1: BatchNorm cannot train on one sample,
-            # and where 2 does not fit the search still goes down to 1.
-            micro = largest_fitting(divisors(per_device), fits, start=1,
-                                    ascending=not meter.resettable)
-        finally:
-            state.restore(t)
-            free_memory(t.device)
-        self.search = {"micro_batch_size": micro,
-                       "accumulate": per_device // micro if micro else None,
-                       "memory_budget_bytes": budget, "measured_by": meter.source,
-                       "probes": [asdict(p) for p in probes]}
-        tried = ", ".join(f"{p.micro_batch_size}: {p.note}" +
-                          (f" ({_gb(p.peak_bytes)})" if p.peak_bytes is not None else "")
-                          for p in probes)
-        if micro is None:
-            first = min(probes, key=lambda p: p.micro_batch_size)
-            hint = (f"raise --memory-budget-gb (now {budget / GB:g})" if budget is not None
-                    and first.note.startswith("over") else "use a cheaper --precision "
-                    "(e.g. bf16-mixed) or a smaller model")
-            raise UserError(f"--micro-batch-size auto: even micro-batch 1 does not fit "
-                            f"({first.note}, peak {_gb(first.peak_bytes)}"
-                            f"{f' > budget {_gb(budget)}' if budget is not None else ''}); {hint}")
-        accumulate = per_device // micro
-        if t.strategy.is_main:
-            where = f"budget {_gb(budget)}, " if budget is not None else ""
-            log.info("auto micro-batch %d x accumulate %d%s = batch %d (%smeasured by %s; "
-                     "tried %s)", micro, accumulate,
-                     f" x {t.strategy.world_size} processes" if t.strategy.world_size > 1 else "",
-                     t.config.batching.batch_size, where, meter.source, tried)
-        return micro, accumulate
-
-    def _budget(self) -> int | None:
-        t = self.trainer
-        if t.config.batching.memory_budget_gb is not None:
-            return int(t.config.batching.memory_budget_gb * GB)
-        if t.device.type == "cpu":
-            rss, free = rss_bytes(), available_bytes()
-            if rss is not None and free is not None:
-                return rss + free  # what this process may grow to without swapping
-        return None  # CUDA: the device's own limit (its out-of-memory error) decides
-
-    def _probe(self, train_data: Any, micro: int, per_device: int, meter: PeakMemory,
-               budget: int | None, probes: list[Probe], state: _TrainingState) -> Probe:
-        predicted = _predict(micro, probes)
-        if budget is not None and predicted is not None and predicted > PREDICTION_SLACK * budget:
-            return Probe(micro, self._agree(False), predicted, "predicted over budget")
-        t = self.trainer
-        windows = t._windows(train_data, micro, per_device // micro, shuffle=True)
-        failure, peak = None, None
-        try:
-            peak = meter.measure(lambda: self._real_steps(windows))
-        except Exception as exc:  # noqa: BLE001 - only out-of-memory is expected here
-            if not is_out_of_memory(exc):
-                raise
-            failure = _first_line(exc)
-        # Outside the except block: the traceback (and the activations its frames hold)
-        # is gone.
-        del windows
-        state.restore(t)
-        free_memory(t.device)
-        if failure is not None:
-            return Probe(micro, self._agree(False), None, f"out of memory: {failure}")
-        if budget is not None and peak > budget:
-            return Probe(micro, self._agree(False), peak, "over budget")
-        ok = self._agree(True)
-        return Probe(micro, ok, peak, "fits" if ok else "does not fit on another process")
-
-    def _real_steps(self, windows: DatasetWindows) -> None:
-        """Two micro-batches, each forward/backward + optimizer step, without zeroing the
-        gradients in between: the second pass holds weights, gradients, optimizer state and
-        activations at once, the steady-state peak of an accumulating step."""
-        from .trainer import forward_batch  # the training loop's own forward (import cycle)
-
-        t = self.trainer
-        epoch = windows.epoch(0)
-        window = next(epoch)
-        epoch.close()
-        batches = (window.micro_batches * 2)[:2]
-        for batch in batches:
-            # The unwrapped module: no process-group traffic (a rank that runs out of memory
-            # must not leave the others waiting in a collective) and no torch.compile per
-            # probed shape. Eager memory is at least the compiled one; DDP's gradient
-            # buckets are not counted.
-            with t.precision.autocast():
-                loss, _, _ = forward_batch(t.model, batch, t.loss_fn)
-            t.precision.backward(loss)
-            if t.config.schedule.clip_grad_norm:
-                t.precision.clip_grad_norm_(t.model.parameters(), t.config.schedule.clip_grad_norm)
-            t.precision.step_async(t.optimizer)
-        if t.device.type == "cuda":
-            torch.cuda.synchronize(t.device)
-
-    def _agree(self, fits: bool) -> bool:
-        """True only when every process fits (all ranks must pick the same micro-batch)."""
-        t = self.trainer
-        if t.strategy.world_size == 1:
-            return fits
-        flag = torch.tensor(1.0 if fits else 0.0, device=t.device)
-        return int(t.strategy.reduce_sum(flag).item()) == t.strategy.world_size
-
-    # ------------------------------------------------------- out-of-memory recovery
-    def run(self, window: Window, forward_backward: Callable[[Window], None]) -> Window:
-        """Run ``forward_backward(window)``; on out-of-memory redo it in smaller micro-batches.
-
-        Returns the window as it finally ran (re-cut after a recovery).
-        """
-        if self.limit is not None and max(window.micro_samples, default=0) > self.limit:
-            window = resplit(window, self.limit)  # planned before the micro-batch shrank
-        # A redo starts from the same RNG and BatchNorm statistics as the failed attempt,
-        # as a run that used the smaller micro-batch from the start would.
-        if self.trainer.strategy.world_size == 1:  # several processes halt instead of redoing
-            if self._start is None:
-                self._start = _StepStart(self.trainer.model, self.trainer.device)
-            self._start.save()
-        while True:
-            failure = None
-            try:
-                forward_backward(window)
-                return window
-            except Exception as exc:  # noqa: BLE001 - anything else is re-raised
-                if not is_out_of_memory(exc):
-                    raise
-                failure = _first_line(exc)
-            # Outside the except block: the traceback (and the activations its frames
-            # hold) is gone.
-            window = self._shrink(window, failure)
-            self._start.restore()
-
-    def _shrink(self, window: Window, failure: str) -> Window:
-        t = self.trainer
-        # The failed attempt may have accumulated gradients from some micro-batches.
-        t.model.zero_grad(set_to_none=True)
-        t.optimizer.zero_grad(set_to_none=True)
-        free_memory(t.device)
-        failed = max(window.micro_samples)
-        step = t.step + 1
-        per_device = t.micro_batch_size * t.accumulate
-        smaller = halve(failed, per_device)
-        if smaller is None:
-            raise OutOfMemoryHalt(
-                f"out of memory at step {step} even with micro-batch 1 ({failure}): the model, "
-                f"its optimizer state and one sample do not fit; use a cheaper --precision "
-                f"(e.g. bf16-mixed), a smaller model, or a device with more memory")
-        if t.strategy.world_size > 1:
-            raise OutOfMemoryHalt(
-                f"out of memory at step {step} with micro-batch {failed} ({failure}); one of "
-                f"{t.strategy.world_size} processes cannot redo a step alone: restart with "
-                f"--micro-batch-size {smaller} (or auto)")
-        before = (t.micro_batch_size, t.accumulate)
-        t.micro_batch_size, t.accumulate = smaller, math.ceil(per_device / smaller)
-        plan = getattr(t.train_windows, "plan", None)
-        if plan is not None:
-            plan.micro_batch = smaller  # later epochs are planned with the new split
-        self.limit = smaller
-        self.oom_events.append({"step": step, "micro_batch_size": [before[0], smaller],
-                                "accumulate": [before[1], t.accumulate], "error": failure})
-        t.logger.message(f"amptrain: out of memory at step {step} with micro-batch {failed}; "
-                         f"redoing the step as micro-batch {smaller} x accumulate {t.accumulate} "
-                         f"(same global batch of {window.global_samples}) and keeping that split")
-        if t.strategy.is_main and t.out is not None:
-            write_yaml(t.resolved_config(), t.out / "config.yaml")
-        return resplit(window, smaller)
-
-    def report(self) -> dict[str, Any]:
-        """What config.yaml records about micro-batch sizing."""
-        out: dict[str, Any] = {}
-        if self.search is not None:
-            out["micro_batch_search"] = self.search
-        if self.oom_events:
-            out["oom_events"] = list(self.oom_events)
-        return out
 
 
 def _predict(micro: int, probes: list[Probe]) -> int | None:

@@ -1,16 +1,17 @@
-"""Checks that the data and the model fit each other, made once before training.
+"""Checks of what ``Trainer.fit`` is given, made once before training: argument types,
+empty splits, NaN or empty inputs, a batch larger than the data.
 
-A classifier given float labels, labels outside the model's outputs, an empty split or
-NaN features otherwise fails deep inside a loss function (``IndexError: Target 7 is out
-of bounds``, a device-side assert on CUDA) or, worse, trains on garbage. Each check runs
-once -- on the in-memory tensors at set-up, on the first batch's outputs before the
-first loss -- so a steady-state step pays nothing for them.
+Otherwise these fail deep inside a loss function or, worse, train on garbage. What the
+targets must be (class labels, regression values) is the task's to check
+(:meth:`~amptrain.tasks.Task.check_data`, :meth:`~amptrain.tasks.Task.check_outputs`).
+Each check runs once, so a steady-state step pays nothing for them.
 """
 from __future__ import annotations
 
 from typing import Any
 
 import torch
+from torch import nn
 
 from .errors import UserError, flag
 
@@ -31,13 +32,9 @@ def dataset_length(data: Any, keyword: str) -> int | None:
     return len(data)
 
 
-def check_dataset(data: Any, keyword: str, *, classifier: bool,
-                  class_names: list[str] | None) -> None:
-    """Refuse an empty ``data`` and, for in-memory tensors, garbage values.
-
-    ``classifier``: the loss is the built-in cross-entropy, so the last tensor must hold
-    integer class indices (within ``class_names`` when they are given).
-    """
+def check_dataset(data: Any, keyword: str) -> None:
+    """Refuse an empty ``data`` and, for in-memory tensors, inputs that are garbage
+    (NaN/inf, no values per sample). What the targets must be is the task's to check."""
     length = dataset_length(data, keyword)
     if length == 0:
         raise UserError(f"{keyword} is empty: there is nothing to "
@@ -46,31 +43,33 @@ def check_dataset(data: Any, keyword: str, *, classifier: bool,
     if not isinstance(tensors, (tuple, list)) or not tensors \
             or not all(isinstance(t, torch.Tensor) for t in tensors):
         return
-    *inputs, labels = tensors
-    for i, x in enumerate(inputs):
+    for i, x in enumerate(tensors[:-1]):
         if x.ndim >= 2 and 0 in x.shape[1:]:
             raise UserError(f"{keyword}: input {i} has no values per sample "
                             f"(shape {tuple(x.shape)})")
         if x.is_floating_point() and not bool(torch.isfinite(x).all()):
             raise UserError(f"{keyword}: input {i} contains NaN or infinite values")
-    if classifier:
-        check_labels(labels, keyword, class_names)
 
 
-def check_labels(labels: torch.Tensor, keyword: str, class_names: list[str] | None) -> None:
-    """Integer class indices in ``0..C-1`` (C = ``len(class_names)`` when given)."""
-    if labels.is_floating_point() or labels.is_complex() or labels.dtype == torch.bool:
-        raise UserError(f"{keyword}: labels are {str(labels.dtype).replace('torch.', '')}, but "
-                        f"a classifier's cross-entropy needs integer class indices; convert "
-                        f"them with .long() or pass loss_fn= for another task")
-    if labels.numel() == 0:
-        return
-    low, high = int(labels.min()), int(labels.max())
-    if low < 0:
-        raise UserError(f"{keyword}: label {low} is negative; classes are numbered from 0")
-    if class_names and high >= len(class_names):
-        raise UserError(f"{keyword}: label {high} is outside the {len(class_names)} classes "
-                        f"named by class_names (0..{len(class_names) - 1})")
+def check_fit_arguments(model: Any, train_data: Any, val_data: Any, *, optimizer: Any,
+                        loss_fn: Any, class_names: Any) -> list[str] | None:
+    """One clear error per wrong argument of ``Trainer.fit``, before anything is built;
+    returns the class names as a list (or None)."""
+    if not isinstance(model, nn.Module):
+        raise UserError(f"model must be a torch.nn.Module (got {type(model).__name__})")
+    if optimizer is not None and not isinstance(optimizer, torch.optim.Optimizer):
+        raise UserError(f"optimizer must be a torch.optim.Optimizer (got "
+                        f"{type(optimizer).__name__})")
+    if loss_fn is not None and not callable(loss_fn):
+        raise UserError(f"loss_fn must be callable as loss_fn(logits, targets) (got "
+                        f"{type(loss_fn).__name__})")
+    if class_names is not None and (isinstance(class_names, str) or not all(
+            isinstance(n, str) for n in class_names)):
+        raise UserError("class_names must be a list of strings, one per class")
+    check_dataset(train_data, "train_data")
+    if val_data is not None:
+        check_dataset(val_data, "val_data")
+    return list(class_names) if class_names is not None else None
 
 
 def first_samples(data: Any, device: torch.device, count: int = 2) -> tuple | None:
@@ -89,35 +88,3 @@ def check_batch_size(num_samples: int, batch_size: int) -> None:
         raise UserError(f"{flag('batch_size')} {batch_size} is larger than the training set "
                         f"({num_samples} samples): lower {flag('batch_size')} to at most "
                         f"{num_samples}")
-
-
-def check_outputs(logits: torch.Tensor | None, targets: Any, *, num_classes: int | None,
-                  model_name: str | None, all_labels: torch.Tensor | None = None) -> None:
-    """The first batch's logits fit its labels (called once, before the first loss).
-
-    ``all_labels``: every training label, when they are in memory, so that a label the
-    first batch lacks is checked too. Reads two numbers from the device, once per run.
-    """
-    if logits is None or not isinstance(targets, torch.Tensor):
-        return
-    which = f" ({flag('model')} {model_name})" if model_name else ""
-    if targets.is_floating_point():
-        if targets.shape != logits.shape:  # equal shapes are class probabilities
-            check_labels(targets, "the training labels", None)
-        return
-    width = logits.shape[-1] if logits.ndim >= 1 else 1
-    if logits.ndim < 2:
-        raise UserError(f"the model{which} returns shape {tuple(logits.shape)} for a batch; a "
-                        f"classifier must return one row of class logits per sample")
-    if num_classes and width < num_classes:
-        raise UserError(f"the model{which} returns {width} outputs per sample, but the data "
-                        f"has {num_classes} classes: its last layer needs {num_classes} outputs")
-    if all_labels is not None and not all_labels.is_floating_point():
-        targets = all_labels
-    if not targets.numel():
-        return
-    low, high = int(targets.min()), int(targets.max())
-    if low < 0 or high >= width:
-        bad = low if low < 0 else high
-        raise UserError(f"label {bad} is outside the model's {width} outputs{which}: the "
-                        f"model must return one logit per class (classes 0..{width - 1})")

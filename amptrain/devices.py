@@ -1,15 +1,12 @@
-"""Device selection, what a device is (CPU flags, GPU properties), and memory accounting."""
+"""Device selection, and what a device is (CPU flags, GPU properties)."""
 from __future__ import annotations
 
 import platform
-import resource
-import sys
 from typing import Any
 
 import torch
 
 from .errors import UserError
-
 
 #: /proc/cpuinfo flags that decide how fast reduced precision is on an x86 CPU.
 CPU_FLAGS = {"amx_bf16": "AMX-BF16", "amx_fp16": "AMX-FP16", "amx_tile": "AMX-TILE",
@@ -70,17 +67,3 @@ def resolve_device(name: str = "auto") -> torch.device:
     elif device.type != "cpu":
         raise UserError(f"--device {name}: amptrain supports cpu and cuda")
     return device
-
-
-def reset_peak_memory(device: torch.device) -> None:
-    """Start a new peak-memory window (CUDA only: a process's peak RSS cannot be reset)."""
-    if device.type == "cuda":
-        torch.cuda.reset_peak_memory_stats(device)
-
-
-def peak_memory_bytes(device: torch.device) -> int:
-    """Peak memory: CUDA max_memory_allocated, or the process's peak resident set on CPU."""
-    if device.type == "cuda":
-        return int(torch.cuda.max_memory_allocated(device))
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    return int(peak if sys.platform == "darwin" else peak * 1024)  # Linux reports KiB

@@ -60,11 +60,13 @@ def launch_requested(args: argparse.Namespace) -> bool:
 def torchrun_args(args: argparse.Namespace, config: RunConfig) -> list[str]:
     """torchrun's argument list: launcher flags, then ``-m amptrain train`` and the config."""
     nproc = args.nproc_per_node
-    nnodes = args.nnodes or 1
-    node_rank = args.node_rank or 0
+    nnodes = args.nnodes if args.nnodes is not None else 1
+    node_rank = args.node_rank if args.node_rank is not None else 0
     if nproc < 1:
         raise UserError(f"--nproc-per-node must be >= 1 (got {nproc})")
-    if nnodes < 1 or not 0 <= node_rank < nnodes:
+    if nnodes < 1:
+        raise UserError(f"--nnodes must be >= 1 (got {nnodes})")
+    if not 0 <= node_rank < nnodes:
         raise UserError(f"--node-rank must be between 0 and --nnodes - 1 = {nnodes - 1} "
                         f"(got {node_rank})")
     if nnodes > 1 and not args.master_addr:
@@ -104,9 +106,9 @@ def config_args(config: RunConfig) -> list[str]:
             argv += [cli_flag(name)] if value else []
         elif isinstance(value, list):
             for item in value:
-                argv += [cli_flag(name), str(item)]
+                argv.append(f"{cli_flag(name)}={item}")  # '=': a value may start with '-'
         elif value is not None:
-            argv += [cli_flag(name), str(value)]
+            argv.append(f"{cli_flag(name)}={value}")
     return argv
 
 

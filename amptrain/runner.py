@@ -19,9 +19,10 @@ from .data import DataBundle, DataOptions, build_data
 from .distributed import build_strategy
 from .errors import UserError
 from .launch import resume_after_restart
-from .metrics import EvalResult
 from .models import ModelInputs, build_model, text_encoder_for
-from .trainer import FitResult, Trainer, seed_everything
+from .reproducibility import seed_everything
+from .tasks import EvalResult
+from .trainer import FitResult, Trainer
 
 
 def model_inputs(data: DataBundle) -> ModelInputs:
@@ -63,7 +64,11 @@ def run_training(config: RunConfig, **trainer_options: Any) -> FitResult:
         trainer = Trainer(config, strategy=strategy, **trainer_options)
         data, model = prepare_run(config)
         trainer.run_info = run_info(config, data)
-        return trainer.fit(model, data.train, data.val, class_names=data.class_names)
+        result = trainer.fit(model, data.train, data.val, class_names=data.class_names)
+        # Every rank finishes (rank 0 writes the last checkpoint and reports) before any
+        # tears the process group down: a rank leaving early made gloo abort the other.
+        strategy.barrier()
+        return result
     finally:
         if owned:
             strategy.teardown()
@@ -121,8 +126,7 @@ def run_evaluation(*, checkpoint_path: str, data: str | None, precision: str, ou
         model = build_model(run["model"], inputs)
     trainer = Trainer(precision=precision, device=device, batch_size=batch_size, out=out,
                       no_progress=not progress)
-    trainer.prepare(model)
+    trainer.prepare(model, class_names=run.get("class_names") or bundle.class_names)
     trainer.load_weights(state["model"])
-    trainer.class_names = run.get("class_names") or bundle.class_names
     result = trainer.evaluate(trainer.model, bundle.val, write_dir=Path(out) / "eval")
     return result, state.get("precision_name", "unknown")

@@ -14,17 +14,17 @@ import argparse
 import copy
 import statistics
 
+import benchlib as bl
 import torch
 
-import benchlib as bl
 from amptrain.config import RunConfig, build_config
 from amptrain.runner import prepare_run
 from amptrain.trainer import Trainer
 
 
-def _unguarded(window, forward_backward):
+def _unguarded(window, forward_backward, *, plan, **_):
     forward_backward(window)
-    return window
+    return window, plan
 
 
 def main() -> None:
@@ -51,7 +51,7 @@ def main() -> None:
         trainer = Trainer(config)
         trainer.setup(copy.deepcopy(model), data.train)
         if name == "unguarded":
-            trainer.autobatch.run = _unguarded
+            trainer.planner.run = _unguarded
         variants[name] = trainer
     times = bl.interleaved_step_times(variants, args.warmup, args.steps)
     base = statistics.median(times["unguarded"])

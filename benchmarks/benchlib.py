@@ -9,10 +9,10 @@ from __future__ import annotations
 
 import copy
 import ctypes
-import functools
-import itertools
 import datetime as _dt
+import functools
 import io
+import itertools
 import math
 import os
 import platform

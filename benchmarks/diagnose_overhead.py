@@ -12,9 +12,9 @@ import argparse
 import copy
 import statistics
 
+import benchlib as bl
 import torch
 
-import benchlib as bl
 from amptrain.config import RunConfig, build_config
 from amptrain.diagnose import RangeRecorder
 from amptrain.probe import NonFiniteWatch

@@ -14,12 +14,18 @@ import yaml
 from torch import nn
 from torch.utils.data import DataLoader
 
-from amptrain.autobatch import (OutOfMemoryHalt, PeakMemory, divisors, halve, is_out_of_memory,
-                                largest_fitting, resplit, rss_bytes)
+from amptrain.autobatch import (
+    OutOfMemoryHalt,
+    divisors,
+    halve,
+    is_out_of_memory,
+    largest_fitting,
+    resplit,
+)
 from amptrain.batches import Window
 from amptrain.config import TrainConfig, build_config
 from amptrain.errors import UserError, cli_spelling
-from amptrain.lrscale import auto_warmup_steps
+from amptrain.memory import MemoryMeter
 from amptrain.trainer import Trainer
 from tests.conftest import tiny_classification
 
@@ -119,7 +125,7 @@ def test_transient_oom_mid_window_drops_partial_gradients_and_redoes_the_same_ba
     _assert_same_params(model, reference)
     assert _losses(trainer) == pytest.approx(_losses(expected), rel=1e-5)
     assert model.calls[8:10] == [16, 16] and model.calls[10:18] == [8] * 8
-    assert [e["step"] for e in trainer.autobatch.oom_events] == [3]
+    assert [e["step"] for e in trainer.planner.oom_events] == [3]
     assert trainer.step == 4 and (trainer.micro_batch_size, trainer.accumulate) == (8, 8)
 
 
@@ -189,11 +195,11 @@ def test_auto_picks_the_largest_divisor_that_fits_and_probing_leaves_training_un
     trainer = _train(model, data, tmp_path, batch_size=96, micro_batch_size="auto",
                      precision=precision, epochs=1)
     assert (trainer.micro_batch_size, trainer.accumulate) == (24, 4)
-    probes = trainer.autobatch.search["probes"]
+    probes = trainer.planner.search_report["probes"]
     assert [(p["micro_batch_size"], p["fits"]) for p in probes] == \
         [(2, True), (4, True), (8, True), (16, True), (32, False), (24, True)]
     assert probes[4]["note"].startswith("out of memory: CUDA out of memory")
-    assert not trainer.autobatch.oom_events  # training itself never ran out of memory
+    assert not trainer.planner.oom_events  # training itself never ran out of memory
     resolved = yaml.safe_load((tmp_path / "config.yaml").read_text())
     assert (resolved["micro_batch_size"], resolved["accumulate"]) == (24, 4)
     assert resolved["micro_batch_search"]["micro_batch_size"] == 24
@@ -224,33 +230,21 @@ class _WideActivations(nn.Module):
         return self.head(wide.view(len(x), self.width, 8).mean(1))
 
 
-@pytest.mark.skipif(not PeakMemory(torch.device("cpu")).resettable,
-                    reason="needs a resettable peak RSS (Linux /proc/self/clear_refs)")
-def test_peak_rss_meter_resets_between_probes():
-    meter = PeakMemory(torch.device("cpu"))
-    before = rss_bytes()
-    big = meter.measure(lambda: torch.ones(50 << 20, dtype=torch.float32).sum())  # 200 MiB
-    before_small = rss_bytes()
-    small = meter.measure(lambda: torch.ones(10 << 20, dtype=torch.float32).sum())  # 40 MiB
-    assert big - before >= 190 << 20
-    assert 30 << 20 <= small - before_small <= 90 << 20  # its own peak, not the earlier one
-
-
 @pytest.mark.slow
-@pytest.mark.skipif(not PeakMemory(torch.device("cpu")).resettable,
+@pytest.mark.skipif(not MemoryMeter(torch.device("cpu"), "process").resettable,
                     reason="needs a resettable peak RSS (Linux /proc/self/clear_refs)")
 def test_auto_under_a_cpu_memory_budget_uses_measured_peak_rss():
     data = tiny_classification(n=32)
     options = dict(batch_size=8, micro_batch_size="auto", epochs=1, max_steps=1,
                    optimizer="sgd", scheduler="none")
     roomy = _train(_WideActivations(), data, memory_budget_gb=100.0, **options)
-    peaks = {p["micro_batch_size"]: p["peak_bytes"] for p in roomy.autobatch.search["probes"]}
+    peaks = {p["micro_batch_size"]: p["peak_bytes"] for p in roomy.planner.search_report["probes"]}
     assert list(peaks) == [2, 4, 8] and roomy.micro_batch_size == 8
     assert peaks[8] - peaks[4] > 150 << 20  # 4 more samples of real activations, measured
     budget = (peaks[4] + peaks[8]) / 2
     tight = _train(_WideActivations(), data, memory_budget_gb=budget / 1e9, **options)
     assert (tight.micro_batch_size, tight.accumulate) == (4, 2)
-    notes = {p["micro_batch_size"]: p["note"] for p in tight.autobatch.search["probes"]}
+    notes = {p["micro_batch_size"]: p["note"] for p in tight.planner.search_report["probes"]}
     assert notes[4] == "fits" and notes[8] in ("over budget", "predicted over budget")
 
 
@@ -345,7 +339,6 @@ def test_warmup_given_longer_wins_and_scaling_down_adds_none():
     down.setup(OomModel(), data)
     assert (down.lr_plan.lr, down.lr_plan.warmup_steps) == (0.005, 0)
     assert down.optimizer.param_groups[0]["lr"] == 0.005
-    assert auto_warmup_steps(steps_per_epoch=5005, total_steps=450450) == 5 * 5005  # Goyal
 
 
 @pytest.mark.slow

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from amptrain import devices, env
+from amptrain import env
 from amptrain.precision import MODES, fp8
 from amptrain.precision.support import cpu_has_native_bf16
 from tests.conftest import fake_gpu
@@ -62,15 +62,6 @@ def test_this_machine_with_amx_recommends_bf16_mixed():
     info = env.collect_env()
     assert info["cpu_flags"]["amx_bf16"] and info["recommended_precision"] == "bf16-mixed"
     assert info["channels_last"] is True
-
-
-def test_cpu_flags_are_parsed_from_cpuinfo(tmp_path):
-    fake = tmp_path / "cpuinfo"
-    fake.write_text("processor\t: 0\nmodel name\t: Fake CPU\n"
-                    "flags\t\t: fpu sse avx512f avx512_bf16 amx_tile amx_bf16\n\n")
-    assert devices.cpu_flags(str(fake)) == {"amx_bf16": True, "amx_fp16": False, "amx_tile": True,
-                                        "avx512_bf16": True, "avx512_fp16": False}
-    assert set(devices.cpu_flags(str(tmp_path / "missing")).values()) == {None}
 
 
 def test_collect_env_keeps_the_keys_other_reports_embed():

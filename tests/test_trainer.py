@@ -242,7 +242,7 @@ def test_compile_trains_the_same_model_as_eager(precision):
 
 
 def test_cudnn_benchmark_is_on_for_cuda_training_unless_deterministic():
-    from amptrain.trainer import tune_backends
+    from amptrain.reproducibility import tune_backends
 
     saved = torch.backends.cudnn.benchmark
     try:

@@ -26,7 +26,6 @@ from amptrain.data import TensorData
 from amptrain.models import SmallCNN
 from amptrain.precision import StepOutcome
 from amptrain.trainer import DEVICE_DATA_LIMIT_BYTES, Trainer
-
 from tests.conftest import tiny_classification, tiny_mlp
 
 #: Tensor methods and functions that copy a device value to the host (or need one).

@@ -4,12 +4,36 @@ Each option is declared once (:func:`~amptrain.config.options.option`); its flag
 and library keyword are generated from that declaration under one flat name, while code
 reads the nested sections (``config.batching.batch_size``).
 """
-from .options import (RESOLVED_ONLY_KEYS, build_config, cli_flag, coerce, config_fields,
-                      load_yaml, option, option_paths, replace_options, section, to_dict,
-                      write_yaml)
-from .train import (DEFAULT_LR, LR_SCALING, MAX_SEED, OPTIMIZERS, SCHEDULERS, STRATEGIES,
-                    BatchingConfig, CheckpointConfig, DistributedConfig, LoggingConfig,
-                    PrecisionConfig, RunConfig, ScheduleConfig, TrainConfig)
+from .options import (
+                      RESOLVED_ONLY_KEYS,
+                      build_config,
+                      cli_flag,
+                      coerce,
+                      config_fields,
+                      load_yaml,
+                      option,
+                      option_paths,
+                      replace_options,
+                      section,
+                      to_dict,
+                      write_yaml,
+)
+from .train import (
+                      DEFAULT_LR,
+                      LR_SCALING,
+                      MAX_SEED,
+                      OPTIMIZERS,
+                      SCHEDULERS,
+                      STRATEGIES,
+                      BatchingConfig,
+                      CheckpointConfig,
+                      DistributedConfig,
+                      LoggingConfig,
+                      PrecisionConfig,
+                      RunConfig,
+                      ScheduleConfig,
+                      TrainConfig,
+)
 
 __all__ = ["RESOLVED_ONLY_KEYS", "build_config", "cli_flag", "coerce", "config_fields",
            "load_yaml", "option", "option_paths", "replace_options", "section", "to_dict",

@@ -7,8 +7,14 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..errors import UserError, flag
-from .options import (build_config, option, require_choices, require_non_negative,
-                      require_positive, section)
+from .options import (
+    build_config,
+    option,
+    require_choices,
+    require_non_negative,
+    require_positive,
+    section,
+)
 
 OPTIMIZERS = ("sgd", "adamw")
 SCHEDULERS = ("none", "cosine", "onecycle")

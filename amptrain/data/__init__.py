@@ -15,8 +15,19 @@ Every malformed input is a :class:`~amptrain.errors.UserError` naming ``--data``
 from __future__ import annotations
 
 from . import arrays, folders, generated, images, text  # noqa: F401  (register factories)
-from .core import (DATASETS, SPLIT_SEED, DataBundle, DataFactory, DataOptions, TensorData,
-                   build_data, labels_to_classes, parse_options, register, split)
+from .core import (
+                   DATASETS,
+                   SPLIT_SEED,
+                   DataBundle,
+                   DataFactory,
+                   DataOptions,
+                   TensorData,
+                   build_data,
+                   labels_to_classes,
+                   parse_options,
+                   register,
+                   split,
+)
 from .text import TextEncoder, TokenData
 
 __all__ = ["DATASETS", "SPLIT_SEED", "DataBundle", "DataFactory", "DataOptions", "TensorData",

@@ -7,8 +7,15 @@ import numpy as np
 import torch
 
 from ..errors import UserError
-from .core import DataBundle, DataOptions, TensorData, labels_to_classes, path_and_options, \
-    register, split_indices
+from .core import (
+    DataBundle,
+    DataOptions,
+    TensorData,
+    labels_to_classes,
+    path_and_options,
+    register,
+    split_indices,
+)
 
 KINDS = ("auto", "image", "features", "sequence")
 

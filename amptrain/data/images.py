@@ -20,8 +20,7 @@ import numpy as np
 import torch
 
 from ..errors import UserError
-from .core import DataBundle, DataOptions, image_bundle, index_labels, path_and_options, \
-    register
+from .core import DataBundle, DataOptions, image_bundle, index_labels, path_and_options, register
 
 # ----------------------------------------------------------------------------- IDX
 #: IDX magic numbers: two zero bytes, a type code (0x08 = unsigned byte), the number of

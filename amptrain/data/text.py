@@ -21,8 +21,15 @@ from typing import Any, Iterable, Protocol, Sequence
 import torch
 
 from ..errors import UserError
-from .core import DataBundle, DataOptions, TensorData, labels_to_classes, path_and_options, \
-    register, split_indices
+from .core import (
+    DataBundle,
+    DataOptions,
+    TensorData,
+    labels_to_classes,
+    path_and_options,
+    register,
+    split_indices,
+)
 
 PAD, UNK = "<pad>", "<unk>"          # ids 0 and 1
 TOKEN = re.compile(r"\w+")

@@ -23,9 +23,9 @@ from torch import nn
 from ..config import RunConfig, TrainConfig, replace_options
 from ..data import DataBundle
 from ..devices import resolve_device
-from ..precision.support import device_features, supported_precisions
 from ..errors import UserError
 from ..precision import NonFiniteHalt
+from ..precision.support import device_features, supported_precisions
 from ..probe import NonFiniteEvent, NonFiniteWatch
 from ..runner import prepare_run
 from ..trainer import Trainer

@@ -16,8 +16,17 @@ from __future__ import annotations
 
 from . import basic, external, range_demos, resnet, sequence  # noqa: F401  (register factories)
 from .basic import MLP, SmallCNN
-from .core import (MODELS, TEXT_ENCODERS, ModelFactory, ModelInputs, build_model, is_conv_net,
-                   register, register_text_encoder, text_encoder_for)
+from .core import (
+                   MODELS,
+                   TEXT_ENCODERS,
+                   ModelFactory,
+                   ModelInputs,
+                   build_model,
+                   is_conv_net,
+                   register,
+                   register_text_encoder,
+                   text_encoder_for,
+)
 from .resnet import ResNet
 from .sequence import LSTMClassifier, TransformerClassifier
 

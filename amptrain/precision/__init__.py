@@ -26,14 +26,25 @@ from torch import nn
 from ..devices import resolve_device
 from ..errors import TrainingHalted, UserError, flag
 from .fp8 import Float8Plan, convert_linears, plan_float8
-from .islands import (ForwardPatches, cpu_fp16_fp32_modules, install_cpu_fp16_conv,
-                      install_cpu_fp16_fp32_islands, install_fp32_islands, match_modules)
+from .islands import (
+    ForwardPatches,
+    cpu_fp16_fp32_modules,
+    install_cpu_fp16_conv,
+    install_cpu_fp16_fp32_islands,
+    install_fp32_islands,
+    match_modules,
+)
 from .master import FP32_NORM_TYPES, MasterWeights, cast_model, modules_kept_fp32
 from .maths import set_tf32
 from .modes import ALIASES, MODES, PRECISION_NAMES, ModeSpec, canonical_name
-from .support import (auto_mode, device_features, emulated_precisions, resolve_name,
-                      unsupported_reason)
 from .scaling import DynamicLossScaler, FoundInfAgreement, NonFiniteGuard
+from .support import (
+    auto_mode,
+    device_features,
+    emulated_precisions,
+    resolve_name,
+    unsupported_reason,
+)
 
 if TYPE_CHECKING:
     from ..config import PrecisionConfig

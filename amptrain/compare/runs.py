@@ -1,0 +1,145 @@
+"""The training runs of a study: every precision x seed a normal ``train`` run, each
+checked to start from the seed's weights and see the seed's data order."""
+from __future__ import annotations
+
+import gc
+import hashlib
+import json
+import logging
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from ..config import RunConfig, replace_options
+from ..errors import TrainingHalted
+from ..runner import prepare_run, run_training
+from ..steps import forward_batch
+from ..trainer import Trainer
+from .summary import finite
+
+log = logging.getLogger("amptrain")
+
+
+# ------------------------------------------------------------ run identity
+def digest(values: Any) -> str:
+    """sha256 of tensors (names, dtypes and exact bytes) or of JSON-able values."""
+    h = hashlib.sha256()
+    if isinstance(values, dict) and all(isinstance(v, torch.Tensor) for v in values.values()):
+        for name in sorted(values):
+            tensor = values[name].detach().cpu().contiguous().reshape(-1)
+            h.update(f"{name}:{tensor.dtype}:{tuple(values[name].shape)}".encode())
+            h.update(tensor.view(torch.uint8).numpy().tobytes() if tensor.numel() else b"")
+    else:
+        h.update(json.dumps(values).encode())
+    return h.hexdigest()
+
+
+class RunProbe:
+    """Trainer callback proving that a run is comparable with the other precisions.
+
+    At fit start (after the precision set the model up) it records: whether the model
+    holds exactly the seed's initial weights as this precision stores them (fp32 modes
+    bitwise; half-weight modes the same values rounded), a digest of the fp32 weights,
+    a digest of the data order of every epoch, and the loss of the first step's batch
+    re-evaluated in fp32 (autocast off, fp32 weights) -- equal across precisions when
+    weights and data are.
+    """
+
+    def __init__(self, reference_state: dict[str, torch.Tensor]) -> None:
+        self.reference = reference_state
+        self.facts: dict[str, Any] = {}
+
+    def on_fit_start(self, trainer: Trainer) -> None:
+        live = trainer.model.state_dict()
+        same = set(live) == set(self.reference) and all(
+            torch.equal(self.reference[k].to(device=v.device, dtype=v.dtype), v)
+            for k, v in live.items())
+        fp32 = {k: v.detach().clone() for k, v in trainer.precision.fp32_state_dict(trainer.model).items()}
+        plan = getattr(trainer.train_windows, "plan", None)
+        order = None if plan is None else digest(
+            {"global_batch": plan.global_batch,
+             "orders": [plan.order(e) for e in range(trainer.config.schedule.epochs)]})
+        self.facts = {"same_initial_weights": bool(same), "initial_weights_sha256": digest(fp32),
+                      "data_order_sha256": order,
+                      "first_step_loss_fp32": first_step_loss_fp32(trainer, fp32)}
+
+
+def first_step_loss_fp32(trainer: Trainer, fp32_state: dict[str, torch.Tensor]) -> float | None:
+    """Loss of the first training step's batch under fp32 weights with autocast off.
+
+    Uses copies of the weights and buffers (BatchNorm statistics are not touched) and a
+    forked RNG (dropout draws do not shift the run's random stream).
+    """
+    window = next(iter(trainer.train_windows.epoch(trainer.epoch, trainer.window_in_epoch)), None)
+    if window is None:
+        return None
+    model = trainer.model
+    state = {k: v.to(trainer.device) for k, v in fp32_state.items()}
+
+    def fp32_model(*args: Any, **kwargs: Any) -> Any:
+        return torch.func.functional_call(model, state, args, kwargs)
+
+    total, samples = 0.0, 0
+    devices = [] if trainer.device.type != "cuda" else \
+        [trainer.device.index if trainer.device.index is not None else torch.cuda.current_device()]
+    with torch.random.fork_rng(devices=devices), torch.no_grad(), \
+            torch.autocast(trainer.device.type, enabled=False):
+        for batch, n in zip(window.micro_batches, window.micro_samples):
+            loss, _, _ = forward_batch(fp32_model, batch, trainer.loss_fn)
+            total += float(loss.float().item()) * n
+            samples += n
+    return total / max(samples, 1)
+
+
+def train_runs(config: RunConfig, precisions: list[str], seeds: list[int], out: Path
+               ) -> list[dict[str, Any]]:
+    """Each precision x seed as a normal training run; returns one record per run."""
+    runs: list[dict[str, Any]] = []
+    total = len(precisions) * len(seeds)
+    for seed in seeds:
+        _, reference_model = prepare_run(replace_options(config, seed=seed))
+        reference = {k: v.detach().clone() for k, v in reference_model.state_dict().items()}
+        del reference_model
+        for precision in precisions:
+            run_dir = out / "runs" / precision / f"seed-{seed}"
+            run_config = replace_options(config, precision=precision, seed=seed,
+                                             out=str(run_dir), resume=None)
+            log.info("compare: run %d/%d: %s, seed %d -> %s", len(runs) + 1, total, precision,
+                     seed, run_dir)
+            probe = RunProbe(reference)
+            started = time.perf_counter()
+            record: dict[str, Any] = {"precision": precision, "seed": seed,
+                                      "dir": str(run_dir.relative_to(out))}
+            try:
+                result = run_training(run_config, callbacks=[probe])
+            except TrainingHalted as exc:
+                log.info("compare: %s seed %d stopped: %s", precision, seed, exc)
+                record.update(val_acc=None, val_loss=None, final_loss=None, skipped_steps=None,
+                              steps=None, halted=str(exc), train_samples_per_s=None)
+            else:
+                record.update(val_acc=finite(result.val_acc), val_loss=finite(result.val_loss),
+                              final_loss=finite(result.final_loss),
+                              skipped_steps=result.skipped_steps, steps=result.steps, halted=None,
+                              train_samples_per_s=result.samples_per_s)
+            record["wall_s"] = round(time.perf_counter() - started, 3)
+            record.update(probe.facts)
+            runs.append(record)
+            gc.collect()
+            if torch.cuda.is_available():
+                torch.cuda.empty_cache()
+    _check_comparable(runs)
+    return runs
+
+
+def _check_comparable(runs: list[dict[str, Any]]) -> None:
+    """Say loudly when runs of one seed did not start alike (the A/B would be unfair)."""
+    for seed in sorted({r["seed"] for r in runs}):
+        group = [r for r in runs if r["seed"] == seed and r.get("data_order_sha256")]
+        if len({r["data_order_sha256"] for r in group}) > 1:
+            log.warning("compare: seed %d: the precisions saw different data orders", seed)
+        for r in runs:
+            if r["seed"] == seed and r.get("same_initial_weights") is False:
+                log.warning("compare: seed %d: %s did not start from the seed's initial weights "
+                            "(is the model factory seeded?)", seed, r["precision"])

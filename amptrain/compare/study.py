@@ -1,0 +1,73 @@
+"""The whole study, from options to compare.json, study.json and the reports."""
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import time
+from pathlib import Path
+from typing import Any
+
+from ..config import RunConfig, replace_options, to_dict
+from ..devices import resolve_device
+from ..env import collect_env
+from ..errors import UserError
+from .options import CURVE_POINTS, CompareOptions, resolve_precisions
+from .runs import train_runs
+from .summary import summarise
+from .timing import measure_speed_and_memory, memory_method, speed_figures
+
+log = logging.getLogger("amptrain")
+
+
+def check_out(out: Path) -> None:
+    """Refuse to mix a new study into a directory that already holds one."""
+    if (out / "compare.json").exists() or (out / "runs").exists():
+        raise UserError(f"--out {out} already holds a compare study; choose another --out")
+
+
+def run_compare(config: RunConfig, options: CompareOptions, *, command: str | None = None,
+                pick_log_every: bool = True) -> dict[str, Any]:
+    """Run the whole study into ``config.out``; returns compare.json's content.
+
+    ``config`` holds the training options shared by every run (its ``precision`` and
+    ``seed`` are set per run: seeds ``config.seed`` .. ``config.seed + seeds - 1``).
+    With ``pick_log_every`` --log-every is chosen for smooth loss curves.
+    """
+    from .. import report
+
+    if config.checkpointing.resume:
+        raise UserError("compare starts every run fresh: drop --resume")
+    if not config.out:
+        raise UserError("compare needs --out DIR")
+    out = Path(config.out)
+    check_out(out)
+    device = resolve_device(config.device)
+    baseline, precisions = resolve_precisions(options, device)
+    seeds = [config.seed + i for i in range(options.seeds)]
+    out.mkdir(parents=True, exist_ok=True)
+    started = time.time()
+
+    log.info("compare: timing %s (%d warm-up + %d timed steps each, %s)", ", ".join(precisions),
+             options.timing_warmup, options.timed_steps,
+             "interleaved" if options.interleave else "one after another")
+    contenders = measure_speed_and_memory(config, precisions, options)
+    speed = {p: speed_figures(c) for p, c in contenders.items()}
+    if pick_log_every:
+        steps = contenders[baseline].total_steps
+        config = replace_options(config, log_every=max(1, steps // CURVE_POINTS))
+    runs = [] if options.speed_only else train_runs(config, precisions, seeds, out)
+
+    result = {"baseline": baseline, "runs": runs,
+              "summary": summarise(baseline, precisions, runs, speed, options.tolerance_pp)}
+    (out / "compare.json").write_text(json.dumps(result, indent=2) + "\n")
+    study = {
+        "command": command, "started": time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(started)),
+        "duration_s": round(time.time() - started, 1), "device": str(device),
+        "config": {k: v for k, v in to_dict(config).items() if k not in ("precision", "out")},
+        "options": dataclasses.asdict(options), "seeds": seeds, "speed": speed,
+        "memory_method": memory_method(device), "env": collect_env(),
+    }
+    (out / "study.json").write_text(json.dumps(study, indent=2) + "\n")
+    report.write_reports(out)
+    return result

@@ -1,0 +1,77 @@
+"""compare.json's summary: one row per precision, judged by the task's primary metric."""
+from __future__ import annotations
+
+import logging
+import math
+import statistics
+from typing import Any
+
+from ..tasks import ClassificationTask, Task
+from .options import SUMMARY_FIELDS
+
+log = logging.getLogger("amptrain")
+
+
+def finite(value: float | None) -> float | None:
+    """JSON has no NaN or inf: a diverged value is reported as null."""
+    return value if value is not None and math.isfinite(value) else None
+
+
+def _mean(values: list[float]) -> float | None:
+    return float(statistics.fmean(values)) if values else None
+
+
+def _std(values: list[float]) -> float | None:
+    """Sample standard deviation across seeds (0 for a single seed)."""
+    if not values:
+        return None
+    return float(statistics.stdev(values)) if len(values) > 1 else 0.0
+
+
+def _ratio(value: float | None, base: float | None) -> float | None:
+    return value / base if value is not None and base else None
+
+
+def summarise(baseline: str, precisions: list[str], runs: list[dict[str, Any]],
+              speed: dict[str, dict[str, Any]], tolerance_pp: float,
+              task: Task | None = None) -> list[dict[str, Any]]:
+    """One summary row per precision, baseline first, with exactly :data:`SUMMARY_FIELDS`.
+
+    The verdict is ``task``'s judgement of its primary metric (classification: accuracy in
+    percentage points, ``--tolerance-pp``).
+
+    ``speed[p]`` holds ``samples_per_s``, ``step_time_ms`` and ``peak_mem_bytes`` measured
+    for precision ``p`` in this invocation; ratios are taken against ``speed[baseline]``.
+    """
+    def accuracies(p: str) -> list[float]:
+        return [r["val_acc"] for r in runs if r["precision"] == p and r.get("val_acc") is not None]
+
+    task = task or ClassificationTask()
+    base_speed = speed.get(baseline, {})
+    base_acc = _mean(accuracies(baseline))
+    rows = []
+    for p in precisions:
+        mine = [r for r in runs if r["precision"] == p]
+        accs = accuracies(p)
+        acc_mean = _mean(accs)
+        delta, judged = task.judge(acc_mean, base_acc, tolerance_pp)
+        halted = any(r.get("halted") for r in mine)
+        s = speed.get(p, {})
+        row = {
+            "precision": p,
+            "samples_per_s": s.get("samples_per_s"),
+            "speedup": _ratio(s.get("samples_per_s"), base_speed.get("samples_per_s")),
+            "step_time_ms": s.get("step_time_ms"),
+            "peak_mem_bytes": s.get("peak_mem_bytes"),
+            "mem_ratio": _ratio(s.get("peak_mem_bytes"), base_speed.get("peak_mem_bytes")),
+            "val_acc_mean": acc_mean,
+            "val_acc_std": _std(accs),
+            "delta_acc_pp": delta,
+            "final_loss_mean": _mean([r["final_loss"] for r in mine
+                                      if r.get("final_loss") is not None]),
+            "skipped_steps": sum(r["skipped_steps"] for r in mine
+                                 if r.get("skipped_steps") is not None) if mine else None,
+            "verdict": "failed" if halted else judged,
+        }
+        rows.append({k: row[k] for k in SUMMARY_FIELDS})
+    return rows

@@ -1,0 +1,180 @@
+"""Speed and memory, measured the fair way: one set-up Trainer per precision in this
+process, timed steps alternating between them, a device sync around each, medians."""
+from __future__ import annotations
+
+import dataclasses
+import gc
+import itertools
+import logging
+import statistics
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from ..config import RunConfig, replace_options
+from ..errors import TrainingHalted
+from ..memory import MemoryMeter
+from ..precision.maths import MathSwitches
+from ..runner import prepare_run
+from ..trainer import Trainer
+from .options import MEMORY_STEPS, CompareOptions
+
+log = logging.getLogger("amptrain")
+
+
+def sync(device: torch.device) -> None:
+    """Wait for the device: the clock may only be read once queued work is done."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+@dataclass
+class Contender:
+    """One precision in the speed/memory measurement: a prepared Trainer and its windows."""
+
+    precision: str
+    trainer: Trainer
+    switches: MathSwitches
+    windows: Iterator[Any]
+    step_times_s: list[float] = dataclasses.field(default_factory=list)
+    batch_samples: int = 0
+    halted: str | None = None
+    peak_mem_bytes: int | None = None
+    total_steps: int = 0           # optimizer steps of a full training run with this config
+
+    def step(self, timed: bool) -> None:
+        """One optimizer step, timed between device syncs."""
+        if self.halted:
+            return
+        self.switches.apply()
+        window = next(self.windows)
+        device = self.trainer.device
+        sync(device)
+        started = time.perf_counter()
+        try:
+            self.trainer.train_step(window)
+            self.trainer.finish_step()
+        except TrainingHalted as exc:
+            self.halted = str(exc)
+            log.info("compare: timing of %s stopped: %s", self.precision, exc)
+            return
+        sync(device)
+        if timed:
+            self.step_times_s.append(time.perf_counter() - started)
+            self.batch_samples = window.global_samples
+
+
+def build_contender(config: RunConfig, precision: str, needed_windows: int) -> Contender:
+    """A Trainer set up exactly as a training run's (same seed, same model), writing nothing."""
+    run_config = replace_options(config, precision=precision, out=None, resume=None,
+                                     no_progress=True)
+    data, model = prepare_run(run_config)
+    trainer = Trainer(run_config)
+    trainer.setup(model, data.train)
+    switches = MathSwitches()
+    # Only full global batches: a short last batch would make its step look faster.
+    windows = [w for w in itertools.islice(trainer.train_windows.epoch(0), needed_windows + 1)
+               if w.global_samples == run_config.batching.batch_size] or \
+        list(itertools.islice(trainer.train_windows.epoch(0), 1))
+    return Contender(precision, trainer, switches, itertools.cycle(windows[:needed_windows]),
+                     total_steps=trainer.total_steps)
+
+
+def release(contender: Contender) -> None:
+    """Drop a contender's model and optimizer (and the cached device memory)."""
+    contender.trainer = None  # type: ignore[assignment]
+    contender.windows = iter(())
+    gc.collect()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+
+
+def measure_speed_and_memory(config: RunConfig, precisions: list[str],
+                             options: CompareOptions) -> dict[str, Contender]:
+    """Time ``options.timed_steps`` steps per precision (warm-up excluded), then measure memory.
+
+    Interleaved: all Trainers live at once and round r runs one step of each, in an
+    order rotated by r so no precision always follows the same one. Not interleaved:
+    one precision after another, one model in memory at a time.
+    """
+    warmup, timed = options.timing_warmup, options.timed_steps
+    needed = warmup + timed
+    if options.interleave:
+        contenders = {p: build_contender(config, p, needed) for p in precisions}
+        for r in range(needed):
+            shift = r % len(precisions)
+            for p in precisions[shift:] + precisions[:shift]:
+                contenders[p].step(timed=r >= warmup)
+        for c in contenders.values():
+            c.peak_mem_bytes = measure_peak_memory(c)
+            release(c)
+        return contenders
+    contenders = {}
+    for p in precisions:
+        c = contenders[p] = build_contender(config, p, needed)
+        for r in range(needed):
+            c.step(timed=r >= warmup)
+        c.peak_mem_bytes = measure_peak_memory(c)
+        release(c)
+    return contenders
+
+
+def state_bytes(trainer: Trainer) -> int:
+    """Bytes of the model's weights and buffers and the optimizer's parameters and state
+    (fp32 master copies included), each storage counted once."""
+    tensors = itertools.chain(
+        trainer.model.parameters(), trainer.model.buffers(),
+        (p for group in trainer.optimizer.param_groups for p in group["params"]),
+        (v for s in trainer.optimizer.state.values() for v in s.values()
+         if isinstance(v, torch.Tensor)))
+    seen: set[tuple[str, int]] = set()
+    total = 0
+    for t in tensors:
+        storage = t.untyped_storage()
+        key = (str(t.device), storage.data_ptr())
+        if key not in seen:
+            seen.add(key)
+            total += storage.nbytes()
+    return total
+
+
+def measure_peak_memory(contender: Contender) -> int | None:
+    """Model state plus the largest transient of :data:`MEMORY_STEPS` training steps."""
+    if contender.halted:
+        return None
+    trainer = contender.trainer
+    contender.switches.apply()
+    with MemoryMeter(trainer.device, "tensors").window() as transient:
+        for _ in range(MEMORY_STEPS):
+            trainer.train_step(next(contender.windows))
+            trainer.finish_step()
+    return state_bytes(trainer) + transient["bytes"]
+
+
+def speed_figures(contender: Contender) -> dict[str, Any]:
+    """Median step time and the throughput derived from it, plus the spread of the samples."""
+    times = contender.step_times_s
+    if not times:
+        return {"samples_per_s": None, "step_time_ms": None,
+                "peak_mem_bytes": contender.peak_mem_bytes, "halted": contender.halted}
+    median = statistics.median(times)
+    q = statistics.quantiles(times, n=4) if len(times) > 1 else [median, median, median]
+    return {"samples_per_s": contender.batch_samples / median, "step_time_ms": median * 1e3,
+            "step_time_p25_ms": q[0] * 1e3, "step_time_p75_ms": q[2] * 1e3,
+            "step_times_ms": [round(t * 1e3, 4) for t in times],
+            "batch_samples": contender.batch_samples,
+            "peak_mem_bytes": contender.peak_mem_bytes, "halted": contender.halted}
+
+
+def memory_method(device: torch.device) -> str:
+    """What peak_mem_bytes means on ``device`` (printed in the report)."""
+    source = ("torch.cuda.max_memory_allocated" if device.type == "cuda" else
+              "the CPU allocator's allocation events recorded by torch.profiler "
+              "(process RSS cannot be reset between precisions)")
+    return (f"model state (weights, buffers, optimizer state, master copies) + the largest "
+            f"transient of {MEMORY_STEPS} training steps above it (activations, gradients, "
+            f"autocast copies), from {source}. Memory outside PyTorch's allocator (library "
+            f"workspaces) is not included.")

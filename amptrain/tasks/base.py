@@ -1,0 +1,134 @@
+"""What a task is: the loss, how an evaluation pass is summed up, the metrics it reports,
+its primary metric with a direction, and how ``compare`` judges two precisions on it.
+
+The Trainer, evaluation, compare and the logs read a :class:`Task`; none of them names a
+task's metric. A new task is one module defining a subclass plus a line in
+:data:`amptrain.tasks.TASKS`.
+"""
+from __future__ import annotations
+
+import json
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+
+@dataclass(frozen=True)
+class Metric:
+    """A metric by the name records carry (``val_<key>``) and its direction."""
+
+    key: str                 # "acc" -> val_acc in metrics.jsonl, val/acc in TensorBoard
+    label: str               # "accuracy", for people
+    higher_is_better: bool
+
+
+@dataclass
+class EvalResult:
+    """One evaluation pass: the mean loss, the task's metrics and what its report needs."""
+
+    loss: float
+    samples: int
+    metrics: dict[str, float] = field(default_factory=dict)   # key -> value, e.g. {"acc": ..}
+    details: dict[str, Any] = field(default_factory=dict, repr=False)
+    task: Task | None = field(default=None, repr=False)
+
+    def record(self) -> dict[str, float]:
+        """The ``val_*`` fields of a metrics.jsonl record."""
+        return {"val_loss": self.loss, **{f"val_{k}": v for k, v in self.metrics.items()}}
+
+    def report(self) -> dict[str, Any]:
+        """eval/report.json's content."""
+        assert self.task is not None, "an EvalResult reports through its task"
+        return self.task.report(self)
+
+    def write(self, directory: str | Path) -> None:
+        """Write eval/report.json and the task's readable report into ``directory``."""
+        assert self.task is not None, "an EvalResult reports through its task"
+        directory = Path(directory)
+        directory.mkdir(parents=True, exist_ok=True)
+        (directory / "report.json").write_text(json.dumps(self.task.report(self), indent=2))
+        name, text = self.task.report_text(self)
+        (directory / name).write_text(text)
+
+    def __getattr__(self, name: str) -> Any:
+        # result.accuracy, result.rmse ...: the task's metrics by their long names too.
+        metrics = self.__dict__.get("metrics", {})
+        task = self.__dict__.get("task")
+        for metric in (task.metrics if task is not None else ()):
+            if name == metric.label and metric.key in metrics:
+                return metrics[metric.key]
+        raise AttributeError(name)
+
+
+class EvalSums:
+    """What one evaluation pass keeps on the device between batches (no host sync)."""
+
+    def update(self, outputs: torch.Tensor | None, targets: Any) -> None:  # pragma: no cover
+        raise NotImplementedError
+
+
+class Task(ABC):
+    """One kind of learning problem (see the module docstring)."""
+
+    name: str
+    #: Every metric the task reports, the primary one first.
+    metrics: tuple[Metric, ...]
+
+    @property
+    def primary(self) -> Metric:
+        """The metric that ``compare`` judges and summaries show first."""
+        return self.metrics[0]
+
+    @abstractmethod
+    def loss(self, outputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        """The mean training loss of a batch."""
+
+    @abstractmethod
+    def check_data(self, data: Any, keyword: str) -> None:
+        """Refuse data this task cannot train on (once, at set-up), naming ``keyword``."""
+
+    @abstractmethod
+    def check_outputs(self, outputs: torch.Tensor | None, targets: Any, *,
+                      model_name: str | None, all_targets: torch.Tensor | None) -> None:
+        """Refuse a model whose outputs do not fit the targets (once, before the first loss)."""
+
+    @abstractmethod
+    def start_eval(self, device: torch.device) -> EvalSums:
+        """A fresh accumulator for one evaluation pass on ``device``."""
+
+    @abstractmethod
+    def finish_eval(self, sums: EvalSums, gather: Any, loss: float, samples: int) -> EvalResult:
+        """The pass's result; ``gather(tensor)`` concatenates a tensor over all processes."""
+
+    @abstractmethod
+    def report(self, result: EvalResult) -> dict[str, Any]:
+        """eval/report.json's content."""
+
+    @abstractmethod
+    def report_text(self, result: EvalResult) -> tuple[str, str]:
+        """(file name, text) of the readable report in eval/."""
+
+    def judge(self, value: float | None, baseline: float | None, tolerance: float
+              ) -> tuple[float | None, str | None]:
+        """(difference to the baseline, verdict ok/worse/better) on the primary metric."""
+        if value is None or baseline is None:
+            return None, None
+        delta = self.difference(value, baseline)
+        return delta, self.verdict(delta, tolerance)
+
+    def verdict(self, delta: float | None, tolerance: float) -> str | None:
+        """``ok`` within the tolerance, else ``worse`` or ``better`` in the metric's
+        direction; None without a difference."""
+        if delta is None:
+            return None
+        if abs(delta) <= tolerance + 1e-9:
+            return "ok"
+        better = delta > 0 if self.primary.higher_is_better else delta < 0
+        return "better" if better else "worse"
+
+    def difference(self, value: float, baseline: float) -> float:
+        """How ``compare`` measures the distance to the baseline (tolerance units)."""
+        return value - baseline

@@ -1,0 +1,108 @@
+"""What the Trainer tells: log records, the banner, the result, and where a halt began."""
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import numpy as np
+import torch
+
+from ..precision import NonFiniteHalt
+from ..probe import first_nonfinite_module
+from ..steps import forward_batch
+from .base import TrainerBase
+from .result import FitResult
+
+
+class ReportingMixin(TrainerBase):
+    """Records, messages and results of a :class:`~amptrain.trainer.Trainer` (mixed into it)."""
+
+    def _log_train(self) -> None:
+        loss_sum = self.strategy.reduce_sum(self._loss_sum.detach().double())
+        samples = self.strategy.reduce_sum(torch.tensor(float(self._loss_samples),
+                                                        device=self.device, dtype=torch.float64))
+        now = time.perf_counter()
+        elapsed = now - self._last_log_time
+        grad_norm = self._grad_norm
+        record = {
+            "step": self.step, "epoch": self._step_epoch,
+            "loss": float((loss_sum / samples.clamp(min=1)).item()),
+            "lr": float(self.optimizer.param_groups[0]["lr"]),
+            "loss_scale": self.precision.loss_scale,
+            "grad_norm": float(grad_norm.item()) if grad_norm is not None else None,
+            "skipped_steps": self.precision.skipped_steps,
+            "samples_per_s": self._samples_since_log / elapsed if elapsed > 0 else None,
+            "peak_mem_bytes": self.memory.peak(),
+        }
+        self._loss_sum.zero_()
+        self._loss_samples = 0
+        self._samples_since_log = 0
+        self._last_log_time = time.perf_counter()
+        self._last_log_step = self.step
+        self._record(record)
+
+    def _evaluate_and_log(self, final: bool = False, record: bool = True) -> None:
+        self._resolve_pending()
+        started = time.perf_counter()
+        write_dir = self.out / "eval" if (final and self.out is not None) else None
+        result = self.evaluate(self.model, self._val_data, write_dir=write_dir)
+        self.last_eval = result
+        if record:
+            self._record({"step": self.step, "epoch": self._step_epoch, **result.record()})
+        # Evaluation time is not training time: keep it out of samples_per_s.
+        self._last_log_time += time.perf_counter() - started
+
+    def _record(self, record: dict[str, Any]) -> None:
+        self.history.append(record)
+        self.logger.log(record)
+        for cb in self.callbacks:
+            if hasattr(cb, "on_log"):
+                cb.on_log(self, record)
+
+    def _emit(self, event: str) -> None:
+        for cb in self.callbacks:
+            hook = getattr(cb, event, None)
+            if hook is not None:
+                hook(self)
+
+    def _banner(self) -> str:
+        p = self.precision
+        chosen = f" (auto: {p.name})" if p.requested == "auto" else ""
+        return (f"amptrain: precision {p.name}{chosen} [{p.spec.summary}] on {self.device}; "
+                f"{self.total_steps} steps of {self.config.batching.batch_size} samples "
+                f"({self.micro_batch_size} x {self.accumulate} accumulated"
+                f"{f' x {self.strategy.world_size} processes' if self.strategy.world_size > 1 else ''})"
+                f"{'; your optimizer keeps its learning rate (no schedule)' if self.constant_lr else ''}")
+
+    def _explain_halt(self, halt: NonFiniteHalt) -> NonFiniteHalt:
+        """Add the first module that produced a non-finite value to a halt message."""
+        window = self._last_window
+        if window is None:
+            return halt
+
+        def rerun() -> None:
+            with self.precision.autocast():
+                loss, _, _ = forward_batch(self.model, window.micro_batches[0], self.loss_fn)
+            self.precision.guard.scale(loss).backward()
+
+        where = first_nonfinite_module(self.model, rerun)
+        self.optimizer.zero_grad(set_to_none=True)
+        if where is None:
+            return halt
+        module, phase = where
+        return NonFiniteHalt(f"{halt}. First non-finite value: module '{module}' ({phase})",
+                             halt.step)
+
+    def _result(self) -> FitResult:
+        train = [r for r in self.history if "loss" in r]
+        speeds = [r["samples_per_s"] for r in train if r.get("samples_per_s")]
+        return FitResult(
+            precision=self.precision.name, steps=self.step, epochs_completed=self.epoch,
+            final_loss=train[-1]["loss"] if train else None,
+            val_loss=self.last_eval.loss if self.last_eval else None,
+            val_acc=self.last_eval.metrics.get("acc") if self.last_eval else None,
+            val_metrics=dict(self.last_eval.metrics) if self.last_eval else {},
+            skipped_steps=self.precision.skipped_steps,
+            samples_per_s=float(np.median(speeds)) if speeds else None,
+            peak_mem_bytes=self.memory.peak(),
+            out=str(self.out) if self.out else None, history=list(self.history))

@@ -1,0 +1,31 @@
+"""What a finished :meth:`Trainer.fit` reports."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+
+@dataclass
+class FitResult:
+    """What a finished :meth:`Trainer.fit` reports."""
+
+    precision: str
+    steps: int
+    epochs_completed: int
+    final_loss: float | None
+    val_loss: float | None
+    val_acc: float | None
+    skipped_steps: int
+    samples_per_s: float | None
+    peak_mem_bytes: int
+    out: str | None
+    history: list[dict[str, Any]] = field(default_factory=list, repr=False)
+    #: The task's final validation metrics by key ({"acc": ...}).
+    val_metrics: dict[str, float] = field(default_factory=dict)
+
+    def nonfinite_metrics(self) -> list[str]:
+        """Names of the final metrics that are NaN or infinite (a diverged run)."""
+        values = {"loss": self.final_loss, "val_loss": self.val_loss}
+        return [k for k, v in values.items() if v is not None and not np.isfinite(v)]

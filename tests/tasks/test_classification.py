@@ -1,0 +1,67 @@
+"""The classification task: labels checked against the model's outputs, accuracy and the
+classification report, and compare's verdict in percentage points."""
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from amptrain.data import TensorData
+from amptrain.errors import UserError
+from amptrain.tasks import ClassificationTask, build_task
+
+X = torch.randn(20, 4)
+Y = torch.arange(20) % 3
+
+
+@pytest.mark.parametrize("labels,names,fragment", [
+    (Y.float(), None, "labels are float32"),
+    (Y - 1, None, "label -1 is negative"),
+    (Y, ["a", "b"], "label 2 is outside the 2 classes"),
+])
+def test_labels_that_are_not_class_indices(labels, names, fragment):
+    with pytest.raises(UserError, match=fragment):
+        ClassificationTask(names).check_data(TensorData(X, labels), "train_data")
+
+
+def test_outputs_against_labels():
+    logits = torch.zeros(4, 3)
+    task = ClassificationTask([str(i) for i in range(3)])
+    task.check_outputs(logits, torch.tensor([0, 1, 2, 2]), model_name=None, all_targets=None)
+    with pytest.raises(UserError, match="returns 3 outputs per sample, but the data has 10"):
+        ClassificationTask([str(i) for i in range(10)]).check_outputs(
+            logits, torch.tensor([0, 1]), model_name="m", all_targets=None)
+    with pytest.raises(UserError, match="label 5 is outside the model's 3 outputs"):
+        ClassificationTask().check_outputs(logits, torch.tensor([0, 1]), model_name=None,
+                                           all_targets=torch.tensor([0, 5]))
+    with pytest.raises(UserError, match="one row of class logits per sample"):
+        ClassificationTask().check_outputs(torch.zeros(4), torch.tensor([0, 1, 0, 1]),
+                                           model_name=None, all_targets=None)
+    # Class probabilities (same shape as the logits) are valid cross-entropy targets.
+    ClassificationTask().check_outputs(logits, torch.full((4, 3), 1 / 3), model_name=None,
+                                       all_targets=None)
+
+
+def test_evaluation_sums_accuracy_and_reports(tmp_path):
+    task = ClassificationTask(["a", "b", "c"])
+    sums = task.start_eval(torch.device("cpu"))
+    sums.update(torch.tensor([[2.0, 0, 0], [0, 2.0, 0]]), torch.tensor([0, 2]))
+    sums.update(torch.tensor([[0, 0, 2.0]]), torch.tensor([2]))
+    result = task.finish_eval(sums, lambda t: t, loss=0.5, samples=3)
+    assert result.metrics == {"acc": pytest.approx(2 / 3)} and result.accuracy == result.metrics["acc"]
+    assert result.record() == {"val_loss": 0.5, "val_acc": pytest.approx(2 / 3)}
+    result.write(tmp_path)
+    report = json.loads((tmp_path / "report.json").read_text())
+    assert report["confusion_matrix"] == [[1, 0, 0], [0, 0, 0], [0, 1, 1]]
+    assert "macro avg" in (tmp_path / "classification_report.txt").read_text()
+
+
+def test_verdict_in_percentage_points():
+    task = build_task("classification")
+    assert task.judge(0.962, 0.965, tolerance=0.5) == (pytest.approx(-0.3), "ok")
+    assert task.judge(0.95, 0.965, tolerance=0.5) == (pytest.approx(-1.5), "worse")
+    assert task.judge(0.975, 0.965, tolerance=0.5)[1] == "better"
+    assert task.judge(None, 0.965, tolerance=0.5) == (None, None)
+    with pytest.raises(UserError, match="unknown task 'vision'"):
+        build_task("vision")

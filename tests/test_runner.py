@@ -1,0 +1,95 @@
+"""Command-level orchestration (amptrain/runner.py): the checkpoint a --checkpoint names,
+what a run records about its data, and seeded preparation of data and model.
+
+``run_training`` and ``run_evaluation`` are exercised end to end by the command tests
+(tests/test_cli.py, tests/commands/) and tests/test_hf.py.
+"""
+from __future__ import annotations
+
+import logging
+
+import pytest
+import torch
+
+from amptrain import checkpoint
+from amptrain.config import RunConfig
+from amptrain.errors import UserError
+from amptrain.models import ModelInputs, build_model
+from amptrain.runner import checkpoint_file, model_inputs, prepare_run, run_info
+
+
+# ------------------------------------------------------------- checkpoint_file
+def test_a_checkpoint_file_passes_through(tmp_path):
+    path = tmp_path / "step-4.pt"
+    path.write_bytes(b"not read here")
+    assert checkpoint_file(path) == path
+    assert checkpoint_file(str(path)) == path
+    # A path that does not exist is passed on too: loading it says what is wrong.
+    assert checkpoint_file(tmp_path / "missing.pt") == tmp_path / "missing.pt"
+
+
+def test_a_run_directory_resolves_to_its_last_checkpoint(tmp_path, caplog):
+    run = tmp_path / "run"
+    (run / checkpoint.CHECKPOINT_DIR).mkdir(parents=True)
+    last = run / checkpoint.CHECKPOINT_DIR / checkpoint.LAST
+    last.write_bytes(b"x")
+    (run / checkpoint.CHECKPOINT_DIR / "step-2.pt").write_bytes(b"x")
+    with caplog.at_level(logging.INFO, logger="amptrain"):
+        assert checkpoint_file(run) == last
+    assert f"is a directory: evaluating {last}" in caplog.text
+    # The checkpoints folder itself works as well.
+    assert checkpoint_file(run / checkpoint.CHECKPOINT_DIR) == last
+
+
+def test_an_empty_directory_is_a_user_error(tmp_path):
+    with pytest.raises(UserError) as error:
+        checkpoint_file(tmp_path)
+    message = str(error.value)
+    assert message.startswith(f"--checkpoint {tmp_path} is a directory with no checkpoint in it")
+    assert f"RUN_DIR/{checkpoint.CHECKPOINT_DIR}/{checkpoint.LAST}" in message
+
+
+# ------------------------------------------------------------- what a run records
+def test_model_inputs_of_digits(digits):
+    assert model_inputs(digits) == ModelInputs(num_classes=10, input_shape=(1, 8, 8),
+                                               kind="image", vocab_size=None)
+
+
+def test_run_info_rebuilds_the_model_without_the_training_flags(digits):
+    config = RunConfig.from_options(model="mlp", data="digits", lr=0.5, epochs=9)
+    info = run_info(config, digits)
+    assert info["model"] == "mlp" and info["data"] == "digits"
+    assert info["class_names"] == [str(d) for d in range(10)]
+    assert info["inputs"] == {"num_classes": 10, "input_shape": (1, 8, 8), "kind": "image",
+                              "vocab_size": None}
+    assert info["data_fitted"] == digits.fitted
+    # As run_evaluation does: the recorded inputs build the same architecture.
+    inputs = ModelInputs(**{**info["inputs"], "input_shape": tuple(info["inputs"]["input_shape"])})
+    assert inputs == model_inputs(digits)
+    model = build_model(info["model"], inputs)
+    assert model(torch.zeros(2, 1, 8, 8)).shape == (2, 10)
+
+
+# ------------------------------------------------------------- prepare_run
+def _weights(model: torch.nn.Module) -> list[torch.Tensor]:
+    return [p.detach().clone() for p in model.parameters()]
+
+
+def test_the_same_seed_gives_the_same_initial_weights():
+    data, first = prepare_run(RunConfig.from_options(model="mlp", data="digits", seed=3))
+    torch.manual_seed(12345)  # whatever ran before does not matter
+    _, second = prepare_run(RunConfig.from_options(model="mlp", data="digits", seed=3))
+    assert model_inputs(data).num_classes == 10
+    a, b = _weights(first), _weights(second)
+    assert len(a) == len(b) > 0
+    for x, y in zip(a, b):
+        assert torch.equal(x, y)
+
+
+def test_another_seed_gives_other_initial_weights():
+    _, first = prepare_run(RunConfig.from_options(model="mlp", data="digits", seed=3))
+    _, other = prepare_run(RunConfig.from_options(model="mlp", data="digits", seed=4))
+    a, b = _weights(first), _weights(other)
+    assert [x.shape for x in a] == [y.shape for y in b]
+    matrices = [(x, y) for x, y in zip(a, b) if x.ndim >= 2]
+    assert matrices and not any(torch.equal(x, y) for x, y in matrices)
