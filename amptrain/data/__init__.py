@@ -15,20 +15,9 @@ Every malformed input is a :class:`~amptrain.errors.UserError` naming ``--data``
 from __future__ import annotations
 
 from . import arrays, folders, generated, images, text  # noqa: F401  (register factories)
-from .core import (
-                   DATASETS,
-                   SPLIT_SEED,
-                   DataBundle,
-                   DataFactory,
-                   DataOptions,
-                   TensorData,
-                   build_data,
-                   labels_to_classes,
-                   parse_options,
-                   register,
-                   split,
-)
-from .text import TextEncoder, TokenData
+from .core import (DATASETS, SPLIT_SEED, DataBundle, DataFactory, DataOptions, TensorData,
+                   TextEncoder, build_data, labels_to_classes, parse_options, register, split)
+from .text import TokenData
 
 __all__ = ["DATASETS", "SPLIT_SEED", "DataBundle", "DataFactory", "DataOptions", "TensorData",
            "TextEncoder", "TokenData", "build_data", "labels_to_classes", "parse_options",

@@ -10,16 +10,13 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Sequence
+from typing import Any, Callable, Protocol, Sequence
 
 import numpy as np
 import torch
 from torch.utils.data import Dataset
 
 from ..errors import UserError
-
-if TYPE_CHECKING:  # text.py imports this module
-    from .text import TextEncoder
 
 #: Seed of the train/validation split of sources that have none. Fixed (not --seed) so
 #: that every run, and ``amptrain eval`` later, validates on exactly the same samples.
@@ -49,6 +46,21 @@ class TensorData(Dataset):
 
     def nbytes(self) -> int:
         return sum(t.element_size() * t.numel() for t in self.tensors)
+
+
+class TextEncoder(Protocol):
+    """A model's own tokenizer, as ``csv-text`` uses it (see ``amptrain.hf.HFTextEncoder``)."""
+
+    #: What the run records in its fitted preprocessing (e.g. ``hf:models/bert``).
+    name: str
+    vocab_size: int
+    pad_id: int
+    #: The longest sequence the model takes (its position embeddings), or None.
+    max_len: int | None
+
+    def encode(self, texts: Sequence[str], max_len: int) -> list[list[int]]:
+        """Token ids of each text, special tokens included, truncated to ``max_len``."""
+        ...
 
 
 @dataclass
@@ -83,7 +95,7 @@ class DataOptions:
     val_fraction: float = 0.2
     #: A training run's :attr:`DataBundle.fitted`: reuse it instead of fitting anew.
     fitted: dict[str, Any] | None = None
-    #: A model's own tokenizer (a :class:`~amptrain.data.text.TextEncoder`) for text
+    #: A model's own tokenizer (a :class:`TextEncoder`) for text
     #: data; the runner sets it for models that bring one (``hf:PATH``).
     text_encoder: TextEncoder | None = None
 

@@ -16,7 +16,7 @@ import csv
 import re
 from collections import Counter
 from pathlib import Path
-from typing import Any, Iterable, Protocol, Sequence
+from typing import Any, Iterable, Sequence
 
 import torch
 
@@ -25,6 +25,7 @@ from .core import (
     DataBundle,
     DataOptions,
     TensorData,
+    TextEncoder,
     labels_to_classes,
     path_and_options,
     register,
@@ -34,21 +35,6 @@ from .core import (
 PAD, UNK = "<pad>", "<unk>"          # ids 0 and 1
 TOKEN = re.compile(r"\w+")
 VAL_SPLITS = {"val", "valid", "validation", "dev", "test"}
-
-
-class TextEncoder(Protocol):
-    """A model's own tokenizer, as ``csv-text`` uses it (see ``amptrain.hf.HFTextEncoder``)."""
-
-    #: What the run records in its fitted preprocessing (e.g. ``hf:models/bert``).
-    name: str
-    vocab_size: int
-    pad_id: int
-    #: The longest sequence the model takes (its position embeddings), or None.
-    max_len: int | None
-
-    def encode(self, texts: Sequence[str], max_len: int) -> list[list[int]]:
-        """Token ids of each text, special tokens included, truncated to ``max_len``."""
-        ...
 
 
 class TokenData(TensorData):
