@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any, Iterator, Sequence
+from typing import Any, Generator, Iterator, Sequence
 
 import torch
 from torch.utils.data import DataLoader, Dataset
@@ -139,7 +139,7 @@ class DatasetWindows:
     def __len__(self) -> int:
         return len(self.plan)
 
-    def epoch(self, epoch: int, start: int = 0) -> Iterator[Window]:
+    def epoch(self, epoch: int, start: int = 0) -> Generator[Window, None, None]:
         plans = list(self.plan.epoch(epoch, start))
         tensors = getattr(self.dataset, "tensors", None)
         if tensors is not None:
@@ -147,7 +147,8 @@ class DatasetWindows:
         else:
             yield from self._loaded(plans)
 
-    def _indexed(self, plans: list[WindowPlan], tensors: Sequence[torch.Tensor]) -> Iterator[Window]:
+    def _indexed(self, plans: list[WindowPlan],
+                 tensors: Sequence[torch.Tensor]) -> Iterator[Window]:
         where = tensors[0].device
         select = getattr(self.dataset, "select", None)
         # The epoch's indices go to the data's device in one non-blocking copy from pinned
@@ -206,7 +207,7 @@ class LoaderWindows:
 
     def epoch(self, epoch: int, start: int = 0) -> Iterator[Window]:
         sampler = getattr(self.loader, "sampler", None)
-        if hasattr(sampler, "set_epoch"):
+        if sampler is not None and hasattr(sampler, "set_epoch"):
             sampler.set_epoch(epoch)
         pending: list[Any] = []
         index = 0

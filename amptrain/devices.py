@@ -58,7 +58,8 @@ def resolve_device(name: str = "auto") -> torch.device:
     try:
         device = torch.device(name)
     except RuntimeError:
-        raise UserError(f"--device {name!r} is not a device (use cpu, cuda, cuda:N or auto)") from None
+        raise UserError(f"--device {name!r} is not a device "
+                        f"(use cpu, cuda, cuda:N or auto)") from None
     if device.type == "cuda":
         if not torch.cuda.is_available():
             raise UserError("--device cuda: no CUDA GPU is visible here; use --device cpu")

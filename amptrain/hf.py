@@ -126,7 +126,9 @@ class HFTextEncoder:
 
     @property
     def pad_id(self) -> int:
-        return _pad_id(self.tokenizer)
+        pad_id = _pad_id(self.tokenizer)
+        assert pad_id is not None  # `tokenizer` refuses a tokenizer without one
+        return pad_id
 
     @property
     def max_len(self) -> int | None:

@@ -57,8 +57,10 @@ class LrPlan:
         source = (f"automatic for a scaled-up lr: min({GOYAL_WARMUP_EPOCHS} epochs, "
                   f"{AUTO_WARMUP_FRACTION:.0%} of the run)"
                   if self.warmup_steps > self.warmup_given else "--warmup-steps")
-        return (f"lr scaling {config.schedule.lr_scaling}: lr {self.base_lr:g} x {how} = {self.lr:g} "
-                f"(--batch-size {config.batching.batch_size}, --base-batch-size {config.schedule.base_batch_size}); "
+        return (f"lr scaling {config.schedule.lr_scaling}: lr {self.base_lr:g} x {how} "
+                f"= {self.lr:g} "
+                f"(--batch-size {config.batching.batch_size}, "
+                f"--base-batch-size {config.schedule.base_batch_size}); "
                 f"warm-up {self.warmup_steps} steps ({source})")
 
     def report(self) -> dict[str, Any]:

@@ -21,7 +21,8 @@ def scaled_lr(config: TrainConfig) -> float:
 
 def parameter_groups(model: nn.Module, weight_decay: float) -> list[dict]:
     """Decay matrices and filters; leave biases and norm scales (1-d tensors) undecayed."""
-    decay, no_decay = [], []
+    decay: list[nn.Parameter] = []
+    no_decay: list[nn.Parameter] = []
     for param in model.parameters():
         if param.requires_grad:
             (no_decay if param.ndim <= 1 else decay).append(param)
@@ -45,7 +46,8 @@ def build_optimizer(config: TrainConfig, model: nn.Module, *, fused_allowed: boo
     lr = scaled_lr(config)
     groups = parameter_groups(model, config.schedule.weight_decay)
     fused = fused_allowed and _fused_ok(model)
-    if config.schedule.optimizer == "sgd" and any(hasattr(p, "to_local") for p in model.parameters()):
+    if config.schedule.optimizer == "sgd" \
+            and any(hasattr(p, "to_local") for p in model.parameters()):
         fused = False  # FSDP2's DTensor parameters: torch 2.13 has no fused-SGD rule for them
     if config.schedule.optimizer == "adamw":
         return torch.optim.AdamW(groups, lr=lr, fused=fused or None)

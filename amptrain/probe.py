@@ -106,7 +106,7 @@ class NonFiniteWatch:
         self._scale_of = scale_of
         self._events: list[tuple[str, str, int]] = []
         self._peaks: list[torch.Tensor] = []
-        self._scales: dict[int, torch.Tensor] = {}
+        self._scales: dict[int, torch.Tensor | None] = {}
         self._handles: list[Any] = []
         for name, module in model.named_modules():
             self._handles.append(module.register_forward_hook(

@@ -57,8 +57,9 @@ def run_training(config: RunConfig, **trainer_options: Any) -> FitResult:
     try:
         # Under plain torchrun each process picked its own default --out: use rank 0's.
         config = replace_options(config, out=strategy.broadcast_object(config.out))
-        outdir.check_on_main(config.out, resume=bool(config.checkpointing.resume),
-                             is_main=strategy.is_main, broadcast=strategy.broadcast_object)
+        if config.out is not None:  # without one nothing is written (as in the Trainer)
+            outdir.check_on_main(config.out, resume=bool(config.checkpointing.resume),
+                                 is_main=strategy.is_main, broadcast=strategy.broadcast_object)
         # The Trainer first: a precision the hardware lacks (fp8 on a CPU) is refused before
         # the data and the model are loaded.
         trainer = Trainer(config, strategy=strategy, **trainer_options)
@@ -109,12 +110,13 @@ def run_evaluation(*, checkpoint_path: str, data: str | None, precision: str, ou
     if "model" not in run or "inputs" not in run:
         raise UserError(f"checkpoint {checkpoint_path} was not written by `amptrain train` "
                         f"(no model name inside); evaluate it with the library API")
-    data_spec = data or run.get("data")
+    data_spec: str = data or run["data"]  # "data" is written with "model" (run_info)
     # The training split's preprocessing (normalisation, vocabulary, class order) is
     # reused, so other data is fed to the model exactly as the training data was.
-    bundle = build_data(data_spec, DataOptions(val_fraction=state["config"].get("val_fraction", 0.2),
-                                               fitted=run.get("data_fitted"),
-                                               text_encoder=text_encoder_for(run["model"])))
+    bundle = build_data(data_spec,
+                        DataOptions(val_fraction=state["config"].get("val_fraction", 0.2),
+                                    fitted=run.get("data_fitted"),
+                                    text_encoder=text_encoder_for(run["model"])))
     inputs = ModelInputs(**{**run["inputs"], "input_shape": tuple(run["inputs"]["input_shape"])})
     if bundle.num_classes != inputs.num_classes or tuple(bundle.input_shape) != inputs.input_shape:
         raise UserError(f"--data {data_spec} has {bundle.num_classes} classes and inputs "

@@ -24,7 +24,7 @@ def split_outputs(output: Any) -> tuple[torch.Tensor | None, torch.Tensor | None
     return getattr(output, "logits", None), getattr(output, "loss", None)
 
 
-def forward_batch(model: nn.Module, batch: Any, loss_fn: LossFn,
+def forward_batch(model: nn.Module | Callable[..., Any], batch: Any, loss_fn: LossFn,
                   check: Callable[[Any, Any], None] | None = None
                   ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
     """Run the model on a batch: returns (mean loss, logits, targets).

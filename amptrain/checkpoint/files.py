@@ -101,7 +101,7 @@ def _create_temporary(path: Path) -> tuple[int, str]:
 
 
 def _root_cause(exc: BaseException) -> BaseException:
-    seen = exc
+    seen: BaseException | None = exc
     while seen is not None:
         if isinstance(seen, OSError) or not isinstance(seen, Exception):
             return seen

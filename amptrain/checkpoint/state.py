@@ -71,7 +71,11 @@ def load_optimizer_state(optimizer: torch.optim.Optimizer, saved: dict[str, Any]
 # ------------------------------------------------------------------------ RNG
 def capture_rng() -> dict[str, Any]:
     """Python, numpy, torch and CUDA generator states, as tensors and plain values."""
-    kind, keys, pos, has_gauss, cached = np.random.get_state()
+    # The global RandomState is an MT19937, whose legacy state is a tuple (numpy's stub
+    # types a no-argument get_state() as the dict form).
+    state = np.random.get_state(legacy=True)
+    assert isinstance(state, tuple)
+    kind, keys, pos, has_gauss, cached = state
     rng: dict[str, Any] = {
         "python": random.getstate(),
         "numpy": {"kind": kind, "keys": torch.from_numpy(keys.astype(np.int64)), "pos": int(pos),

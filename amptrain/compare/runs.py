@@ -52,11 +52,13 @@ class RunProbe:
         self.facts: dict[str, Any] = {}
 
     def on_fit_start(self, trainer: Trainer) -> None:
+        assert trainer.model is not None  # set up before on_fit_start
         live = trainer.model.state_dict()
         same = set(live) == set(self.reference) and all(
             torch.equal(self.reference[k].to(device=v.device, dtype=v.dtype), v)
             for k, v in live.items())
-        fp32 = {k: v.detach().clone() for k, v in trainer.precision.fp32_state_dict(trainer.model).items()}
+        fp32 = {k: v.detach().clone()
+                for k, v in trainer.precision.fp32_state_dict(trainer.model).items()}
         plan = getattr(trainer.train_windows, "plan", None)
         order = None if plan is None else digest(
             {"global_batch": plan.global_batch,
@@ -76,6 +78,7 @@ def first_step_loss_fp32(trainer: Trainer, fp32_state: dict[str, torch.Tensor]) 
     if window is None:
         return None
     model = trainer.model
+    assert model is not None, "set up first"
     state = {k: v.to(trainer.device) for k, v in fp32_state.items()}
 
     def fp32_model(*args: Any, **kwargs: Any) -> Any:

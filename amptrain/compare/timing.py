@@ -125,10 +125,12 @@ def measure_speed_and_memory(config: RunConfig, precisions: list[str],
 def state_bytes(trainer: Trainer) -> int:
     """Bytes of the model's weights and buffers and the optimizer's parameters and state
     (fp32 master copies included), each storage counted once."""
+    model, optimizer = trainer.model, trainer.optimizer
+    assert model is not None and optimizer is not None, "set up first"
     tensors = itertools.chain(
-        trainer.model.parameters(), trainer.model.buffers(),
-        (p for group in trainer.optimizer.param_groups for p in group["params"]),
-        (v for s in trainer.optimizer.state.values() for v in s.values()
+        model.parameters(), model.buffers(),
+        (p for group in optimizer.param_groups for p in group["params"]),
+        (v for s in optimizer.state.values() for v in s.values()
          if isinstance(v, torch.Tensor)))
     seen: set[tuple[str, int]] = set()
     total = 0

@@ -69,7 +69,7 @@ def _leaves(cls: type, path: tuple[str, ...] = ()) -> Iterator[tuple[str, tuple[
                                                                      dataclasses.Field]]:
     for f in dataclasses.fields(cls):
         if _is_section(f):
-            section_cls = f.default_factory  # type: ignore[misc]
+            section_cls = f.default_factory
             yield from _leaves(section_cls, (*path, f.name))  # type: ignore[arg-type]
         else:
             yield flat_name(f), (*path, f.name), f

@@ -41,7 +41,8 @@ class PrecisionConfig:
     init_scale: float = option(65536.0, "initial fp16 loss scale", group="precision")
     growth_factor: float = option(2.0, "loss-scale growth factor", group="precision")
     backoff_factor: float = option(0.5, "loss-scale backoff factor on overflow", group="precision")
-    growth_interval: int = option(2000, "clean steps before the loss scale grows", group="precision")
+    growth_interval: int = option(2000, "clean steps before the loss scale grows",
+                                  group="precision")
     min_scale: float = option(1.0, "loss-scale floor: reaching it stops training",
                               group="precision")
     keep_fp32: list[str] = option([], "glob of module names run in fp32 inside autocast "
@@ -190,8 +191,8 @@ class CheckpointConfig:
     save_every: int | None = option(None, "checkpoint every N steps (and at each epoch end)",
                                     kind=int)
     keep_last: int = option(2, "step-N.pt checkpoints kept besides last.pt")
-    resume: str | None = option(None, "auto (latest valid checkpoint in --out) or a checkpoint path",
-                                kind=str)
+    resume: str | None = option(None, "auto (latest valid checkpoint in --out) or a "
+                                "checkpoint path", kind=str)
 
     def __post_init__(self) -> None:
         require_positive(self, "save_every", optional=True)

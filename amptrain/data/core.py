@@ -258,7 +258,8 @@ def index_labels(labels: np.ndarray, num_classes: int, spec: str, source: str) -
 
 
 # ------------------------------------------------------------------ normalisation
-def channel_stats(x: torch.Tensor, fitted: dict[str, Any] | None) -> tuple[list[float], list[float]]:
+def channel_stats(x: torch.Tensor,
+                  fitted: dict[str, Any] | None) -> tuple[list[float], list[float]]:
     """Per-channel mean/std of N x C x H x W training images, or a run's fitted ones."""
     if fitted and "mean" in fitted and "std" in fitted:
         return list(fitted["mean"]), list(fitted["std"])

@@ -60,7 +60,8 @@ def read_idx(path: Path, magic: int, spec: str) -> np.ndarray:
     if len(raw) - header != expected:
         problem = "is truncated" if len(raw) - header < expected else "has trailing bytes"
         raise UserError(f"--data {spec}: {path.name} {problem}: its header promises "
-                        f"{' x '.join(map(str, dims))} = {expected} bytes, found {len(raw) - header}")
+                        f"{' x '.join(map(str, dims))} = {expected} bytes, "
+                        f"found {len(raw) - header}")
     return np.frombuffer(raw, dtype=np.uint8, count=expected, offset=header).reshape(dims)
 
 
@@ -127,7 +128,8 @@ class _ArrayUnpickler(pickle.Unpickler):
     not be able to run code (``pickle.load`` would import and call anything)."""
 
     ALLOWED = {("_codecs", "encode"), ("numpy", "ndarray"), ("numpy", "dtype"),
-               ("numpy.core.multiarray", "_reconstruct"), ("numpy._core.multiarray", "_reconstruct"),
+               ("numpy.core.multiarray", "_reconstruct"),
+               ("numpy._core.multiarray", "_reconstruct"),
                ("numpy.core.multiarray", "scalar"), ("numpy._core.multiarray", "scalar")}
 
     def find_class(self, module: str, name: str) -> Any:

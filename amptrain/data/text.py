@@ -183,8 +183,10 @@ def csv_text(argument: str, options: DataOptions) -> DataBundle:
         if unknown:
             raise UserError(f"--data {spec}: split column value {unknown[0]!r} is neither train "
                             f"nor one of {', '.join(sorted(VAL_SPLITS))}")
-        val_idx = torch.tensor([i for i, s in enumerate(splits) if s in VAL_SPLITS], dtype=torch.long)
-        train_idx = torch.tensor([i for i, s in enumerate(splits) if s == "train"], dtype=torch.long)
+        val_idx = torch.tensor([i for i, s in enumerate(splits) if s in VAL_SPLITS],
+                               dtype=torch.long)
+        train_idx = torch.tensor([i for i, s in enumerate(splits) if s == "train"],
+                                 dtype=torch.long)
         if len(val_idx) == 0 or len(train_idx) == 0:
             train_idx, val_idx = split_indices(len(texts), options.val_fraction)
     else:

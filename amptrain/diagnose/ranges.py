@@ -156,6 +156,8 @@ class RangeStats:
             return  # every queued sample comes with its peak
         device = self._peaks[0].device
         self._allocate(device)
+        assert self.hist is not None and self.abs_max is not None \
+            and self.min_nonzero is not None and self.above is not None  # allocated above
         peak_slots = self._index(self._peak_slots, None, device)
         peaks = torch.stack(self._peaks).abs().amax(dim=1)
         self.abs_max.scatter_reduce_(0, peak_slots, peaks, "amax")
@@ -188,9 +190,12 @@ class RangeStats:
         self.flush()
         if self.hist is None:
             return {}
-        scalars = torch.cat([self.abs_max[:, None], self.min_nonzero[:, None],
-                             self.above.float()], dim=1)
-        hist, scalars = (t.cpu().numpy().astype(np.float64) for t in (self.hist, scalars))
+        # All four are allocated together.
+        assert self.abs_max is not None and self.min_nonzero is not None \
+            and self.above is not None
+        table = torch.cat([self.abs_max[:, None], self.min_nonzero[:, None],
+                           self.above.float()], dim=1)
+        hist, scalars = (t.cpu().numpy().astype(np.float64) for t in (self.hist, table))
         return {key: (hist[i], scalars[i]) for key, i in self.slots.items()}
 
 

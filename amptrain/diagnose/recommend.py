@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import fnmatch
 import math
+from collections.abc import Sequence
 from typing import Any, Protocol
 
 import numpy as np
@@ -54,7 +55,7 @@ def _casts_inputs_to_half(module: nn.Module) -> bool:
 
 def keep_fp32_candidates(stats: dict[str, dict[str, Any]], modules: dict[str, nn.Module],
                          root: str, first: NonFiniteEvent | None,
-                         kept: list[str] = ()) -> list[dict[str, str]]:
+                         kept: Sequence[str] = ()) -> list[dict[str, str]]:
     """Modules to run in fp32, each with the reason; the most specific module wins.
 
     Modules that the ``kept`` patterns (the user's --keep-fp32) already cover are left out.
@@ -170,7 +171,8 @@ def module_risks(name: str, s: dict[str, Any], first: NonFiniteEvent | None,
         score += 80
         reasons.append(f"inputs reach {_g(s['input_abs_max'])} > fp16 max")
     if not island:
-        for kind, label in (("gradient", "output gradients"), ("param_gradient", "weight gradients")):
+        for kind, label in (("gradient", "output gradients"),
+                            ("param_gradient", "weight gradients")):
             g = s[kind]
             if not g:
                 continue

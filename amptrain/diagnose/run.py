@@ -74,6 +74,7 @@ def run_steps(config: TrainConfig, data: DataBundle, model: nn.Module, steps: in
                    resume=None, compile=False, **overrides)
     trainer = Trainer(replace_options(config, **options))
     trainer.setup(model, data.train)
+    assert trainer.model is not None  # set by setup()
     watch = NonFiniteWatch(trainer.model, lambda: trainer.step,
                            lambda: trainer.precision.loss_scale_tensor)
     attached = attach(trainer) if attach is not None else None
@@ -92,7 +93,8 @@ def run_steps(config: TrainConfig, data: DataBundle, model: nn.Module, steps: in
                          skipped_steps=trainer.precision.skipped_steps,
                          first_nonfinite=watch.first(), halted=halted,
                          keep_fp32=list(c.precision.keep_fp32),
-                         init_scale=c.precision.init_scale if trainer.precision.spec.loss_scaling else None)
+                         init_scale=(c.precision.init_scale
+                                     if trainer.precision.spec.loss_scaling else None))
     return summary, attached
 
 
@@ -113,8 +115,12 @@ def diagnose(config: TrainConfig, steps: int = 20, *, data: DataBundle | None = 
         data, model = prepare_run(config)
     initial = copy.deepcopy(model)
 
+    def record_ranges(trainer: Trainer) -> RangeRecorder:
+        assert trainer.model is not None  # attached after setup()
+        return RangeRecorder(trainer.model)
+
     stats_run, recorder = run_steps(config, data, copy.deepcopy(initial), steps, "32-true",
-                                    attach=lambda t: RangeRecorder(t.model))
+                                    attach=record_ranges)
     stats = recorder.read()
     device = resolve_device(config.device)
     fp16_run, _ = run_steps(config, data, copy.deepcopy(initial), steps, "16-mixed")
@@ -150,7 +156,7 @@ def diagnose(config: TrainConfig, steps: int = 20, *, data: DataBundle | None = 
             s["param_gradient"]["fp16_at_recommended_scale"] = fractions(
                 s["_hist"]["param_gradient"], FP16, scale["log2"])
 
-    report = {
+    report: dict[str, Any] = {
         "model": getattr(config, "model", type(initial).__name__),
         "data": getattr(config, "data", None), "root": root, "steps": steps,
         "batch_size": config.batching.batch_size, "seed": config.seed, "device": str(device),

@@ -48,7 +48,9 @@ def summary_lines(report: dict[str, Any]) -> list[str]:
     lines.append(f"  checked: {v['steps']} steps of 16-mixed with it -> {v['skipped_steps']} "
                  f"non-finite steps")
     b = recs["bf16"]
-    lines.append(f"bf16-mixed {'avoids the problem' if b['avoids_problem'] else 'does not avoid it' if b['fp16_problem'] else 'is also fine'}: "
+    verdict = ("avoids the problem" if b["avoids_problem"]
+               else "does not avoid it" if b["fp16_problem"] else "is also fine")
+    lines.append(f"bf16-mixed {verdict}: "
                  f"{b['reason']}")
     return lines
 

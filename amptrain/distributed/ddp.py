@@ -3,8 +3,8 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from collections.abc import Iterator
-from typing import Any
+from collections.abc import Iterator, Sized
+from typing import Any, cast
 
 import torch
 from torch import nn
@@ -72,7 +72,9 @@ class ProcessGroupStrategy(Strategy):
         if evaluation and self.uneven_evaluation:
             # DistributedSampler would repeat samples to give every rank the same count,
             # and the repeats would be counted in the accuracy.
-            sampler: Sampler[int] = _RankShare(len(loader.dataset), self.world_size, self.rank)
+            # A sized map-style dataset, as DistributedSampler below assumes too.
+            sampler: Sampler[int] = _RankShare(len(cast(Sized, loader.dataset)),
+                                               self.world_size, self.rank)
         else:
             sampler = DistributedSampler(loader.dataset, num_replicas=self.world_size,
                                          rank=self.rank, seed=seed, drop_last=loader.drop_last,

@@ -1,7 +1,7 @@
 """FSDP2 (``fully_shard``): parameters sharded across ranks, gathered per forward."""
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, cast
 
 import torch
 from torch import nn
@@ -47,8 +47,9 @@ class FSDPStrategy(ProcessGroupStrategy):
             get_model_state_dict,
         )
 
-        state = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True,
-                                                                     cpu_offload=True))
+        # A module's full state dict holds tensors only; torch types it as any state value.
+        state = cast(dict[str, torch.Tensor], get_model_state_dict(
+            model, options=StateDictOptions(full_state_dict=True, cpu_offload=True)))
         return {k: v.float() if v.is_floating_point() else v for k, v in state.items()}
 
     def load_model_state_dict(self, model: nn.Module, precision: Any,
@@ -58,7 +59,9 @@ class FSDPStrategy(ProcessGroupStrategy):
             set_model_state_dict,
         )
 
-        set_model_state_dict(model, state, options=StateDictOptions(full_state_dict=True))
+        # torch types the state as an invariant dict[str, ValueType]; a Tensor is a ValueType.
+        set_model_state_dict(model, state,  # type: ignore[arg-type]
+                             options=StateDictOptions(full_state_dict=True))
 
     def optimizer_state_dict(self, model: nn.Module,
                              optimizer: torch.optim.Optimizer) -> dict[str, Any]:

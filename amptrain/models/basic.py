@@ -45,7 +45,8 @@ class SmallCNN(nn.Module):
 
     def __init__(self, in_channels: int, num_classes: int, width: int = 32) -> None:
         super().__init__()
-        self.features = nn.Sequential(_conv_block(in_channels, width), _conv_block(width, 2 * width),
+        self.features = nn.Sequential(_conv_block(in_channels, width),
+                                      _conv_block(width, 2 * width),
                                       nn.MaxPool2d(2), _conv_block(2 * width, 4 * width),
                                       nn.AdaptiveAvgPool2d(1), nn.Flatten())
         self.head = nn.Linear(4 * width, num_classes)

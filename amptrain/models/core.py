@@ -92,7 +92,8 @@ def parse_options(argument: str, defaults: dict[str, Any], spec: str,
         try:
             values[key] = kind(raw)
         except ValueError:
-            raise UserError(f"--model {spec}: {key} must be {_A_TYPE[kind]} (got {raw!r})") from None
+            raise UserError(f"--model {spec}: {key} must be {_A_TYPE[kind]} "
+                            f"(got {raw!r})") from None
         if isinstance(values[key], (int, float)) and values[key] < 0:
             raise UserError(f"--model {spec}: {key} must not be negative (got {raw})")
     return values

@@ -70,7 +70,8 @@ class Bottleneck(nn.Module):
 def _shortcut(c_in: int, c_out: int, stride: int) -> nn.Module:
     if stride == 1 and c_in == c_out:
         return nn.Identity()
-    return nn.Sequential(nn.Conv2d(c_in, c_out, 1, stride=stride, bias=False), nn.BatchNorm2d(c_out))
+    return nn.Sequential(nn.Conv2d(c_in, c_out, 1, stride=stride, bias=False),
+                         nn.BatchNorm2d(c_out))
 
 
 class ResNet(nn.Module):
@@ -81,7 +82,8 @@ class ResNet(nn.Module):
                  imagenet_stem: bool = False) -> None:
         super().__init__()
         if imagenet_stem:
-            self.stem = nn.Sequential(nn.Conv2d(in_channels, width, 7, stride=2, padding=3, bias=False),
+            self.stem = nn.Sequential(nn.Conv2d(in_channels, width, 7, stride=2, padding=3,
+                                                bias=False),
                                       nn.BatchNorm2d(width), nn.ReLU(),
                                       nn.MaxPool2d(3, stride=2, padding=1))
         else:

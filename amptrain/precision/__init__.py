@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from typing import TYPE_CHECKING, Any, ContextManager, Iterable
+from typing import TYPE_CHECKING, Any, ContextManager, Iterable, TypedDict
 
 import torch
 from torch import nn
@@ -63,6 +63,15 @@ class NonFiniteHalt(TrainingHalted):
         self.step = step
 
 
+class _ScalerOptions(TypedDict):
+    """The dynamic loss scaler's settings, as :class:`Precision` passes them on."""
+
+    init_scale: float
+    growth_factor: float
+    backoff_factor: float
+    growth_interval: int
+
+
 class StepOutcome:
     """Whether an optimizer step was skipped, kept on the device until someone asks.
 
@@ -74,8 +83,8 @@ class StepOutcome:
 
     def __init__(self, found_inf: torch.Tensor | None, host_buffer: torch.Tensor | None = None):
         self.found_inf = found_inf
-        self._host = None
-        self._event = None
+        self._host: torch.Tensor | None = None
+        self._event: torch.cuda.Event | None = None
         if found_inf is not None and found_inf.is_cuda and host_buffer is not None:
             host_buffer.copy_(found_inf.detach().reshape(()), non_blocking=True)
             self._event = torch.cuda.Event()
@@ -88,6 +97,7 @@ class StepOutcome:
             return False
         if self._event is not None:
             self._event.synchronize()
+            assert self._host is not None  # set together with the event
             return bool(self._host.item())
         return bool(self.found_inf.item())
 
@@ -114,8 +124,10 @@ class Precision:
                  max_bad_steps: int = 10, fp8_skip_first_last: bool = True) -> None:
         self.requested = canonical_name(name)
         self.device = torch.device(device) if device is not None else resolve_device("auto")
-        self._scaler_options = dict(init_scale=init_scale, growth_factor=growth_factor,
-                                    backoff_factor=backoff_factor, growth_interval=growth_interval)
+        self._scaler_options = _ScalerOptions(init_scale=init_scale,
+                                              growth_factor=growth_factor,
+                                              backoff_factor=backoff_factor,
+                                              growth_interval=growth_interval)
         self.min_scale = min_scale
         self.keep_fp32 = list(keep_fp32)
         self.max_bad_steps = max_bad_steps
@@ -275,6 +287,7 @@ class Precision:
 
     def _raise_adam_eps(self, optimizer: torch.optim.Optimizer) -> None:
         floor = self.spec.min_adam_eps
+        assert floor is not None  # called only for modes that set one
         raised = False
         for group in optimizer.param_groups:
             if "eps" in group and isinstance(group["eps"], float) and group["eps"] < floor:
@@ -337,7 +350,7 @@ class Precision:
                   optimizer: torch.optim.Optimizer | None = None) -> torch.Tensor:
         """The unscaled gradient norm without clipping (a device tensor)."""
         self.unscale_(optimizer)
-        grads = [p.grad for p in self._grads_of(parameters)]
+        grads = [p.grad for p in self._grads_of(parameters) if p.grad is not None]
         if not grads:
             return torch.zeros((), device=self.device)
         return torch.nn.utils.get_total_norm(grads, foreach=True)

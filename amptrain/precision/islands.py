@@ -83,7 +83,8 @@ def install_fp32_islands(patches: ForwardPatches, modules: Iterable[nn.Module],
         patches.wrap(module, make_forward)
 
 
-_CONV_FUNCTIONS = {nn.Conv1d: F.conv1d, nn.Conv2d: F.conv2d, nn.Conv3d: F.conv3d}
+_CONV_FUNCTIONS: dict[type[nn.Module], Callable[..., torch.Tensor]] = {
+    nn.Conv1d: F.conv1d, nn.Conv2d: F.conv2d, nn.Conv3d: F.conv3d}
 
 
 class _HalfConvFp32Backward(torch.autograd.Function):

@@ -89,7 +89,8 @@ class MasterWeights:
     def copy_masters_to_model(self) -> None:
         """Write the updated fp32 masters back into the half model."""
         if self.model_params:
-            torch._foreach_copy_(self.model_params, self.masters)
+            # torch's stub takes list[Tensor] (invariant); Parameters are Tensors.
+            torch._foreach_copy_(self.model_params, self.masters)  # type: ignore[arg-type]
 
     @torch.no_grad()
     def load_fp32(self, named_values: dict[int, torch.Tensor]) -> None:

@@ -212,12 +212,14 @@ class NonFiniteGuard:
         self.unscale_(optimizer)
         found_inf = self._found_inf[id(optimizer)]
         if _supports_fused_skip(optimizer) and not _skip_decided_on_host(optimizer):
-            optimizer.grad_scale = None
-            optimizer.found_inf = found_inf
+            # The fused-kernel protocol's attributes, which torch's Optimizer does not declare
+            # (torch's own GradScaler sets them the same way).
+            optimizer.grad_scale = None  # type: ignore[attr-defined]
+            optimizer.found_inf = found_inf  # type: ignore[attr-defined]
             try:
                 optimizer.step()
             finally:
-                del optimizer.grad_scale, optimizer.found_inf
+                del optimizer.grad_scale, optimizer.found_inf  # type: ignore[attr-defined]
         elif not found_inf.item():  # non-fused, or a fused optimizer's first step
             optimizer.step()
         return found_inf

@@ -183,7 +183,8 @@ def plot_accuracy(ax: Any, study: Study) -> None:
         colour = study.colour(p)
         ax.errorbar([x], [row["val_acc_mean"] * 100], yerr=[(row["val_acc_std"] or 0) * 100],
                     fmt="o", ms=9, color=colour, capsize=6, lw=2)
-        seeds = [r["val_acc"] * 100 for r in runs if r["precision"] == p and r.get("val_acc") is not None]
+        seeds = [r["val_acc"] * 100 for r in runs
+                 if r["precision"] == p and r.get("val_acc") is not None]
         ax.scatter([x + 0.15] * len(seeds), seeds, s=18, color=colour, alpha=0.6, zorder=3)
     ax.set_xticks(range(len(names)), names, fontsize=10)
     ax.set_xlim(-0.6, len(names) - 0.4)

@@ -89,7 +89,8 @@ def load_study(out: str | Path) -> Study:
     curves: dict[str, dict[int, Curves]] = {}
     for run in compare.get("runs", []):
         run_dir = out / run.get("dir", f"runs/{run['precision']}/seed-{run['seed']}")
-        curves.setdefault(run["precision"], {})[run["seed"]] = read_curves(run_dir / "metrics.jsonl")
+        curves.setdefault(run["precision"], {})[run["seed"]] = read_curves(
+            run_dir / "metrics.jsonl")
     return Study(out, compare, details, curves)
 
 

@@ -111,3 +111,6 @@ class TrainerBase:
 
     def _record(self, record: dict[str, Any]) -> None:
         raise NotImplementedError
+
+    def _windows(self, data: Any, micro: int, accumulate: int, shuffle: bool) -> Any:
+        raise NotImplementedError

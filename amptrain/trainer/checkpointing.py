@@ -40,7 +40,9 @@ class CheckpointingMixin(TrainerBase):
         return path
 
     def state_dict(self) -> dict[str, Any]:
-        """Everything needed to continue exactly: weights (fp32), optimizer, scaler, RNG, position."""
+        """Everything needed to continue exactly: weights (fp32), optimizer, scaler, RNG,
+        position."""
+        assert self.model is not None and self.optimizer is not None, "set up first"
         self._resolve_pending()  # the lagged step's skip flag decides the scheduler state
         rng = checkpoint.capture_rng()
         return {
@@ -68,6 +70,7 @@ class CheckpointingMixin(TrainerBase):
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restore :meth:`state_dict` into a prepared Trainer (after model/optimizer setup)."""
         self.load_weights(state["model"])
+        assert self.model is not None and self.optimizer is not None, "set up first"
         self.strategy.load_optimizer_state_dict(self.model, self.optimizer, state["optimizer"])
         if self.scheduler is not None and state.get("scheduler") is not None:
             self.scheduler.load_state_dict(state["scheduler"])
@@ -116,7 +119,8 @@ class CheckpointingMixin(TrainerBase):
         decision, found = None, None
         if self.strategy.is_main:
             try:
-                found = checkpoint.find_resume(self.config.checkpointing.resume, self.out, cleanup=True)
+                found = checkpoint.find_resume(self.config.checkpointing.resume, self.out,
+                                               cleanup=True)
                 decision = ("resume", str(found[0])) if found is not None else ("fresh", None)
             except UserError as exc:
                 decision = ("error", str(exc))
@@ -147,6 +151,7 @@ class CheckpointingMixin(TrainerBase):
         No log record and no evaluation: the grace period before SIGKILL is short, and the
         metrics window in progress is saved, so the resumed run logs what this one would.
         """
+        assert self._stopping is not None  # only called once all ranks agreed to stop
         path = None
         if self.out is not None:
             path = self.out / checkpoint.CHECKPOINT_DIR / checkpoint.LAST \

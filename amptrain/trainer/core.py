@@ -11,7 +11,7 @@ import logging
 import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import torch
 from torch import nn
@@ -151,6 +151,7 @@ class Trainer(CheckpointingMixin, ReportingMixin, BatchPlanningMixin, DataMixin)
         seed_everything(c.seed, c.deterministic)
         tune_backends(self.device, c.deterministic)
         self._prepare_model(model, optimizer)
+        assert self.optimizer is not None  # _prepare_model built one when none was given
         self.batch_plan = BatchPlan(*c.batching.split(self.strategy.world_size))
         if c.batching.auto:
             self.batch_plan = self._search_micro_batch(train_data)
@@ -241,7 +242,8 @@ class Trainer(CheckpointingMixin, ReportingMixin, BatchPlanningMixin, DataMixin)
         self.loss_fn = self.task.loss
         model = model.to(self.device)
         if self.config.channels_last and is_conv_net(model):
-            model = model.to(memory_format=torch.channels_last)
+            # Module.to takes memory_format at run time; torch's overloads leave it out.
+            model = model.to(memory_format=torch.channels_last)  # type: ignore[call-overload]
         self.model, _ = self.precision.setup(model, None)
         self.model.eval()
         return self.model
@@ -263,14 +265,17 @@ class Trainer(CheckpointingMixin, ReportingMixin, BatchPlanningMixin, DataMixin)
     def _prepare_model(self, model: nn.Module, optimizer: torch.optim.Optimizer | None) -> None:
         model = model.to(self.device)
         if self.config.channels_last and is_conv_net(model):
-            model = model.to(memory_format=torch.channels_last)
+            # Module.to takes memory_format at run time; torch's overloads leave it out.
+            model = model.to(memory_format=torch.channels_last)  # type: ignore[call-overload]
         model = self.strategy.prepare_model(model, self.precision, optimizer)
         fused = self.precision.allows_fused(self.config.schedule.optimizer)
         optimizer = optimizer or build_optimizer(self.config, model, fused_allowed=fused)
         self.model, self.optimizer = self.precision.setup(model, optimizer)
         train_model = self.strategy.wrap(self.model)
         if self.config.compile:
-            train_model = torch.compile(train_model)
+            # A compiled module is an OptimizedModule (an nn.Module); torch.compile's
+            # signature only says Callable.
+            train_model = cast(nn.Module, torch.compile(train_model))
         self.train_model = train_model
         self.model.train()
 
@@ -337,6 +342,7 @@ class Trainer(CheckpointingMixin, ReportingMixin, BatchPlanningMixin, DataMixin)
 
     def _forward_backward(self, window: Window) -> None:
         """Forward and backward of every micro-batch of ``window``; gradients accumulate."""
+        assert self.train_model is not None, "set up first"
         world = self.strategy.world_size
         last = len(window.micro_batches) - 1
         losses = []

@@ -18,6 +18,7 @@ class ReportingMixin(TrainerBase):
     """Records, messages and results of a :class:`~amptrain.trainer.Trainer` (mixed into it)."""
 
     def _log_train(self) -> None:
+        assert self.optimizer is not None, "set up first"
         loss_sum = self.strategy.reduce_sum(self._loss_sum.detach().double())
         samples = self.strategy.reduce_sum(torch.tensor(float(self._loss_samples),
                                                         device=self.device, dtype=torch.float64))
@@ -68,25 +69,30 @@ class ReportingMixin(TrainerBase):
     def _banner(self) -> str:
         p = self.precision
         chosen = f" (auto: {p.name})" if p.requested == "auto" else ""
+        processes = (f" x {self.strategy.world_size} processes"
+                     if self.strategy.world_size > 1 else "")
+        constant = ("; your optimizer keeps its learning rate (no schedule)"
+                    if self.constant_lr else "")
         return (f"amptrain: precision {p.name}{chosen} [{p.spec.summary}] on {self.device}; "
                 f"{self.total_steps} steps of {self.config.batching.batch_size} samples "
-                f"({self.micro_batch_size} x {self.accumulate} accumulated"
-                f"{f' x {self.strategy.world_size} processes' if self.strategy.world_size > 1 else ''})"
-                f"{'; your optimizer keeps its learning rate (no schedule)' if self.constant_lr else ''}")
+                f"({self.micro_batch_size} x {self.accumulate} accumulated{processes})"
+                f"{constant}")
 
     def _explain_halt(self, halt: NonFiniteHalt) -> NonFiniteHalt:
         """Add the first module that produced a non-finite value to a halt message."""
         window = self._last_window
         if window is None:
             return halt
+        model, optimizer = self.model, self.optimizer
+        assert model is not None and optimizer is not None, "set up first"
 
         def rerun() -> None:
             with self.precision.autocast():
-                loss, _, _ = forward_batch(self.model, window.micro_batches[0], self.loss_fn)
+                loss, _, _ = forward_batch(model, window.micro_batches[0], self.loss_fn)
             self.precision.guard.scale(loss).backward()
 
-        where = first_nonfinite_module(self.model, rerun)
-        self.optimizer.zero_grad(set_to_none=True)
+        where = first_nonfinite_module(model, rerun)
+        optimizer.zero_grad(set_to_none=True)
         if where is None:
             return halt
         module, phase = where
