@@ -24,7 +24,7 @@ import torch
 from torch import nn
 
 from ..devices import resolve_device
-from ..errors import TrainingHalted, UserError, flag
+from ..errors import UserError, flag
 from .fp8 import Float8Plan, convert_linears, plan_float8
 from .islands import (
     ForwardPatches,
@@ -37,6 +37,7 @@ from .islands import (
 from .master import FP32_NORM_TYPES, MasterWeights, cast_model, modules_kept_fp32
 from .maths import set_tf32
 from .modes import ALIASES, MODES, PRECISION_NAMES, ModeSpec, canonical_name
+from .outcome import NonFiniteHalt, StepOutcome
 from .scaling import DynamicLossScaler, FoundInfAgreement, NonFiniteGuard
 from .support import (
     auto_mode,
@@ -55,14 +56,6 @@ __all__ = ["Precision", "StepOutcome", "NonFiniteHalt", "MODES", "PRECISION_NAME
 log = logging.getLogger("amptrain")
 
 
-class NonFiniteHalt(TrainingHalted):
-    """Training stopped: too many consecutive non-finite steps, or the loss scale hit its floor."""
-
-    def __init__(self, message: str, step: int | None) -> None:
-        super().__init__(message)
-        self.step = step
-
-
 class _ScalerOptions(TypedDict):
     """The dynamic loss scaler's settings, as :class:`Precision` passes them on."""
 
@@ -70,36 +63,6 @@ class _ScalerOptions(TypedDict):
     growth_factor: float
     backoff_factor: float
     growth_interval: int
-
-
-class StepOutcome:
-    """Whether an optimizer step was skipped, kept on the device until someone asks.
-
-    On CUDA the flag is copied to pinned host memory without blocking; by the time the
-    Trainer reads it (one step later) the copy has landed, so the read does not stall.
-    """
-
-    __slots__ = ("found_inf", "_host", "_event")
-
-    def __init__(self, found_inf: torch.Tensor | None, host_buffer: torch.Tensor | None = None):
-        self.found_inf = found_inf
-        self._host: torch.Tensor | None = None
-        self._event: torch.cuda.Event | None = None
-        if found_inf is not None and found_inf.is_cuda and host_buffer is not None:
-            host_buffer.copy_(found_inf.detach().reshape(()), non_blocking=True)
-            self._event = torch.cuda.Event()
-            self._event.record()
-            self._host = host_buffer
-
-    def skipped(self) -> bool:
-        """True when the optimizer did not update the weights (reads the flag)."""
-        if self.found_inf is None:
-            return False
-        if self._event is not None:
-            self._event.synchronize()
-            assert self._host is not None  # set together with the event
-            return bool(self._host.item())
-        return bool(self.found_inf.item())
 
 
 class Precision:
