@@ -28,9 +28,10 @@ from ..errors import UserError, flag
 from .fp8 import Float8Plan, convert_linears, plan_float8
 from .islands import (
     ForwardPatches,
-    cpu_fp16_fp32_modules,
+    cpu_fp32_island_types,
+    cpu_fp32_modules,
     install_cpu_fp16_conv,
-    install_cpu_fp16_fp32_islands,
+    install_cpu_fp32_islands,
     install_fp32_islands,
     match_modules,
 )
@@ -39,13 +40,8 @@ from .maths import set_tf32
 from .modes import ALIASES, MODES, PRECISION_NAMES, ModeSpec, canonical_name
 from .outcome import NonFiniteHalt, StepOutcome
 from .scaling import DynamicLossScaler, FoundInfAgreement, NonFiniteGuard
-from .support import (
-    auto_mode,
-    device_features,
-    emulated_precisions,
-    resolve_name,
-    unsupported_reason,
-)
+from .support import (auto_mode, device_features, emulated_precisions, onednn_has_bf16_kernels,
+                      resolve_name, unsupported_reason)
 
 if TYPE_CHECKING:
     from ..config import PrecisionConfig
@@ -162,9 +158,16 @@ class Precision:
             self.device = param.device
             self._select_mode()
         islands = match_modules(model, self.keep_fp32)
-        cpu_fp16 = self.device.type == "cpu" and self.spec.compute_dtype == torch.float16
-        # Norm and recurrent layers run in fp32 under CPU fp16 autocast (see islands.py).
-        fp32_on_cpu = cpu_fp16_fp32_modules(model, skip=islands.values()) if cpu_fp16 else []
+        cpu = self.device.type == "cpu"
+        cpu_fp16 = cpu and self.spec.compute_dtype == torch.float16
+        # Layers whose reduced-precision CPU kernels are missing or differ from CUDA's run
+        # in fp32 (see islands.py): norms and RNNs under fp16, RNNs under bf16 on AVX2.
+        fp32_on_cpu = cpu_fp32_modules(model, cpu_fp32_island_types(
+            self.spec.compute_dtype, onednn_has_bf16_kernels()), skip=islands.values()) \
+            if cpu else []
+        if fp32_on_cpu and not cpu_fp16:
+            log.info("%s: oneDNN has no bf16 kernels on this CPU; %d recurrent layer(s) "
+                     "run in fp32", self.name, len(fp32_on_cpu))
         if self.spec.float8_linears:
             self.float8_plan = convert_linears(model, plan_float8(
                 model, islands=list(islands), skip_first_last=self.fp8_skip_first_last))
@@ -182,7 +185,8 @@ class Precision:
         install_fp32_islands(self._patches, islands.values(), self.device.type)
         if cpu_fp16:
             install_cpu_fp16_conv(self._patches, model, skip=set(islands.values()))
-            install_cpu_fp16_fp32_islands(self._patches, fp32_on_cpu)
+        if fp32_on_cpu and self.spec.compute_dtype is not None:
+            install_cpu_fp32_islands(self._patches, fp32_on_cpu, self.spec.compute_dtype)
         set_tf32(self.spec, self.device)
         if optimizer is not None:
             self._optimizers.append(optimizer)

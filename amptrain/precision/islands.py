@@ -6,9 +6,10 @@
   falls back to a reference kernel over 100x slower than fp32. We run the forward in
   fp16 as autocast would and compute the backward in fp32, rounding the results to
   fp16 -- what a GPU's tensor cores do (fp32 accumulation, fp16 outputs).
-* CPU fp16 fp32-islands (:data:`CPU_FP16_FP32_TYPES`): norm layers, which CUDA autocast
-  runs in fp32 but CPU autocast leaves in fp16, and recurrent layers, whose fp16 oneDNN
-  kernels fail on CPU when gradients are needed.
+* CPU fp32-islands: under fp16 (:data:`CPU_FP16_FP32_TYPES`) norm layers, which CUDA
+  autocast runs in fp32 but CPU autocast leaves in fp16, and recurrent layers, whose fp16
+  oneDNN kernels fail on CPU when gradients are needed; under bf16 on a CPU where oneDNN
+  has no bf16 kernels (AVX2-only, :data:`CPU_BF16_NO_KERNEL_FP32_TYPES`) recurrent layers.
 
 Wrapping ``forward`` on the instance leaves parameter names and state_dict keys
 untouched, so checkpoints do not depend on the precision.
@@ -162,34 +163,55 @@ CPU_FP16_FP32_TYPES: tuple[type[nn.Module], ...] = (
     nn.LayerNorm, nn.GroupNorm, *((nn.RMSNorm,) if hasattr(nn, "RMSNorm") else ()), nn.RNNBase)
 
 
-def cpu_fp16_fp32_modules(model: nn.Module, skip: Iterable[nn.Module] = ()) -> list[nn.Module]:
-    """The model's modules of :data:`CPU_FP16_FP32_TYPES`, outside ``skip``'s subtrees.
+#: Modules that run as fp32 islands under CPU bf16 autocast where oneDNN has no bf16
+#: kernels (an AVX2-only CPU): its bf16 LSTM primitive does not exist there ("could not
+#: create a primitive descriptor for the LSTM forward propagation primitive"); GRU and RNN
+#: take the same path. Norms are fine: bf16 has fp32's range.
+CPU_BF16_NO_KERNEL_FP32_TYPES: tuple[type[nn.Module], ...] = (nn.RNNBase,)
+
+
+def cpu_fp32_island_types(compute_dtype: torch.dtype | None,
+                          bf16_kernels: bool) -> tuple[type[nn.Module], ...]:
+    """The module types that run in fp32 under CPU autocast in ``compute_dtype``."""
+    if compute_dtype == torch.float16:
+        return CPU_FP16_FP32_TYPES
+    if compute_dtype == torch.bfloat16 and not bf16_kernels:
+        return CPU_BF16_NO_KERNEL_FP32_TYPES
+    return ()
+
+
+def cpu_fp32_modules(model: nn.Module, types: tuple[type[nn.Module], ...],
+                     skip: Iterable[nn.Module] = ()) -> list[nn.Module]:
+    """The model's modules of ``types``, outside ``skip``'s subtrees.
 
     A module inside another match (or inside a keep_fp32 island) is already in fp32.
     """
+    if not types:
+        return []
     skipped = {id(m) for root in skip for m in root.modules()}
     found: list[nn.Module] = []
     covered: set[int] = set()
     for module in model.modules():
         if id(module) in skipped or id(module) in covered:
             continue
-        if isinstance(module, CPU_FP16_FP32_TYPES):
+        if isinstance(module, types):
             found.append(module)
             covered.update(id(m) for m in module.modules())
     return found
 
 
-def install_cpu_fp16_fp32_islands(patches: ForwardPatches, modules: Iterable[nn.Module]) -> int:
-    """Run ``modules`` in fp32 (inputs cast up, autocast off) while CPU fp16 autocast is on.
+def install_cpu_fp32_islands(patches: ForwardPatches, modules: Iterable[nn.Module],
+                             dtype: torch.dtype) -> int:
+    """Run ``modules`` in fp32 (inputs cast up, autocast off) while CPU autocast in
+    ``dtype`` is on.
 
-    Outside fp16 autocast (evaluation in another mode, a plain forward) they run as they
+    Outside that autocast (evaluation in another mode, a plain forward) they run as they
     are. Their own weights must be fp32, which :func:`~.master.modules_kept_fp32` ensures
     for the half-weight modes.
     """
     def make_forward(original: Callable) -> Callable:
         def forward(*args: Any, **kwargs: Any) -> Any:
-            if not (torch.is_autocast_enabled("cpu")
-                    and torch.get_autocast_dtype("cpu") == torch.float16):
+            if not (torch.is_autocast_enabled("cpu") and torch.get_autocast_dtype("cpu") == dtype):
                 return original(*args, **kwargs)
             args = _cast_floats(args, torch.float32)
             kwargs = _cast_floats(kwargs, torch.float32)

@@ -7,6 +7,7 @@ Every CUDA fact comes from ``torch.cuda.*`` queries and every CPU fact from
 """
 from __future__ import annotations
 
+import os
 from typing import Any
 
 import torch
@@ -25,12 +26,42 @@ CC_BF16 = (8, 0)          # Ampere: bf16 and TF32 Tensor Cores
 _F16, _BF16 = torch.float16, torch.bfloat16
 
 
-def cpu_has_native_bf16() -> bool:
-    """True when oneDNN has bf16 kernels on this CPU (AVX512-BF16 or AMX)."""
+def onednn_has_bf16_kernels() -> bool:
+    """True when oneDNN runs bf16 kernels here at all: natively (AVX512-BF16, AMX) or with
+    AVX512 emulating them. Where it is False (an AVX2-only CPU) some bf16 primitives do not
+    exist, oneDNN's LSTM among them (see :mod:`amptrain.precision.islands`)."""
     try:
         return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
     except (AttributeError, RuntimeError):  # builds without oneDNN
         return False
+
+
+#: oneDNN's CPU instruction-set levels in order (``ONEDNN_MAX_CPU_ISA`` caps the level it
+#: uses, which is how a test makes a new CPU behave as an older one).
+_ONEDNN_ISA_ORDER = ("SSE41", "AVX", "AVX2", "AVX2_VNNI", "AVX2_VNNI_2", "AVX512_CORE",
+                     "AVX512_CORE_VNNI", "AVX512_CORE_BF16", "AVX512_CORE_FP16",
+                     "AVX512_CORE_AMX", "AVX512_CORE_AMX_FP16", "AVX10_1_512_AMX_FP16")
+_ISA_NEEDED = {"bf16": "AVX512_CORE_BF16", "fp16": "AVX512_CORE_FP16", "amx": "AVX512_CORE_AMX"}
+
+
+def onednn_may_use(feature: str) -> bool:
+    """False when ``ONEDNN_MAX_CPU_ISA`` keeps oneDNN below the level that ``feature``
+    (bf16, fp16, amx) needs, whatever the CPU has."""
+    cap = (os.environ.get("ONEDNN_MAX_CPU_ISA") or os.environ.get("DNNL_MAX_CPU_ISA") or "")
+    cap = cap.strip().upper()
+    if not cap or cap == "ALL" or cap not in _ONEDNN_ISA_ORDER:
+        return True
+    return _ONEDNN_ISA_ORDER.index(cap) >= _ONEDNN_ISA_ORDER.index(_ISA_NEEDED[feature])
+
+
+def cpu_has_native_bf16(flags: dict[str, bool | None] | None = None) -> bool:
+    """bf16 maths in hardware that oneDNN may use: AVX512-BF16 or AMX-BF16. An AVX512 CPU
+    without them runs bf16 by emulation (slower than fp32), which is not native."""
+    flags = cpu_flags() if flags is None else flags
+    known = flags.get("avx512_bf16") is not None or flags.get("amx_bf16") is not None
+    has = bool(flags.get("avx512_bf16") or flags.get("amx_bf16")) if known \
+        else onednn_has_bf16_kernels()  # no /proc/cpuinfo: oneDNN's own answer
+    return has and onednn_may_use("bf16")
 
 
 def cuda_bf16_supported(device: torch.device) -> bool:
@@ -52,10 +83,11 @@ def device_features(device: torch.device,
     if device.type == "cuda":
         return gpu_features(*torch.cuda.get_device_capability(device))
     flags = cpu_flags() if flags is None else flags
-    native_bf16 = cpu_has_native_bf16() or bool(flags.get("avx512_bf16") or flags.get("amx_bf16"))
-    native_fp16 = bool(flags.get("avx512_fp16") or flags.get("amx_fp16"))
-    return {"tensor_cores": False, "amx": bool(flags.get("amx_tile")), "fp16": native_fp16,
-            "bf16": native_bf16, "tf32": False, "fp8": False}
+    native_fp16 = bool(flags.get("avx512_fp16") or flags.get("amx_fp16")) \
+        and onednn_may_use("fp16")
+    return {"tensor_cores": False, "amx": bool(flags.get("amx_tile")) and onednn_may_use("amx"),
+            "fp16": native_fp16, "bf16": cpu_has_native_bf16(flags), "tf32": False,
+            "fp8": False}
 
 
 def _kind(spec: ModeSpec) -> str:

@@ -10,7 +10,11 @@ residual stream stays fp32 as on a GPU and LSTMs train in 16-mixed.
 from __future__ import annotations
 
 import csv
+import os
 import random
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -24,6 +28,8 @@ from amptrain.precision import Precision
 from amptrain.precision.islands import CPU_FP16_FP32_TYPES
 from amptrain.runner import model_inputs, run_training
 from amptrain.trainer import Trainer
+
+ROOT = Path(__file__).resolve().parents[2]
 
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(),
                                 reason="checks CUDA autocast; no CUDA GPU here")
@@ -205,3 +211,29 @@ def test_bert_tiny_transformer_trains_from_scratch(tmp_path, data, precision):
     train = [r["loss"] for r in result.history if "loss" in r]
     assert train[-1] < train[0]
     assert result.val_acc > 0.8, result      # chance: 0.25 (synthetic-seq) / 0.33 (csv)
+
+
+# -------------------------------------------------- CPU classes through ONEDNN_MAX_CPU_ISA
+@pytest.mark.slow
+@pytest.mark.parametrize("isa", ["AVX2", "AVX512_CORE"])
+def test_every_recurrent_and_conv_model_trains_in_bf16_on_older_cpu_classes(tmp_path, isa):
+    """oneDNN has no bf16 LSTM on an AVX2-only CPU: the LSTM becomes an fp32 island there
+    (said once) instead of a RuntimeError; AVX512 without BF16 emulates bf16 kernels."""
+    script = (
+        "import logging\n"
+        "logging.basicConfig(level=logging.INFO, format='%(message)s')\n"
+        "from amptrain.config import RunConfig\n"
+        "from amptrain.runner import run_training\n"
+        "for model, data in [('lstm', 'synthetic-seq:samples=64'), ('cnn', 'digits'),\n"
+        "                    ('transformer', 'synthetic-seq:samples=64')]:\n"
+        "    for precision in ('bf16-mixed', 'bf16-true', '16-mixed'):\n"
+        "        r = run_training(RunConfig.from_options(model=model, data=data,\n"
+        "            precision=precision, max_steps=2, batch_size=16, no_progress=True))\n"
+        "        print(model, precision, r.steps)\n")
+    env = {**os.environ, "ONEDNN_MAX_CPU_ISA": isa, "PYTHONPATH": str(ROOT)}
+    result = subprocess.run([sys.executable, "-c", script], cwd=tmp_path, env=env,
+                            capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert result.stdout.count(" 2\n") == 9
+    said = "oneDNN has no bf16 kernels on this CPU; 1 recurrent layer(s) run in fp32"
+    assert (said in result.stderr) == (isa == "AVX2")

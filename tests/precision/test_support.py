@@ -23,7 +23,7 @@ CPU = torch.device("cpu")
     ({"amx_bf16": True, "amx_tile": True, "avx512_fp16": True}, True, "native", "native"),
 ])
 def test_cpu_classes(monkeypatch, flags, native_bf16, fp16, bf16):
-    monkeypatch.setattr(support, "cpu_has_native_bf16", lambda: native_bf16)
+    monkeypatch.setattr(support, "cpu_has_native_bf16", lambda flags=None: native_bf16)
     table = support.support_table(CPU, {**NO_FLAGS, **flags})
     for name in ("16-mixed", "16-master", "16-true"):
         assert table["emulated"][name] is (fp16 == "emulated")
@@ -68,3 +68,25 @@ def test_needs_name_the_hardware_per_kind():
     needs = support.precision_needs(CPU)
     assert needs["bf16-true"] == needs["bf16-mixed"] and "AVX512-BF16" in needs["bf16-mixed"]
     assert "AVX512-FP16" in needs["16-mixed"] and needs["32-true"] == "any CPU"
+
+
+@pytest.mark.parametrize("cap,bf16,fp16", [
+    ("", True, True), ("ALL", True, True), ("AVX2", False, False),
+    ("AVX512_CORE", False, False), ("AVX512_CORE_BF16", True, False),
+    ("AVX512_CORE_AMX", True, True),
+])
+def test_onednn_isa_cap_decides_what_is_native(monkeypatch, cap, bf16, fp16):
+    # A Sapphire Rapids CPU, capped the way ONEDNN_MAX_CPU_ISA caps oneDNN.
+    monkeypatch.setenv("ONEDNN_MAX_CPU_ISA", cap)
+    flags = {**NO_FLAGS, "amx_bf16": True, "amx_tile": True, "avx512_bf16": True,
+             "avx512_fp16": True}
+    features = support.device_features(CPU, flags)
+    assert (features["bf16"], features["fp16"]) == (bf16, fp16)
+
+
+def test_avx512_without_bf16_is_emulated_and_never_auto(monkeypatch):
+    monkeypatch.delenv("ONEDNN_MAX_CPU_ISA", raising=False)
+    monkeypatch.setattr(support, "cpu_flags", lambda: dict(NO_FLAGS))  # Skylake: AVX512 only
+    assert not support.cpu_has_native_bf16()
+    assert support.emulated_precisions(CPU, support.device_features(CPU))["bf16-mixed"]
+    assert support.auto_mode(CPU) == "32-true"
