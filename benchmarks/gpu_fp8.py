@@ -35,7 +35,7 @@ from typing import Any, Iterator
 import torch
 
 from amptrain.config import RunConfig, build_config
-from amptrain.errors import UserError
+from amptrain.errors import UserError, cli_spelling
 from amptrain.precision import Precision
 from amptrain.runner import prepare_run
 from amptrain.trainer import Trainer
@@ -218,7 +218,8 @@ def format_table(args: argparse.Namespace, device: torch.device, speed: dict[str
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     try:
-        device = check_device(args)
+        with cli_spelling():  # a command line: errors name its flags
+            device = check_device(args)
     except UserError as exc:
         print(f"gpu_fp8: error: {exc}", file=sys.stderr)
         return 2

@@ -12,7 +12,6 @@ import pytest
 import torch
 import yaml
 from torch import nn
-from torch.utils.data import DataLoader
 
 from amptrain.autobatch import (
     OutOfMemoryHalt,
@@ -265,12 +264,6 @@ def _impossible_combinations():
                                         r"\(nearest: 20 or 25\), or keep it with --batch-size "
                                         r"96 or 120"):
         build_config(TrainConfig, {"batch_size": 100, "micro_batch_size": 24}).batching.split()
-
-
-def test_auto_needs_a_dataset_that_amptrain_batches():
-    loader = DataLoader(tiny_classification(n=64), batch_size=16)
-    with pytest.raises(UserError, match="a DataLoader's batch_size is its micro-batch"):
-        _train(OomModel(), loader, batch_size=64, micro_batch_size="auto")
 
 
 def _cli(*args: str, tmp_path: Path) -> subprocess.CompletedProcess:

@@ -1,11 +1,8 @@
-"""amptrain env: versions, CPU flags, per-precision support and the recommendation,
-on this machine and on faked CUDA GPUs."""
+"""env.py: versions, CPU flags, per-precision support and the recommendation, on this
+machine and on faked CUDA GPUs (the ``amptrain env`` command: tests/commands/test_env.py)."""
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -13,17 +10,9 @@ import torch
 
 from amptrain import env
 from amptrain.precision import MODES, fp8
-from amptrain.precision.support import cpu_has_native_bf16
 from tests.conftest import fake_gpu
 
-ROOT = Path(__file__).parents[1]
 CPUINFO = Path("/proc/cpuinfo")
-
-
-def _cli(*args: str) -> subprocess.CompletedProcess:
-    environ = {**os.environ, "PYTHONPATH": str(ROOT)}
-    return subprocess.run([sys.executable, "-m", "amptrain", *args], cwd=ROOT, env=environ,
-                          capture_output=True, text=True, timeout=120)
 
 
 def _proc_flags() -> set[str]:
@@ -31,28 +20,6 @@ def _proc_flags() -> set[str]:
         if line.startswith("flags"):
             return set(line.split(":", 1)[1].split())
     return set()
-
-
-@pytest.mark.skipif(not CPUINFO.exists() or not _proc_flags(),
-                    reason="needs an x86 Linux /proc/cpuinfo with a flags line")
-@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the CPU recommendation")
-def test_env_json_reports_this_cpus_flags_and_recommends_bf16_where_native():
-    result = _cli("env", "--json")
-    assert result.returncode == 0, result.stderr
-    info = json.loads(result.stdout)
-    flags = _proc_flags()
-    assert info["cpu_flags"] == {name: name in flags for name in
-                                 ("amx_bf16", "amx_fp16", "amx_tile", "avx512_bf16",
-                                  "avx512_fp16")}
-    native_bf16 = cpu_has_native_bf16() or bool({"amx_bf16", "avx512_bf16"} & flags)
-    assert info["recommended_precision"] == ("bf16-mixed" if native_bf16 else "32-true")
-    assert set(info["supported"]) == set(MODES) | {"fp8"}
-    assert info["supported"]["32-true"] and not info["supported"]["fp8"]
-    assert info["supported"]["bf16-mixed"] == native_bf16
-    assert info["supported"]["tf32"] is False  # a CUDA feature
-    assert info["python"] and info["torch"] == torch.__version__ and info["cpu_cores"] >= 1
-    if native_bf16 and "amx_fp16" not in flags:
-        assert any("AMX-FP16" in note for note in info["notes"])
 
 
 def test_this_machine_with_amx_recommends_bf16_mixed():
@@ -118,13 +85,3 @@ def test_bench_measures_every_dtype_on_this_device():
     assert all(r["tflops"] > 0 and r["ms"] > 0 for r in rows.values())
     assert rows["matmul", "fp32"]["ratio_to_fp32"] == 1.0
     assert "TFLOP/s" in env.format_bench(bench)
-
-
-# ---------------------------------------------------------------------- CLI
-def test_cli_env_prints_a_table():
-    result = _cli("env")
-    assert result.returncode == 0, result.stderr
-    assert "precision" in result.stdout and "supported" in result.stdout
-    assert "recommended: --precision" in result.stdout
-    for name in list(MODES) + ["fp8"]:
-        assert f"  {name} " in result.stdout

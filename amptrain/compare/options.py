@@ -15,8 +15,6 @@ from ..precision.support import resolve_name
 
 log = logging.getLogger("amptrain")
 
-log = logging.getLogger("amptrain")
-
 #: compare.json's summary fields, in DESIGN.md's order.
 SUMMARY_FIELDS = ("precision", "samples_per_s", "speedup", "step_time_ms", "peak_mem_bytes",
                   "mem_ratio", "val_acc_mean", "val_acc_std", "delta_acc_pp", "final_loss_mean",

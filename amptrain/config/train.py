@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..errors import UserError, flag
+from ..precision.modes import PRECISION_NAMES
 from .options import (
     build_config,
     option,
@@ -37,7 +38,9 @@ class PrecisionConfig:
     """The precision mode and its loss scaler (read by :meth:`Precision.from_config`)."""
 
     name: str = option("auto", "precision mode (see `amptrain env`); auto picks the best the "
-                               "hardware supports", group="precision", flat="precision")
+                               "hardware supports; Lightning and Keras spellings are taken too",
+                       group="precision", flat="precision", choices=PRECISION_NAMES,
+                       open_choices=True)
     init_scale: float = option(65536.0, "initial fp16 loss scale", group="precision")
     growth_factor: float = option(2.0, "loss-scale growth factor", group="precision")
     backoff_factor: float = option(0.5, "loss-scale backoff factor on overflow", group="precision")

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from typing import TYPE_CHECKING, Any, ContextManager, Iterable, TypedDict
+from typing import Any, ContextManager, Iterable, Protocol, TypedDict
 
 import torch
 from torch import nn
@@ -43,8 +43,19 @@ from .scaling import DynamicLossScaler, FoundInfAgreement, NonFiniteGuard
 from .support import (auto_mode, device_features, emulated_precisions, onednn_has_bf16_kernels,
                       resolve_name, unsupported_reason)
 
-if TYPE_CHECKING:
-    from ..config import PrecisionConfig
+
+
+class PrecisionOptions(Protocol):
+    """What :meth:`Precision.from_config` reads (``amptrain.config.PrecisionConfig`` is one)."""
+
+    name: str
+    init_scale: float
+    growth_factor: float
+    backoff_factor: float
+    growth_interval: int
+    min_scale: float
+    keep_fp32: list[str]
+    max_bad_steps: int
 
 __all__ = ["Precision", "StepOutcome", "NonFiniteHalt", "MODES", "PRECISION_NAMES", "ALIASES",
            "ModeSpec", "canonical_name", "resolve_name"]
@@ -105,7 +116,7 @@ class Precision:
         self._select_mode()
 
     @classmethod
-    def from_config(cls, config: PrecisionConfig, *,
+    def from_config(cls, config: PrecisionOptions, *,
                     device: str | torch.device | None = None) -> Precision:
         """The precision that a run's ``--precision`` and loss-scaler options describe."""
         return cls(config.name, device=device, init_scale=config.init_scale,

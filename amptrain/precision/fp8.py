@@ -34,7 +34,7 @@ from typing import Iterable
 import torch
 from torch import nn
 
-from ..errors import UserError
+from ..errors import UserError, flag
 
 log = logging.getLogger("amptrain")
 
@@ -55,21 +55,22 @@ def fp8_unsupported_reason(name: str, device: torch.device) -> str | None:
     The single source of truth for fp8 support: ``Precision`` refuses the mode with this
     message and ``amptrain env`` reports ``supported["fp8"]`` from it.
     """
-    flag = f"--precision {name}"
+    precision = flag("precision")
+    option = f"{precision} {name}"
     if device.type != "cuda":
-        return (f"{flag} needs an NVIDIA GPU with fp8 Tensor Cores (compute capability 8.9+: "
+        return (f"{option} needs an NVIDIA GPU with fp8 Tensor Cores (compute capability 8.9+: "
                 f"Ada or Hopper, e.g. L4, L40S, H100, H200) and torchao; this run is on the "
                 f"{device.type.upper() if device.type == 'cpu' else device.type}: "
-                f"use --precision bf16-mixed (or auto)")
+                f"use {precision} bf16-mixed (or auto)")
     cc = torch.cuda.get_device_capability(device)
     if tuple(cc) < CC_FP8:
         instead = "bf16-mixed" if cc[0] >= 8 else "16-mixed"
-        return (f"{flag} needs fp8 Tensor Cores (compute capability 8.9+: Ada or Hopper); "
+        return (f"{option} needs fp8 Tensor Cores (compute capability 8.9+: Ada or Hopper); "
                 f"{torch.cuda.get_device_name(device)} has {cc[0]}.{cc[1]}: "
-                f"use --precision {instead}")
+                f"use {precision} {instead}")
     if not torchao_available():
-        return (f"{flag} needs the torchao package for float8 training: pip install torchao "
-                f"(or pip install 'amptrain[fp8]'), or use --precision bf16-mixed")
+        return (f"{option} needs the torchao package for float8 training: pip install torchao "
+                f"(or pip install 'amptrain[fp8]'), or use {precision} bf16-mixed")
     return None
 
 
@@ -149,7 +150,7 @@ def convert_linears(model: nn.Module, plan: Float8Plan) -> Float8Plan:
     try:
         from torchao.float8 import convert_to_float8_training
     except ImportError as exc:
-        raise UserError(f"--precision fp8 needs torchao with float8 training "
+        raise UserError(f"{flag('precision')} fp8 needs torchao with float8 training "
                         f"(torchao.float8): {exc}; pip install -U torchao") from None
     before = {name: p for name, p in model.named_parameters()}
     wanted = set(plan.convert)

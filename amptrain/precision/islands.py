@@ -155,7 +155,7 @@ def install_cpu_fp16_conv(patches: ForwardPatches, model: nn.Module,
 #:   kernels accumulate in fp32 inside, so the norm itself is accurate; its output dtype
 #:   is the difference.) Softmax and scaled_dot_product_attention need nothing: their CPU
 #:   kernels also accumulate in fp32 and stay finite for scores beyond fp16's range
-#:   (tests/test_precision_islands.py checks both).
+#:   (tests/precision/test_islands.py checks both).
 #: * recurrent layers: oneDNN has no fp16 LSTM; with gradients enabled the fp16 call
 #:   fails ("could not create a primitive descriptor for the LSTM forward propagation
 #:   primitive"). GRU and RNN take the same path.

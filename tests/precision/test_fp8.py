@@ -20,7 +20,7 @@ from torch import nn
 
 from amptrain import env
 from amptrain.config import RunConfig
-from amptrain.errors import UserError
+from amptrain.errors import UserError, cli_spelling
 from amptrain.precision import MODES, Precision, fp8
 from amptrain.precision.fp8 import plan_float8
 from amptrain.runner import prepare_run
@@ -47,7 +47,10 @@ def test_fp8_is_a_mode_with_fp32_weights_and_bf16_autocast():
 
 
 def test_cpu_is_refused_naming_the_flag_and_what_to_use():
-    with pytest.raises(UserError) as caught:
+    with pytest.raises(UserError) as library:
+        Precision("fp8", device="cpu")
+    assert str(library.value).startswith("precision fp8 needs an NVIDIA GPU")  # the keyword
+    with cli_spelling(), pytest.raises(UserError) as caught:
         Precision("fp8", device="cpu")
     message = str(caught.value)
     assert message.startswith("--precision fp8 needs an NVIDIA GPU with fp8 Tensor Cores")
@@ -61,7 +64,7 @@ def test_cpu_is_refused_naming_the_flag_and_what_to_use():
                                             ("Tesla V100-SXM2-16GB", (7, 0), "16-mixed")])
 def test_gpus_before_ada_are_refused_with_their_capability(monkeypatch, gpu, cc, instead):
     fake_gpu(monkeypatch, gpu, *cc)
-    with pytest.raises(UserError) as caught:
+    with cli_spelling(), pytest.raises(UserError) as caught:
         Precision("fp8", device="cuda")
     message = str(caught.value)
     assert f"{gpu} has {cc[0]}.{cc[1]}" in message and "compute capability 8.9+" in message
@@ -78,8 +81,9 @@ def test_ada_hopper_and_later_are_accepted_with_torchao(monkeypatch, gpu, cc):
 
 def test_missing_torchao_is_refused_with_the_install_command(monkeypatch):
     fake_gpu(monkeypatch, "NVIDIA H100 80GB HBM3", 9, 0, torchao=False)
-    with pytest.raises(UserError, match=r"--precision fp8 needs the torchao package.*"
-                                        r"pip install torchao.*--precision bf16-mixed"):
+    with cli_spelling(), pytest.raises(UserError, match=r"--precision fp8 needs the torchao "
+                                                      r"package.*pip install torchao.*"
+                                                      r"--precision bf16-mixed"):
         Precision("fp8", device="cuda")
 
 

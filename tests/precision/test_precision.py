@@ -9,8 +9,7 @@ from torch import nn
 from torch.nn import functional as F
 
 from amptrain import Precision
-from amptrain.errors import TrainingHalted, UserError, cli_spelling
-from amptrain.precision import MODES, canonical_name
+from amptrain.errors import TrainingHalted, UserError
 from tests.conftest import tiny_classification, tiny_mlp
 
 
@@ -103,7 +102,7 @@ def test_bf16_nonfinite_is_skipped_counted_then_halts_with_one_line():
     before = [p.detach().clone() for p in model.parameters()]
     x, y = data.tensors[0][:16].clone(), data.tensors[1][:16]
     x[0, 0] = float("nan")
-    for step in range(2):
+    for _ in range(2):
         with precision.autocast():
             loss = F.cross_entropy(model(x), y)
         precision.backward(loss)
@@ -132,7 +131,8 @@ def test_nonfinite_skip_with_non_fused_optimizer():
     assert all(torch.equal(a, b) for a, b in zip(before, model.parameters()))
 
 
-@pytest.mark.parametrize("name,half", [("16-master", torch.float16), ("bf16-master", torch.bfloat16)])
+@pytest.mark.parametrize("name,half", [("16-master", torch.float16),
+                                       ("bf16-master", torch.bfloat16)])
 def test_master_modes_keep_fp32_masters_and_half_model(name, half):
     data = tiny_classification()
     precision, model, optimizer, _ = _setup(name)
@@ -208,18 +208,6 @@ def test_cpu_fp16_conv_backward_matches_reference_kernel():
     # Same maths; our backward accumulates in fp32 (like a GPU) so it may differ by rounding.
     torch.testing.assert_close(conv.weight.grad, reference.weight.grad, rtol=2e-3, atol=2e-3)
     torch.testing.assert_close(conv.bias.grad, reference.bias.grad, rtol=2e-3, atol=2e-3)
-
-
-def test_names_aliases_and_unknown():
-    assert canonical_name("bf16") == "bf16-mixed" and canonical_name("16") == "16-mixed"
-    # Keras's mixed-precision policy names
-    assert [canonical_name(n) for n in ("float32", "mixed_float16", "mixed_bfloat16")] == \
-        ["32-true", "16-mixed", "bf16-mixed"]
-    with cli_spelling(), pytest.raises(UserError, match="unknown --precision 'fp12'"):
-        canonical_name("fp12")
-    with pytest.raises(UserError, match="unknown precision 'fp12'"):
-        canonical_name("fp12")
-    assert Precision("auto", device="cpu").name in MODES
 
 
 def test_state_dict_round_trip_restores_scale():

@@ -12,7 +12,7 @@ import torch
 
 @pytest.fixture(scope="session")
 def study(tmp_path_factory):
-    """One real 3 precisions x 2 seeds study, set up as tests/test_compare.py's ``study``
+    """One real 3 precisions x 2 seeds study, set up as tests/compare/conftest.py's ``study``
     (without its spy: the reports only need what the study left on disk)."""
     # Imported here: the hand-written studies below need none of the training stack.
     from amptrain.compare import CompareOptions, run_compare

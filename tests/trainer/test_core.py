@@ -1,20 +1,15 @@
-"""The Trainer loop: accumulation maths, clipping order, skipping, logging, evaluation."""
+"""trainer/core.py: the loop (accumulation maths, clipping, skipping, every precision end to
+end, batches of any shape, compile) and what the library refuses before it trains."""
 from __future__ import annotations
-
-import json
 
 import pytest
 import torch
 from torch import nn
 
 from amptrain.data import TensorData
-from amptrain.errors import TrainingHalted
 from amptrain.models import MLP
 from amptrain.trainer import Trainer
 from tests.conftest import tiny_classification, tiny_mlp
-
-DOCUMENTED_FIELDS = {"step", "epoch", "loss", "lr", "loss_scale", "grad_norm", "skipped_steps",
-                     "samples_per_s", "peak_mem_bytes"}
 
 
 def _fit(data, **options):
@@ -90,23 +85,6 @@ def test_fp16_skipped_step_does_not_advance_lr_schedule():
     assert trainer.scheduler.last_epoch == 7
 
 
-def test_bf16_nonfinite_loss_halts_with_one_line_naming_step_and_module():
-    x = torch.randn(64, 8)
-    y = torch.randint(0, 3, (64,))
-    model = tiny_mlp()
-    with torch.no_grad():
-        model.body[0].weight.fill_(float("nan"))  # every step is non-finite from the start
-    trainer = Trainer(precision="bf16-mixed", device="cpu", no_progress=True, batch_size=8,
-                      epochs=1, max_bad_steps=4)
-    with pytest.raises(TrainingHalted) as err:
-        trainer.fit(model, TensorData(x, y))
-    message = str(err.value)
-    assert "4 consecutive steps" in message and "step 4" in message
-    assert "module 'body.0'" in message
-    assert "\n" not in message
-    assert trainer.precision.skipped_steps == 4
-
-
 PRECISIONS = ["32-true", "tf32", "16-mixed", "bf16-mixed", "16-master", "bf16-master",
               "16-true", "bf16-true"]
 
@@ -125,42 +103,6 @@ def test_every_precision_learns_digits(digits, precision, tmp_path):
     if precision.endswith("master"):
         assert all(p.dtype == torch.float32 for g in trainer.optimizer.param_groups
                    for p in g["params"])
-
-
-def test_outputs_metrics_tensorboard_and_report(digits, tmp_path):
-    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
-
-    torch.manual_seed(0)
-    trainer = Trainer(precision="16-mixed", device="cpu", no_progress=True, batch_size=64,
-                      epochs=2, log_every=5, out=str(tmp_path))
-    trainer.fit(MLP(64, 10, hidden=64), digits.train, digits.val, class_names=digits.class_names)
-
-    records = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
-    train = [r for r in records if "loss" in r]
-    evals = [r for r in records if "val_acc" in r]
-    assert train and evals
-    assert all(DOCUMENTED_FIELDS <= set(r) for r in train)
-    assert all(r["loss_scale"] == 65536.0 for r in train)
-    assert all({"val_loss", "val_acc", "step", "epoch"} <= set(r) for r in evals)
-
-    events = EventAccumulator(str(tmp_path / "tb"))
-    events.Reload()
-    tags = set(events.Tags()["scalars"])
-    assert {"train/loss", "train/lr", "train/loss_scale", "train/grad_norm", "train/skipped_steps",
-            "train/samples_per_s", "val/loss", "val/acc", "system/peak_mem_bytes"} <= tags
-    scale = events.Scalars("train/loss_scale")
-    assert [e.step for e in scale] == [r["step"] for r in train]
-    assert all(e.value == 65536.0 for e in scale)
-
-    report = json.loads((tmp_path / "eval" / "report.json").read_text())
-    per_class = report["classification_report"]
-    assert len([k for k in per_class if k.isdigit()]) == 10
-    assert {"macro avg", "weighted avg"} <= set(per_class)
-    assert len(report["confusion_matrix"]) == 10
-    text = (tmp_path / "eval" / "classification_report.txt").read_text()
-    assert "macro avg" in text and "weighted avg" in text
-    assert (tmp_path / "checkpoints" / "last.pt").is_file()
-    assert (tmp_path / "config.yaml").is_file()
 
 
 def test_hf_style_outputs_and_dict_batches():
@@ -199,33 +141,6 @@ def test_user_dataloader_partial_last_window_normalised_by_samples():
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
 
 
-def test_resolved_config_reruns_with_the_lr_actually_used(tmp_path):
-    from amptrain.config import RunConfig, build_config, load_yaml
-    from amptrain.optim import scaled_lr
-
-    data = tiny_classification(n=64)
-    trainer, _ = _fit(data, batch_size=32, lr=0.01, lr_scaling="linear", base_batch_size=8,
-                      out=str(tmp_path / "run"), max_steps=2)
-    again = build_config(RunConfig, load_yaml(tmp_path / "run" / "config.yaml"))
-    assert scaled_lr(again) == pytest.approx(0.04) == scaled_lr(trainer.config)
-    assert again.schedule.warmup_steps == trainer.lr_plan.warmup_steps
-
-
-def test_the_package_exports_the_documented_api_and_the_own_loop_example_trains(capsys):
-    import runpy
-    from pathlib import Path
-
-    import amptrain
-
-    assert amptrain.Trainer is Trainer and amptrain.Precision.__name__ == "Precision"
-    example = runpy.run_path(str(Path(__file__).parents[1] / "examples" / "own_loop.py"))
-    example["main"]("16-mixed")
-    lines = capsys.readouterr().out.splitlines()
-    losses = [float(line.split()[3]) for line in lines if line.startswith("epoch")]
-    assert len(losses) == 3 and losses[-1] < 0.6  # chance level is ln(10) = 2.3
-    assert "steps 84  skipped 0" in lines[2] and "'scale': 2048.0" in lines[3]
-
-
 @pytest.mark.slow
 @pytest.mark.parametrize("precision", ["32-true", "bf16-mixed"])
 def test_compile_trains_the_same_model_as_eager(precision):
@@ -239,22 +154,6 @@ def test_compile_trains_the_same_model_as_eager(precision):
     for a, b in zip(eager.parameters(), compiled.parameters()):
         torch.testing.assert_close(a, b, **tolerance)
     assert compiled_trainer.precision.skipped_steps == 0
-
-
-def test_cudnn_benchmark_is_on_for_cuda_training_unless_deterministic():
-    from amptrain.reproducibility import tune_backends
-
-    saved = torch.backends.cudnn.benchmark
-    try:
-        torch.backends.cudnn.benchmark = False
-        tune_backends(torch.device("cpu"), deterministic=False)
-        assert torch.backends.cudnn.benchmark is False  # not ours to change off CUDA
-        tune_backends(torch.device("cuda", 0), deterministic=False)
-        assert torch.backends.cudnn.benchmark is True
-        tune_backends(torch.device("cuda", 0), deterministic=True)
-        assert torch.backends.cudnn.benchmark is False
-    finally:
-        torch.backends.cudnn.benchmark = saved
 
 
 # ------------------------------------------------ the library does not surprise its caller
@@ -327,29 +226,3 @@ def test_own_optimizer_keeps_its_learning_rate_unless_a_schedule_is_asked_for(ca
     Trainer(no_progress=True, epochs=2, batch_size=32, scheduler="cosine").fit(
         model, data, optimizer=optimizer)
     assert optimizer.param_groups[0]["lr"] == pytest.approx(0.0)
-
-
-def test_second_fit_into_the_same_out_is_refused_and_a_finished_run_resumes_quietly(tmp_path):
-    from amptrain.errors import UserError
-
-    data = tiny_classification(n=200)
-    options = dict(no_progress=True, epochs=1, batch_size=32, out=str(tmp_path),
-                   precision="32-true")
-    Trainer(**options).fit(_mlp3(), data, data)
-    metrics = (tmp_path / "metrics.jsonl").read_text()
-    with pytest.raises(UserError, match="already holds a run"):
-        Trainer(**options).fit(_mlp3(), data, data)
-    assert (tmp_path / "metrics.jsonl").read_text() == metrics
-    # Resuming the finished run trains nothing and logs no second final record.
-    result = Trainer(**options, resume="auto").fit(_mlp3(), data, data)
-    assert (tmp_path / "metrics.jsonl").read_text() == metrics
-    assert result.val_acc == json.loads(metrics.splitlines()[-1])["val_acc"]
-
-
-def test_a_diverged_run_says_so(caplog):
-    data = tiny_classification(n=200)
-    with caplog.at_level("WARNING", logger="amptrain"):
-        result = Trainer(no_progress=True, max_steps=12, batch_size=32, precision="32-true",
-                         optimizer="sgd", lr=1e30, max_bad_steps=1000).fit(_mlp3(), data, data)
-    assert result.nonfinite_metrics()
-    assert any("non-finite" in r.getMessage() for r in caplog.records)

@@ -1,4 +1,4 @@
-"""The steady-state step reads nothing back from the device.
+"""trainer/core.py's overhead: the steady-state step reads nothing back from the device.
 
 A host-device synchronisation in every step (``.item()``, ``bool(tensor)``, ``.cpu()``,
 ``.tolist()``, an index built from a Python list on the GPU, ...) stalls the Python
@@ -7,14 +7,15 @@ launched. On a CPU machine we cannot see CUDA syncs, but every such read goes th
 a Python-level tensor method, and ``torch.overrides.TorchFunctionMode`` sees each call:
 the spy below records them during steps that are not log steps, in the Trainer's real
 loop. (``.to(device)`` cannot be told apart from a copy to the host when the device is
-the CPU; the CUDA test at the end covers copies with ``set_sync_debug_mode("error")``.) The one read the design allows is :meth:`StepOutcome.skipped`, which the Trainer
-calls one step late (on CUDA it reads pinned host memory copied without blocking).
+the CPU; the CUDA test at the end covers copies with ``set_sync_debug_mode("error")``.)
+The one read the design allows is :meth:`StepOutcome.skipped`, which the Trainer calls one
+step late (on CUDA it reads pinned host memory copied without blocking). Gradients freed
+between steps and channels_last for conv nets are the loop's other overhead points.
 """
 from __future__ import annotations
 
 import sys
 import traceback
-from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -25,12 +26,13 @@ from torch.overrides import TorchFunctionMode
 from amptrain.data import TensorData
 from amptrain.models import SmallCNN
 from amptrain.precision import StepOutcome
-from amptrain.trainer import DEVICE_DATA_LIMIT_BYTES, Trainer
+from amptrain.trainer import Trainer
 from tests.conftest import tiny_classification, tiny_mlp
 
 #: Tensor methods and functions that copy a device value to the host (or need one).
 SYNCING = {"item", "tolist", "cpu", "numpy", "__bool__", "__float__", "__int__", "__index__",
-           "nonzero", "argwhere", "unique", "masked_select", "repeat_interleave", "_local_scalar_dense"}
+           "nonzero", "argwhere", "unique", "masked_select", "repeat_interleave",
+           "_local_scalar_dense"}
 #: The reads the design allows: the skip flag, one step late.
 ALLOWED_CALLERS = {StepOutcome.skipped.__code__}
 
@@ -212,28 +214,6 @@ def test_gradients_are_freed_between_steps():
     trainer.callbacks.append(Check())
     trainer.fit(model, tiny_classification())
     assert seen == [True] * 4  # zero_grad(set_to_none=True): no memset, memory returned
-
-
-def test_in_memory_data_moves_to_the_accelerator_once():
-    moved = []
-
-    class Data(TensorData):
-        def to(self, device):
-            moved.append(str(device))
-            return self
-
-    small = Data(torch.zeros(4, 2), torch.zeros(4, dtype=torch.long))
-    fake = SimpleNamespace(device=torch.device("cuda"))
-    assert Trainer._maybe_on_device(fake, small) is small and moved == ["cuda"]
-    on_cpu = SimpleNamespace(device=torch.device("cpu"))
-    assert Trainer._maybe_on_device(on_cpu, small) is small and moved == ["cuda"]
-
-    class Huge(Data):
-        def nbytes(self):
-            return DEVICE_DATA_LIMIT_BYTES + 1
-
-    huge = Huge(torch.zeros(4, 2), torch.zeros(4, dtype=torch.long))
-    assert Trainer._maybe_on_device(fake, huge) is huge and moved == ["cuda"]
 
 
 def test_channels_last_applies_to_conv_nets():

@@ -1,0 +1,97 @@
+"""commands/common.py: config flags generated from the config dataclasses, --config YAML
+merged under the flags, default output directories and the command line for reports."""
+from __future__ import annotations
+
+import argparse
+import re
+
+import pytest
+import yaml
+
+from amptrain.commands import common
+from amptrain.commands.common import add_config_flags, command_line, default_out, merged_values
+from amptrain.config import RunConfig, cli_flag, config_fields
+from amptrain.precision import PRECISION_NAMES
+
+
+def _parser(**options) -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="amptrain train")
+    parser.add_argument("--config")
+    add_config_flags(parser, **options)
+    return parser
+
+
+def _actions(parser: argparse.ArgumentParser) -> dict[str, argparse.Action]:
+    return {a.dest: a for a in parser._actions if a.option_strings and a.dest != "help"}
+
+
+def test_every_option_is_a_flag_under_its_flat_name():
+    actions = _actions(_parser())
+    for name in config_fields(RunConfig):
+        assert actions[name].option_strings == [cli_flag(name)], name
+    # The precision section's `name` field is --precision, not --name.
+    assert "name" not in actions and actions["precision"].option_strings == ["--precision"]
+
+
+def test_only_the_flags_given_appear_typed_as_their_options():
+    parser = _parser()
+    assert vars(parser.parse_args([])) == {"config": None}  # no default sneaks in under YAML
+    args = parser.parse_args(["--lr", "0.1", "--epochs", "3", "--keep-fp32", "head",
+                              "--keep-fp32", "*.norm", "--compile", "--micro-batch-size", "auto"])
+    assert vars(args) == {"config": None, "lr": 0.1, "epochs": 3, "keep_fp32": ["head", "*.norm"],
+                          "compile": True, "micro_batch_size": "auto"}
+    assert "(default: adamw)" in _actions(parser)["optimizer"].help
+
+
+def test_closed_choices_are_refused_by_the_parser(capsys):
+    parser = _parser()
+    assert parser.parse_args(["--optimizer", "sgd"]).optimizer == "sgd"
+    with pytest.raises(SystemExit) as exit_:
+        parser.parse_args(["--optimizer", "adam"])
+    assert exit_.value.code == 2
+    assert "argument --optimizer: invalid choice: 'adam'" in capsys.readouterr().err
+
+
+def test_precision_takes_aliases_the_parser_does_not_know():
+    # Open choices: the config resolves aliases (Keras and Lightning spellings) later.
+    assert _parser().parse_args(["--precision", "mixed_bfloat16"]).precision == "mixed_bfloat16"
+
+
+def test_precision_lists_its_choices_in_help():
+    help_text = _actions(_parser())["precision"].help
+    assert f"(one of: {', '.join(PRECISION_NAMES)})" in help_text
+
+
+def test_only_adds_just_the_named_options():
+    assert set(_actions(_parser(only=["lr", "seed"]))) == {"config", "lr", "seed"}
+
+
+def test_flags_override_the_yaml_file(tmp_path):
+    path = tmp_path / "run.yaml"
+    path.write_text(yaml.safe_dump({"lr": 0.5, "seed": 3, "model": "mlp"}))
+    parser = _parser()
+    parser.add_argument("--nproc-per-node", type=int)  # not a config option: never merged
+    args = parser.parse_args(["--config", str(path), "--seed", "9", "--nproc-per-node", "2"])
+    assert merged_values(args) == {"lr": 0.5, "seed": 9, "model": "mlp"}
+    assert merged_values(parser.parse_args(["--epochs", "2"])) == {"epochs": 2}
+
+
+def test_default_out_is_a_safe_timestamped_name_under_runs(monkeypatch):
+    monkeypatch.setattr(common.time, "strftime", lambda fmt: "20260101-120000")
+    config = RunConfig.from_options(model="module:my/models.py:Net", data="npz:/tmp/x y.npz")
+    assert default_out(config) == "runs/20260101-120000-module_my_models.py_Net-npz_tmp_x_y.npz"
+    assert default_out(config, prefix="compare-").startswith("runs/compare-20260101-120000-")
+    long = RunConfig.from_options(model="transformer:" + "layers=2," * 20, data="digits")
+    name = default_out(long).split("/", 1)[1]
+    assert re.fullmatch(r"20260101-120000-[A-Za-z0-9_.-]{1,60}", name)
+
+
+@pytest.mark.parametrize("argv, expected", [
+    (["/usr/local/bin/amptrain", "train", "--out", "my runs/x"],
+     "amptrain train --out 'my runs/x'"),
+    (["/repo/amptrain/__main__.py", "compare", "--seeds", "2"], "amptrain compare --seeds 2"),
+    (["/usr/bin/pytest", "tests"], None),  # not the amptrain command: nothing to report
+])
+def test_command_line_is_what_the_user_typed(monkeypatch, argv, expected):
+    monkeypatch.setattr(common.sys, "argv", argv)
+    assert command_line() == expected

@@ -1,0 +1,79 @@
+"""compare/summary.py: compare.json's summary rows, judged by the task's primary metric."""
+from __future__ import annotations
+
+import math
+import statistics
+
+import numpy as np
+import pytest
+
+from amptrain.compare import summarise
+from amptrain.compare.summary import finite
+from amptrain.tasks import ClassificationTask
+from tests.compare.conftest import SUMMARY_FIELDS
+
+verdict = ClassificationTask().verdict
+
+
+def test_speedups_and_ratios_are_against_the_baseline_of_the_same_invocation(study):
+    summary = {row["precision"]: row for row in study["result"]["summary"]}
+    speed = study["details"]["speed"]
+    base = summary["32-true"]
+    assert base["speedup"] == 1.0 and base["mem_ratio"] == 1.0 and base["delta_acc_pp"] == 0.0
+    for p, row in summary.items():
+        # The throughput is this invocation's: batch / median of the steps timed here.
+        median_s = statistics.median(speed[p]["step_times_ms"]) / 1e3
+        assert row["samples_per_s"] == pytest.approx(64 / median_s, rel=1e-3)
+        assert len(speed[p]["step_times_ms"]) == 3
+        assert row["speedup"] == pytest.approx(row["samples_per_s"] / base["samples_per_s"])
+        assert row["mem_ratio"] == pytest.approx(row["peak_mem_bytes"] / base["peak_mem_bytes"])
+        accs = [r["val_acc"] for r in study["result"]["runs"] if r["precision"] == p]
+        assert row["val_acc_mean"] == pytest.approx(np.mean(accs))
+        assert row["val_acc_std"] == pytest.approx(np.std(accs, ddof=1))
+        assert row["delta_acc_pp"] == pytest.approx((np.mean(accs) - base["val_acc_mean"]) * 100)
+
+
+def test_verdicts_follow_the_tolerance_and_failures_are_reported():
+    runs = [{"precision": p, "seed": s, "val_acc": acc, "final_loss": 0.1, "skipped_steps": k,
+             "halted": halted}
+            for p, s, acc, k, halted in [
+                ("32-true", 0, 0.900, 0, None), ("32-true", 1, 0.910, 0, None),
+                ("16-mixed", 0, 0.901, 1, None), ("16-mixed", 1, 0.919, 2, None),   # +0.5 pp
+                ("bf16-mixed", 0, 0.880, 0, None), ("bf16-mixed", 1, 0.890, 0, None),  # -2 pp
+                ("16-true", 0, 0.93, 0, None), ("16-true", 1, None, None, "scale fell")]]
+    speed = {"32-true": {"samples_per_s": 100.0, "step_time_ms": 640.0, "peak_mem_bytes": 1000},
+             "16-mixed": {"samples_per_s": 150.0, "step_time_ms": 427.0, "peak_mem_bytes": 800},
+             "bf16-mixed": {"samples_per_s": 200.0, "step_time_ms": 320.0, "peak_mem_bytes": 500}}
+    rows = {r["precision"]: r for r in summarise(
+        "32-true", ["32-true", "16-mixed", "bf16-mixed", "16-true"], runs, speed, 0.5)}
+    assert rows["16-mixed"]["delta_acc_pp"] == pytest.approx(0.5)
+    assert rows["16-mixed"]["verdict"] == "ok" and rows["16-mixed"]["skipped_steps"] == 3
+    assert rows["bf16-mixed"]["verdict"] == "worse"
+    assert rows["bf16-mixed"]["speedup"] == 2.0 and rows["bf16-mixed"]["mem_ratio"] == 0.5
+    assert rows["16-true"]["verdict"] == "failed" and rows["16-true"]["speedup"] is None
+    assert verdict(0.51, 0.5) == "better" and verdict(-0.51, 0.5) == "worse"
+    assert verdict(None, 0.5) is None
+    assert all(list(r) == SUMMARY_FIELDS for r in rows.values())
+
+
+def test_one_seed_has_no_spread_and_a_precision_without_runs_has_no_figures():
+    runs = [{"precision": "32-true", "seed": 0, "val_acc": 0.9, "final_loss": 0.2,
+             "skipped_steps": 0, "halted": None},
+            {"precision": "bf16-mixed", "seed": 0, "val_acc": 0.92, "final_loss": 0.25,
+             "skipped_steps": 0, "halted": None}]
+    rows = summarise("32-true", ["32-true", "bf16-mixed", "16-mixed"], runs, {}, 0.5)
+    base, bf16, fp16 = rows
+    assert base["val_acc_std"] == 0.0 and bf16["val_acc_std"] == 0.0
+    assert bf16["delta_acc_pp"] == pytest.approx(2.0) and bf16["verdict"] == "better"
+    assert bf16["final_loss_mean"] == 0.25
+    # No speed measured: no throughput and no ratios, rather than a division by zero.
+    assert base["samples_per_s"] is None and base["speedup"] is None and base["mem_ratio"] is None
+    # A precision that has no runs at all: nothing to report, and no verdict.
+    assert fp16["val_acc_mean"] is None and fp16["val_acc_std"] is None
+    assert fp16["skipped_steps"] is None and fp16["verdict"] is None
+
+
+def test_json_gets_null_for_a_diverged_value():
+    assert finite(0.25) == 0.25 and finite(0.0) == 0.0
+    assert finite(None) is None
+    assert finite(math.nan) is None and finite(math.inf) is None and finite(-math.inf) is None

@@ -1,0 +1,160 @@
+"""compare/timing.py: speed and memory measured the fair way (one set-up Trainer per
+precision, timed steps alternating between them, a device sync around each, medians)."""
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from amptrain.batches import Window
+from amptrain.compare import (
+    MEMORY_STEPS,
+    CompareOptions,
+    Contender,
+    build_contender,
+    measure_peak_memory,
+    measure_speed_and_memory,
+    memory_method,
+    speed_figures,
+    state_bytes,
+    timing,
+)
+from amptrain.data import TensorData
+from amptrain.errors import TrainingHalted
+from amptrain.precision.maths import MathSwitches
+from amptrain.runner import prepare_run
+from amptrain.trainer import Trainer
+from tests.compare.conftest import small_config
+
+
+def _window(samples: int = 64) -> Window:
+    return Window([(torch.zeros(samples, 2), torch.zeros(samples, dtype=torch.long))],
+                  [samples], samples)
+
+
+def _contender(trainer=None, windows=(), **fields) -> Contender:
+    return Contender("bf16-mixed", trainer, MathSwitches(), iter(windows), **fields)
+
+
+class _FakeTrainer:
+    """Counts steps; raises TrainingHalted at step ``halt_at`` (1-based)."""
+
+    def __init__(self, halt_at: int | None = None) -> None:
+        self.device = torch.device("cpu")
+        self.steps, self.finished, self.halt_at = 0, 0, halt_at
+
+    def train_step(self, window: Window) -> None:
+        self.steps += 1
+        if self.steps == self.halt_at:
+            raise TrainingHalted("loss scale fell to its floor")
+
+    def finish_step(self) -> None:
+        self.finished += 1
+
+
+def test_state_bytes_count_weights_then_optimizer_state():
+    model = torch.nn.Linear(256, 256)
+    trainer = Trainer(precision="32-true", device="cpu", optimizer="adamw", no_progress=True,
+                      batch_size=8)
+    trainer.setup(model, TensorData(torch.randn(8, 256), torch.randint(0, 256, (8,))))
+    weights = sum(p.numel() * 4 for p in model.parameters())
+    assert state_bytes(trainer) == weights  # Adam's moments appear at its first step
+    trainer.train_step(next(iter(trainer.train_windows.epoch(0))))
+    trainer.finish_step()
+    assert state_bytes(trainer) >= 3 * weights
+
+
+def test_only_timed_steps_are_timed():
+    trainer = _FakeTrainer()
+    contender = _contender(trainer, [_window(48), _window(64), _window(64)])
+    contender.step(timed=False)  # warm-up
+    assert contender.step_times_s == [] and contender.batch_samples == 0
+    contender.step(timed=True)
+    contender.step(timed=True)
+    assert len(contender.step_times_s) == 2 and all(t >= 0 for t in contender.step_times_s)
+    assert contender.batch_samples == 64
+    assert (trainer.steps, trainer.finished) == (3, 3)  # every step waited for
+
+
+def test_a_halted_precision_stops_stepping_and_has_no_memory_figure():
+    trainer = _FakeTrainer(halt_at=2)
+    contender = _contender(trainer, [_window(), _window()])
+    contender.step(timed=True)
+    contender.step(timed=True)
+    assert contender.halted == "loss scale fell to its floor"
+    assert len(contender.step_times_s) == 1  # the halted step is not timed
+    contender.step(timed=True)  # no window left: a step now would raise StopIteration
+    assert trainer.steps == 2
+    assert measure_peak_memory(contender) is None
+
+
+def test_speed_figures_are_the_median_and_its_spread():
+    contender = _contender(step_times_s=[0.010, 0.040, 0.020, 0.030], batch_samples=64,
+                           peak_mem_bytes=1234)
+    figures = speed_figures(contender)
+    assert figures["step_time_ms"] == pytest.approx(25.0)
+    assert figures["samples_per_s"] == pytest.approx(64 / 0.025)
+    assert figures["step_time_p25_ms"] == pytest.approx(12.5)
+    assert figures["step_time_p75_ms"] == pytest.approx(37.5)
+    assert figures["step_times_ms"] == [10.0, 40.0, 20.0, 30.0]  # in the order timed
+    assert (figures["batch_samples"], figures["peak_mem_bytes"], figures["halted"]) == \
+        (64, 1234, None)
+    one = speed_figures(_contender(step_times_s=[0.02], batch_samples=8))
+    assert one["step_time_p25_ms"] == one["step_time_ms"] == one["step_time_p75_ms"]
+    halted = speed_figures(_contender(halted="diverged", peak_mem_bytes=None))
+    assert halted == {"samples_per_s": None, "step_time_ms": None, "peak_mem_bytes": None,
+                      "halted": "diverged"}
+
+
+@pytest.mark.parametrize("interleave, expected", [
+    # Round r runs one step of each precision, the order rotated by r.
+    (True, [("a", False), ("b", False), ("c", False), ("b", True), ("c", True), ("a", True),
+            ("c", True), ("a", True), ("b", True)]),
+    (False, [("a", False), ("a", True), ("a", True), ("b", False), ("b", True), ("b", True),
+             ("c", False), ("c", True), ("c", True)]),
+])
+def test_timed_steps_alternate_between_precisions_when_interleaved(monkeypatch, interleave,
+                                                                   expected):
+    steps: list[tuple[str, bool]] = []
+    built: list[str] = []
+
+    class Recording(Contender):
+        def step(self, timed: bool) -> None:
+            steps.append((self.precision, timed))
+
+    def build(config, precision, needed):
+        built.append(precision)
+        assert needed == 3  # warm-up + timed
+        return Recording(precision, SimpleNamespace(), MathSwitches(), iter(()))
+
+    monkeypatch.setattr(timing, "build_contender", build)
+    monkeypatch.setattr(timing, "measure_peak_memory", lambda c: len(c.precision))
+    options = CompareOptions(timing_warmup=1, timing_steps=2, interleave=interleave)
+    contenders = measure_speed_and_memory(None, ["a", "b", "c"], options)
+    assert steps == expected
+    assert built == ["a", "b", "c"] and list(contenders) == ["a", "b", "c"]
+    assert all(c.peak_mem_bytes == 1 and c.trainer is None for c in contenders.values())
+
+
+def test_a_contender_is_set_up_as_the_training_run_and_writes_nothing(tmp_path):
+    config = small_config(tmp_path / "study", seed=3)
+    contender = build_contender(config, "bf16-mixed", needed_windows=2)
+    trainer = contender.trainer
+    assert trainer.out is None and not (tmp_path / "study").exists()
+    assert trainer.precision.name == "bf16-mixed" and trainer.config.seed == 3
+    assert contender.total_steps == 6  # the run's --max-steps
+    _, model = prepare_run(config)  # the seed's weights, as the training run starts from
+    live = trainer.precision.fp32_state_dict(trainer.model)
+    assert all(torch.equal(v, live[k]) for k, v in model.state_dict().items())
+    # The timed steps cycle over `needed_windows` full global batches.
+    first, second, third = (next(contender.windows) for _ in range(3))
+    assert first.global_samples == second.global_samples == 64
+    assert third is first and second is not first
+
+
+def test_memory_method_says_what_peak_mem_bytes_measures():
+    cpu, cuda = memory_method(torch.device("cpu")), memory_method(torch.device("cuda", 0))
+    assert "torch.profiler" in cpu and "max_memory_allocated" not in cpu
+    assert "torch.cuda.max_memory_allocated" in cuda
+    assert all(f"{MEMORY_STEPS} training steps" in text for text in (cpu, cuda))

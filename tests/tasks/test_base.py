@@ -1,0 +1,86 @@
+"""tasks/base.py: what every task shares: an EvalResult's records and metrics by label, and
+compare's judgement of the primary metric in the direction that metric improves."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from amptrain.tasks.base import EvalResult, EvalSums, Metric, Task
+
+
+class _Regression(Task):
+    """A task whose primary metric improves downwards (and a second one upwards)."""
+
+    name = "regression"
+    metrics = (Metric("rmse", "rmse", higher_is_better=False),
+               Metric("r2", "r_squared", higher_is_better=True))
+
+    def loss(self, outputs, targets):
+        return torch.nn.functional.mse_loss(outputs, targets)
+
+    def check_data(self, data, keyword):
+        pass
+
+    def check_outputs(self, outputs, targets, *, model_name, all_targets):
+        pass
+
+    def start_eval(self, device):
+        return EvalSums()
+
+    def finish_eval(self, sums, gather, loss, samples):
+        return EvalResult(loss, samples, {"rmse": loss ** 0.5}, task=self)
+
+    def report(self, result):
+        return {"rmse": result.metrics["rmse"]}
+
+    def report_text(self, result):
+        return "regression.txt", f"rmse {result.metrics['rmse']:.3f}\n"
+
+
+class _Accuracy(_Regression):
+    metrics = (Metric("acc", "accuracy", higher_is_better=True),)
+
+
+def test_record_holds_the_loss_and_every_metric_under_val_keys():
+    result = EvalResult(0.5, 100, {"rmse": 0.7, "r2": 0.9}, task=_Regression())
+    assert result.record() == {"val_loss": 0.5, "val_rmse": 0.7, "val_r2": 0.9}
+    assert EvalResult(0.5, 100).record() == {"val_loss": 0.5}
+
+
+def test_metrics_read_by_their_label():
+    result = EvalResult(0.5, 100, {"rmse": 0.7, "r2": 0.9}, task=_Regression())
+    assert result.rmse == 0.7 and result.r_squared == 0.9
+    with pytest.raises(AttributeError):
+        result.r2  # noqa: B018 -- the key is not a label
+    with pytest.raises(AttributeError):
+        EvalResult(0.5, 100, {"acc": 0.9}).accuracy  # noqa: B018 -- no task, no labels
+    assert not hasattr(EvalResult(0.5, 100, {}, task=_Accuracy()), "accuracy")  # not measured
+
+
+def test_the_primary_metric_is_the_first():
+    assert _Regression().primary.key == "rmse" and _Accuracy().primary.key == "acc"
+
+
+@pytest.mark.parametrize("task, value, baseline, expected", [
+    # higher is better: a rise is better, a fall worse
+    (_Accuracy(), 0.95, 0.90, "better"),
+    (_Accuracy(), 0.85, 0.90, "worse"),
+    # lower is better: a rise is worse, a fall better
+    (_Regression(), 0.95, 0.90, "worse"),
+    (_Regression(), 0.85, 0.90, "better"),
+    # within the tolerance either way: ok
+    (_Regression(), 0.93, 0.90, "ok"),
+    (_Accuracy(), 0.87, 0.90, "ok"),
+])
+def test_judge_follows_the_direction_of_the_primary_metric(task, value, baseline, expected):
+    delta, verdict = task.judge(value, baseline, tolerance=0.03 + 1e-12)
+    assert delta == pytest.approx(value - baseline)  # the base task's difference
+    assert verdict == expected
+
+
+def test_verdict_boundaries_and_missing_values():
+    task = _Regression()
+    assert task.verdict(0.5, 0.5) == "ok" and task.verdict(-0.5, 0.5) == "ok"  # inclusive
+    assert task.verdict(0.5 + 1e-6, 0.5) == "worse" and task.verdict(-0.5 - 1e-6, 0.5) == "better"
+    assert task.verdict(None, 0.5) is None
+    assert task.judge(None, 0.9, 0.5) == (None, None) and task.judge(0.9, None, 0.5) == (None, None)
