@@ -54,6 +54,15 @@ def split_values(args: argparse.Namespace) -> tuple[dict[str, Any], dict[str, An
     return train, compare
 
 
+def emulated_here(device: str) -> set[str]:
+    """The precisions that ``device`` only emulates (asked of the precision layer)."""
+    from ..devices import resolve_device
+    from ..precision.support import device_features, emulated_precisions
+
+    where = resolve_device(device)
+    return {p for p, e in emulated_precisions(where, device_features(where)).items() if e}
+
+
 def run(args: argparse.Namespace) -> int:
     """Run the study, print the summary table and where the reports are."""
     from ..compare import CompareOptions, run_compare
@@ -66,7 +75,12 @@ def run(args: argparse.Namespace) -> int:
         config = replace_options(config, out=default_out(config, prefix="compare-"))
     result = run_compare(config, options, command=command_line(),
                          pick_log_every="log_every" not in train_values)
-    print(format_table(result["summary"], result["baseline"]))
+    emulated = emulated_here(config.device)
+    print(format_table(result["summary"], result["baseline"], emulated))
+    marked = [r["precision"] for r in result["summary"] if r["precision"] in emulated]
+    if marked:
+        print(f"(emulated): {', '.join(marked)} {'has' if len(marked) == 1 else 'have'} no "
+              f"hardware on this device; slow here, not on hardware that has it")
     runs = "" if options.speed_only else ", runs/"
     print(f"outputs: {config.out}/ (compare.json, report.md, report.html, compare.png{runs})")
     return 0

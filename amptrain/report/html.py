@@ -65,7 +65,7 @@ def _html_table(study: Study) -> str:
     head = "".join(f"<th>{html.escape(c)}</th>" for c in _COLUMNS)
     body = []
     for row in study.summary:
-        cells = [html.escape(c) for c in _cells(row, study.baseline)]
+        cells = [html.escape(c) for c in _cells(row, study.baseline, study.emulated)]
         p = row["precision"]
         tags = ""
         if p == study.baseline:
@@ -112,6 +112,7 @@ def _html_runs(study: Study) -> str:
 def render_html(study: Study) -> str:
     """report.html: one self-contained page (styles inline, plots as base64 PNGs)."""
     tolerance = study.details.get("options", {}).get("tolerance_pp", 0.5)
+    headline = recommendation(study.summary, study.baseline, tolerance, study.emulated)
     esc = html.escape
     speed_png = panel_row(study, ["throughput", "memory", "accuracy"])
     curves_png = panel_row(study, ["loss", "loss_scale"], widths=[2, 1])
@@ -126,7 +127,7 @@ def render_html(study: Study) -> str:
 <h1>{esc(_title(study))}</h1>
 <p class="sub">{esc(_device_line(study))} · {esc(_config_line(study))} ·
 relative to <b>{esc(study.baseline)}</b> measured in the same invocation</p>
-<div class="headline">{esc(recommendation(study.summary, study.baseline, tolerance))}</div>
+<div class="headline">{esc(headline)}</div>
 <h2>Summary</h2>
 <div class="card">{_html_table(study)}</div>
 <h2>Speed, memory and accuracy</h2>

@@ -10,10 +10,10 @@ def render_markdown(study: Study) -> str:
     """report.md: headline, table, plot, runs, method and hardware."""
     tolerance = study.details.get("options", {}).get("tolerance_pp", 0.5)
     parts = [f"# {_title(study)}", "",
-             f"**{recommendation(study.summary, study.baseline, tolerance)}**", "",
+             f"**{recommendation(study.summary, study.baseline, tolerance, study.emulated)}**", "",
              (f"Speedup, memory ratio and Δ accuracy are relative to `{study.baseline}` "
               f"measured in the same invocation. {_config_line(study)}."), "",
-             markdown_table(study.summary, study.baseline), "",
+             markdown_table(study.summary, study.baseline, study.emulated), "",
              "![loss curves, loss scale, throughput, memory and accuracy](compare.png)", ""]
     runs = study.compare.get("runs", [])
     if runs:

@@ -50,6 +50,12 @@ class Study:
         return self.compare["summary"]
 
     @property
+    def emulated(self) -> set[str]:
+        """Precisions of this study that its device only emulated (from study.json's env)."""
+        marks = (self.details.get("env") or {}).get("emulated") or {}
+        return {p for p in self.precisions if marks.get(p)}
+
+    @property
     def precisions(self) -> list[str]:
         return [row["precision"] for row in self.summary]
 

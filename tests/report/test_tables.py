@@ -89,3 +89,23 @@ def test_recommendation_sentences(summary, speed_only_study):
     bench[1]["speedup"] = 0.7
     assert recommendation(bench, "32-true", 0.5) == (
         "Nothing ran faster than 32-true here: keep 32-true (speed only: accuracy not measured).")
+
+
+def test_emulated_precisions_are_marked_and_the_recommendation_says_why():
+    summary = [
+        {"precision": "32-true", "verdict": "ok", "val_acc_mean": 0.95, "val_acc_std": 0.0,
+         "delta_acc_pp": 0.0, "samples_per_s": 1000.0, "speedup": 1.0, "step_time_ms": 10.0,
+         "peak_mem_bytes": 1 << 20, "mem_ratio": 1.0, "final_loss_mean": 0.3,
+         "skipped_steps": 0},
+        {"precision": "16-mixed", "verdict": "ok", "val_acc_mean": 0.95, "val_acc_std": 0.0,
+         "delta_acc_pp": 0.0, "samples_per_s": 200.0, "speedup": 0.2, "step_time_ms": 50.0,
+         "peak_mem_bytes": 1 << 20, "mem_ratio": 0.9, "final_loss_mean": 0.3,
+         "skipped_steps": 0},
+    ]
+    table = format_table(summary, "32-true", emulated={"16-mixed"})
+    assert "16-mixed (emulated)" in table and "32-true (emulated)" not in table
+    assert "`16-mixed` (emulated)" in markdown_table(summary, "32-true", emulated={"16-mixed"})
+    sentence = recommendation(summary, "32-true", 0.5, emulated={"16-mixed"})
+    assert sentence.startswith("No precision that matched 32-true's accuracy ran faster")
+    assert "16-mixed is only emulated on this device" in sentence
+    assert recommendation(summary, "32-true", 0.5) == sentence.split(" 16-mixed is only")[0]
