@@ -134,9 +134,9 @@ class Trainer(CheckpointingMixin, ReportingMixin, BatchPlanningMixin, DataMixin)
         with :meth:`train_step` on a fully prepared Trainer.
         """
         c = self.config
-        self.task = ClassificationTask(datacheck.check_fit_arguments(
-            model, train_data, val_data, optimizer=optimizer, loss_fn=loss_fn,
-            class_names=class_names))
+        names = datacheck.check_fit_arguments(model, train_data, val_data, optimizer=optimizer,
+                                              loss_fn=loss_fn, class_names=class_names)
+        self.task = ClassificationTask(names)
         self.loss_fn = loss_fn or self.task.loss
         if loss_fn is None:  # a caller's own loss may take other targets
             for data, keyword in ((train_data, "train_data"), (val_data, "val_data")):
