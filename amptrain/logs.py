@@ -43,11 +43,16 @@ class RunLogger:
             each log event becomes one plain line instead.
         resumed_at: the checkpoint step a resumed run continues from; TensorBoard events
             logged after it by the interrupted run are purged.
+        print_every: without a progress bar, print a training record's plain line only
+            at steps that are multiples of this (every record when None). Files always get
+            every record: ``compare`` records finely for its curves but prints as ``train``.
     """
 
     def __init__(self, out: str | Path | None, *, enabled: bool = True, progress: bool = True,
-                 stream: TextIO | None = None, resumed_at: int | None = None) -> None:
+                 stream: TextIO | None = None, resumed_at: int | None = None,
+                 print_every: int | None = None) -> None:
         self.enabled = enabled
+        self.print_every = print_every
         self.stream = stream or sys.stderr
         self.progress = progress and enabled and self.stream.isatty()
         self._bar: tqdm | None = None
@@ -102,6 +107,8 @@ class RunLogger:
                  if record.get(k) is not None}
         if self._bar is not None:
             self._bar.set_postfix({k: _fmt(v) for k, v in shown.items()}, refresh=False)
+        elif "loss" in record and self.print_every and record["step"] % self.print_every:
+            pass  # a fine-grained training record for the files only
         else:
             text = "  ".join(f"{k} {_fmt(v)}" for k, v in shown.items())
             speed = record.get("samples_per_s")

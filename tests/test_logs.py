@@ -144,3 +144,17 @@ def test_a_disabled_logger_writes_nothing(tmp_path):
     logger.message("hello")
     logger.close()
     assert stream.getvalue() == "" and not (tmp_path / "run").exists()
+
+
+def test_print_every_thins_the_console_lines_but_not_the_files(tmp_path):
+    # compare records every step for its curves but prints as `train` does.
+    stream = io.StringIO()
+    logger = RunLogger(tmp_path, progress=False, stream=stream, print_every=10)
+    for step in range(1, 26):
+        logger.log({"step": step, "epoch": 0, "loss": 1.0 / step, "lr": 0.1})
+    logger.log({"step": 25, "epoch": 0, "val_loss": 0.5, "val_acc": 0.9})
+    logger.close()
+    lines = stream.getvalue().splitlines()
+    assert [line.split()[3] for line in lines] == ["10", "20", "25"]
+    assert "val_acc 0.9" in lines[-1]
+    assert len((tmp_path / "metrics.jsonl").read_text().splitlines()) == 26

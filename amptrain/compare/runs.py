@@ -96,9 +96,12 @@ def first_step_loss_fp32(trainer: Trainer, fp32_state: dict[str, torch.Tensor]) 
     return total / max(samples, 1)
 
 
-def train_runs(config: RunConfig, precisions: list[str], seeds: list[int], out: Path
-               ) -> list[dict[str, Any]]:
-    """Each precision x seed as a normal training run; returns one record per run."""
+def train_runs(config: RunConfig, precisions: list[str], seeds: list[int], out: Path, *,
+               print_every: int | None = None) -> list[dict[str, Any]]:
+    """Each precision x seed as a normal training run; returns one record per run.
+
+    ``print_every``: the runs' console lines come every that many steps (their records,
+    for the curves, as often as ``config``'s --log-every)."""
     runs: list[dict[str, Any]] = []
     total = len(precisions) * len(seeds)
     for seed in seeds:
@@ -116,7 +119,8 @@ def train_runs(config: RunConfig, precisions: list[str], seeds: list[int], out: 
             record: dict[str, Any] = {"precision": precision, "seed": seed,
                                       "dir": str(run_dir.relative_to(out))}
             try:
-                result = run_training(run_config, callbacks=[probe])
+                result = run_training(run_config, callbacks=[probe],
+                                      print_every=print_every)
             except TrainingHalted as exc:
                 log.info("compare: %s seed %d stopped: %s", precision, seed, exc)
                 record.update(val_acc=None, val_loss=None, final_loss=None, skipped_steps=None,

@@ -53,10 +53,13 @@ def run_compare(config: RunConfig, options: CompareOptions, *, command: str | No
              "interleaved" if options.interleave else "one after another")
     contenders = measure_speed_and_memory(config, precisions, options)
     speed = {p: speed_figures(c) for p, c in contenders.items()}
+    # Records every few steps for smooth curves, but lines printed as `train` prints them.
+    print_every = config.logging.log_every
     if pick_log_every:
         steps = contenders[baseline].total_steps
         config = replace_options(config, log_every=max(1, steps // CURVE_POINTS))
-    runs = [] if options.speed_only else train_runs(config, precisions, seeds, out)
+    runs = [] if options.speed_only else train_runs(config, precisions, seeds, out,
+                                                    print_every=print_every)
 
     result = {"baseline": baseline, "runs": runs,
               "summary": summarise(baseline, precisions, runs, speed, options.tolerance_pp)}

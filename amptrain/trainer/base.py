@@ -34,6 +34,7 @@ class TrainerBase:
     memory: MemoryMeter
     precision: Precision
     callbacks: list[Any]
+    print_every: int | None
     run_info: dict[str, Any]
     out: Path | None
     logger: RunLogger

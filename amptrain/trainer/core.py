@@ -54,7 +54,7 @@ class Trainer(CheckpointingMixin, ReportingMixin, BatchPlanningMixin, DataMixin)
 
     def __init__(self, config: TrainConfig | None = None, *, strategy: Strategy | None = None,
                  callbacks: Iterable[Any] = (), run_info: dict[str, Any] | None = None,
-                 **options: Any) -> None:
+                 print_every: int | None = None, **options: Any) -> None:
         base = to_dict(config) if config is not None else {}
         base.update(options)
         defaults = to_dict(TrainConfig())
@@ -69,6 +69,7 @@ class Trainer(CheckpointingMixin, ReportingMixin, BatchPlanningMixin, DataMixin)
         self.memory = MemoryMeter(self.device, "running")
         self.precision = Precision.from_config(c.precision, device=self.device)
         self.callbacks = list(callbacks)
+        self.print_every = print_every  # console lines (without a bar): every N steps
         self.run_info = dict(run_info or {})
         self.out = Path(c.out) if c.out else None
         self.logger = RunLogger(None, enabled=False)
@@ -180,7 +181,8 @@ class Trainer(CheckpointingMixin, ReportingMixin, BatchPlanningMixin, DataMixin)
             write_yaml(self.resolved_config(), self.out / "config.yaml")
         self.logger = RunLogger(self.out, enabled=self.strategy.is_main,
                                 progress=not c.logging.no_progress,
-                                resumed_at=self.step if self.step > 0 else None)
+                                resumed_at=self.step if self.step > 0 else None,
+                                print_every=self.print_every)
         emulated = self.precision.emulation_note()
         if emulated:  # first, so that nobody reads past it
             log.warning("%s", emulated)
