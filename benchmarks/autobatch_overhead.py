@@ -1,9 +1,10 @@
-"""What out-of-memory readiness costs per step: the Trainer's step with and without AutoBatch.run.
+"""What out-of-memory readiness costs per step: the Trainer's step with and without it.
 
-Every step, AutoBatch.run saves the RNG state and the module buffers (so that a redo after
-an out-of-memory error starts from the same state) and guards the forward/backward. This
-compares two Trainers on the same model and data: one as shipped, one whose
-``autobatch.run`` is replaced by a direct call of the forward/backward. Steps are
+Every step the Trainer saves the RNG state and the module buffers (a StepStart, so that a
+redo after an out-of-memory error starts from the same state) and MicroBatchPlanner.run
+guards the forward/backward. This compares two Trainers on the same model and data: one
+as shipped, one whose ``planner.run`` is a direct call of the forward/backward and whose
+StepStart saves nothing. Steps are
 interleaved A/B, warm-up steps are excluded, and the medians are compared.
 
     python benchmarks/autobatch_overhead.py [--model cnn] [--data digits] [--steps 40]
@@ -25,6 +26,11 @@ from amptrain.trainer import Trainer
 def _unguarded(window, forward_backward, *, plan, **_):
     forward_backward(window)
     return window, plan
+
+
+class _NoStepStart:
+    def save(self) -> None:
+        pass
 
 
 def main() -> None:
@@ -52,6 +58,7 @@ def main() -> None:
         trainer.setup(copy.deepcopy(model), data.train)
         if name == "unguarded":
             trainer.planner.run = _unguarded
+            trainer._step_start = _NoStepStart()
         variants[name] = trainer
     times = bl.interleaved_step_times(variants, args.warmup, args.steps)
     base = statistics.median(times["unguarded"])
