@@ -6,7 +6,7 @@ from typing import Any
 
 import torch
 
-from .errors import UserError
+from .errors import UserError, flag
 
 #: /proc/cpuinfo flags that decide how fast reduced precision is on an x86 CPU.
 CPU_FLAGS = {"amx_bf16": "AMX-BF16", "amx_fp16": "AMX-FP16", "amx_tile": "AMX-TILE",
@@ -58,13 +58,15 @@ def resolve_device(name: str = "auto") -> torch.device:
     try:
         device = torch.device(name)
     except RuntimeError:
-        raise UserError(f"--device {name!r} is not a device "
+        raise UserError(f"{flag('device')} {name!r} is not a device "
                         f"(use cpu, cuda, cuda:N or auto)") from None
     if device.type == "cuda":
         if not torch.cuda.is_available():
-            raise UserError("--device cuda: no CUDA GPU is visible here; use --device cpu")
+            raise UserError(f"{flag('device')} cuda: no CUDA GPU is visible here; use "
+                            f"{flag('device')} cpu")
         if device.index is not None and device.index >= torch.cuda.device_count():
-            raise UserError(f"--device {name}: only {torch.cuda.device_count()} GPU(s) visible")
+            raise UserError(f"{flag('device')} {name}: only {torch.cuda.device_count()} GPU(s) "
+                            f"visible")
     elif device.type != "cpu":
-        raise UserError(f"--device {name}: amptrain supports cpu and cuda")
+        raise UserError(f"{flag('device')} {name}: amptrain supports cpu and cuda")
     return device

@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .config import TrainConfig, replace_options
+from .errors import flag
 from .optim import scaled_lr
 
 #: Goyal et al.'s warm-up length, in epochs.
@@ -56,11 +57,11 @@ class LrPlan:
         how = ratio if config.schedule.lr_scaling == "linear" else f"sqrt({ratio})"
         source = (f"automatic for a scaled-up lr: min({GOYAL_WARMUP_EPOCHS} epochs, "
                   f"{AUTO_WARMUP_FRACTION:.0%} of the run)"
-                  if self.warmup_steps > self.warmup_given else "--warmup-steps")
+                  if self.warmup_steps > self.warmup_given else flag("warmup_steps"))
         return (f"lr scaling {config.schedule.lr_scaling}: lr {self.base_lr:g} x {how} "
                 f"= {self.lr:g} "
-                f"(--batch-size {config.batching.batch_size}, "
-                f"--base-batch-size {config.schedule.base_batch_size}); "
+                f"({flag('batch_size')} {config.batching.batch_size}, "
+                f"{flag('base_batch_size')} {config.schedule.base_batch_size}); "
                 f"warm-up {self.warmup_steps} steps ({source})")
 
     def report(self) -> dict[str, Any]:

@@ -15,7 +15,7 @@ from amptrain.devices import (
     read_cpu_flags,
     resolve_device,
 )
-from amptrain.errors import UserError
+from amptrain.errors import UserError, cli_spelling
 from tests.conftest import fake_gpu
 
 
@@ -52,21 +52,25 @@ def test_auto_is_the_first_gpu_when_there_is_one(monkeypatch):
     ("meta", "--device meta: amptrain supports cpu and cuda"),
 ])
 def test_bad_names_are_user_errors_naming_the_flag(name, message, no_gpu):
-    with pytest.raises(UserError) as error:
+    with cli_spelling(), pytest.raises(UserError) as error:
         resolve_device(name)
     assert str(error.value) == message
+    with pytest.raises(UserError) as library:  # a library caller is told the keyword
+        resolve_device(name)
+    assert str(library.value) == message.replace("--device", "device")
 
 
 @pytest.mark.parametrize("name", ["cuda", "cuda:0"])
 def test_cuda_without_a_gpu_says_to_use_the_cpu(name, no_gpu):
-    with pytest.raises(UserError) as error:
+    with cli_spelling(), pytest.raises(UserError) as error:
         resolve_device(name)
     assert str(error.value) == "--device cuda: no CUDA GPU is visible here; use --device cpu"
 
 
 def test_a_gpu_index_beyond_the_visible_ones_is_refused(monkeypatch):
     fake_gpu(monkeypatch, "Tesla T4", 7, 5, 15, count=2)
-    with pytest.raises(UserError, match=r"^--device cuda:2: only 2 GPU\(s\) visible$"):
+    with cli_spelling(), pytest.raises(UserError,
+                                       match=r"^--device cuda:2: only 2 GPU\(s\) visible$"):
         resolve_device("cuda:2")
 
 

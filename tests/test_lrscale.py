@@ -14,6 +14,7 @@ import math
 import pytest
 
 from amptrain.config import TrainConfig
+from amptrain.errors import cli_spelling
 from amptrain.lrscale import (
     AUTO_WARMUP_FRACTION,
     GOYAL_WARMUP_EPOCHS,
@@ -113,6 +114,13 @@ def test_the_optimizers_default_lr_is_the_base():
 
 # ------------------------------------------------------------- LrPlan
 def test_describe_says_how_the_lr_and_warmup_came_about():
+    with cli_spelling():
+        _describe_says_how_the_lr_and_warmup_came_about()
+    config = _config(lr_scaling="linear")  # a library caller is told the keywords
+    assert "(batch_size 256, base_batch_size 64)" in plan_lr(config, 10, 1000).describe(config)
+
+
+def _describe_says_how_the_lr_and_warmup_came_about():
     config = _config(lr_scaling="linear")
     assert plan_lr(config, 10, 1000).describe(config) == (
         "lr scaling linear: lr 0.1 x 256/64 = 0.4 (--batch-size 256, --base-batch-size 64); "
