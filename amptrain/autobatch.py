@@ -37,7 +37,6 @@ exceeds the budget by more than :data:`PREDICTION_SLACK` is judged without runni
 """
 from __future__ import annotations
 
-import logging
 import math
 from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass
@@ -48,8 +47,6 @@ import torch
 from .batches import Window
 from .errors import TrainingHalted, UserError, flag
 from .memory import MemoryMeter, available_bytes, free_memory, rss_bytes
-
-log = logging.getLogger("amptrain")
 
 #: --memory-budget-gb counts decimal gigabytes.
 GB = 10 ** 9

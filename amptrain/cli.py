@@ -17,8 +17,6 @@ from .commands import COMMANDS
 from .commands import load as load_command
 from .errors import AmptrainError, Preempted, cli_spelling
 
-log = logging.getLogger("amptrain")
-
 
 class _Parser(argparse.ArgumentParser):
     """argparse, but a usage error is one line (and exit code 2), and flags are never

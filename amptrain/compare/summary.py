@@ -1,15 +1,12 @@
 """compare.json's summary: one row per precision, judged by the task's primary metric."""
 from __future__ import annotations
 
-import logging
 import math
 import statistics
 from typing import Any
 
 from ..tasks import ClassificationTask, Task
 from .options import SUMMARY_FIELDS
-
-log = logging.getLogger("amptrain")
 
 
 def finite(value: float | None) -> float | None:

@@ -82,7 +82,7 @@ class ClassificationTask(Task):
         y_pred, y_true = pred.cpu().numpy(), target.cpu().numpy()
         num_classes = len(self.class_names) if self.class_names else \
             int(max(y_true.max(initial=0), y_pred.max(initial=0)) + 1)
-        names = self.class_names or [str(i) for i in range(num_classes)]
+        names = class_names_for(num_classes, self.class_names)
         accuracy = float((y_pred == y_true).mean()) if len(y_true) else 0.0
         return EvalResult(loss=loss, samples=len(y_true), metrics={"acc": accuracy},
                           details={"predictions": y_pred, "targets": y_true,

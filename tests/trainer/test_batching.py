@@ -10,17 +10,7 @@ from amptrain.autobatch import BatchPlan
 from amptrain.errors import UserError
 from amptrain.trainer import Trainer
 from tests.conftest import tiny_classification, tiny_mlp
-
-
-def _train(model, data, tmp_path=None, **options):
-    options = {"precision": "32-true", "device": "cpu", "no_progress": True, "epochs": 2,
-               "scheduler": "cosine", "optimizer": "adamw", "lr": 0.01, "log_every": 1,
-               **options}
-    if tmp_path is not None:
-        options["out"] = str(tmp_path)
-    trainer = Trainer(**options)
-    trainer.fit(model, data)
-    return trainer
+from tests.test_autobatch import _train
 
 
 def test_auto_needs_a_dataset_that_amptrain_batches():
