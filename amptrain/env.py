@@ -83,6 +83,11 @@ def env_notes(device: torch.device, flags: dict[str, bool | None], features: dic
         notes.append("fp8 needs torchao (pip install torchao); it is not installed")
     elif not features["fp8"]:
         notes.append("fp8 needs an NVIDIA GPU with compute capability 8.9+ (Ada/Hopper)")
+    if features["bf16"]:
+        notes.append("memory-bound: --precision bf16-true --weight-update kahan keeps 10 bytes "
+                     "per parameter of weights, gradients and Adam state (fp32 training: 16) "
+                     "and learns like fp32; with --optimizer adamw8bit 8, --weight-update "
+                     "stochastic 6 (README: The memory ladder)")
     if recommended != "32-true":
         notes.append("for conv nets under AMP add --channels-last (NHWC is what Tensor Cores "
                      "and oneDNN's reduced-precision kernels want)")

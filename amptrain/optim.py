@@ -2,12 +2,15 @@
 from __future__ import annotations
 
 import math
+import shutil
+from collections.abc import Callable
 
 import torch
 from torch import nn
 from torch.optim.lr_scheduler import LambdaLR, LRScheduler, OneCycleLR
 
 from .config import TrainConfig
+from .errors import UserError, flag
 
 
 def scaled_lr(config: TrainConfig) -> float:
@@ -51,7 +54,36 @@ def build_optimizer(config: TrainConfig, model: nn.Module, *, fused_allowed: boo
         fused = False  # FSDP2's DTensor parameters: torch 2.13 has no fused-SGD rule for them
     if config.schedule.optimizer == "adamw":
         return torch.optim.AdamW(groups, lr=lr, fused=fused or None)
+    if config.schedule.optimizer == "adamw8bit":
+        return adamw8bit_class(model)(groups, lr=lr)
     return torch.optim.SGD(groups, lr=lr, momentum=config.schedule.momentum, fused=fused or None)
+
+
+def adamw8bit_class(model: nn.Module) -> Callable[..., torch.optim.Optimizer]:
+    """torchao's ``AdamW8bit`` (Dettmers et al. 2021: both moments block-wise quantised to
+    8 bits, blocks of 256 with an fp32 scale each; tensors under 4096 values stay unquantised),
+    or a UserError naming ``--optimizer`` when it cannot run here.
+
+    Chosen over bitsandbytes because it runs on the CPU and on CUDA from one implementation
+    (its step is ``torch.compile``d per parameter shape: a one-off compile of seconds per
+    shape, cached on disk), its state is an ordinary checkpointable tensor subclass, and
+    torchao is already amptrain's fp8 dependency. bitsandbytes 0.50's CPU backend works but
+    stepped ~10x slower on the CPU here (README: The memory ladder).
+    """
+    devices = {p.device.type for p in model.parameters()}
+    try:
+        from torchao.optim import AdamW8bit
+    except ImportError:
+        raise UserError(f"{flag('optimizer')} adamw8bit needs torchao (pip install "
+                        f"'amptrain[lowbit]'); or use {flag('optimizer')} adamw") from None
+    if not devices <= {"cpu", "cuda"}:
+        raise UserError(f"{flag('optimizer')} adamw8bit runs on cpu and cuda only (this model "
+                        f"is on {', '.join(sorted(devices))}); use {flag('optimizer')} adamw")
+    if "cpu" in devices and not any(shutil.which(c) for c in ("g++", "c++", "clang++")):
+        raise UserError(f"{flag('optimizer')} adamw8bit compiles its step with torch.compile, "
+                        f"which on the CPU needs a C++ compiler (g++ or clang++): install one, "
+                        f"or use {flag('optimizer')} adamw")
+    return AdamW8bit
 
 
 def build_scheduler(config: TrainConfig, optimizer: torch.optim.Optimizer,

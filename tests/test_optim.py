@@ -50,3 +50,114 @@ def test_warmup_then_schedule(scheduler, expected):
         optimizer.step()
         schedule.step()
     assert seen == pytest.approx(expected)
+
+
+# ------------------------------------------------------------------ adamw8bit
+def _wide_model() -> torch.nn.Module:
+    # Tensors of >= 4096 values are quantised (smaller ones stay unquantised, as in the paper).
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Linear(64, 256), torch.nn.ReLU(),
+                               torch.nn.Linear(256, 64))
+
+
+def _steps(model, optimizer, precision, steps=3, inject_at=None):
+    x = torch.randn(32, 64, generator=torch.Generator().manual_seed(1))
+    for i in range(steps):
+        with precision.autocast():
+            loss = (model(x.to(next(model.parameters()).dtype)).float() ** 2).mean()
+        precision.backward(loss)
+        if i == inject_at:
+            model[0].weight.grad[0, 0] = float("inf")
+        precision.step(optimizer)
+        optimizer.zero_grad(set_to_none=True)
+
+
+@pytest.mark.slow  # torch.compile of torchao's step: ~45 s once per machine, then cached
+def test_adamw8bit_state_is_under_a_third_of_adam_and_takes_the_weight_update_rules():
+    from amptrain.compare.ladder import memory_ladder
+
+    ladders = {}
+    for optimizer_name, mode, rule in [("adamw", "32-true", "plain"),
+                                       ("adamw8bit", "bf16-true", "kahan")]:
+        config = build_config(TrainConfig, {"optimizer": optimizer_name, "precision": mode,
+                                            "weight_update": rule, "device": "cpu"})
+        precision = Precision.from_config(config.precision, device="cpu")
+        model = _wide_model()
+        optimizer = build_optimizer(config, model)
+        model, optimizer = precision.setup(model, optimizer)
+        _steps(model, optimizer, precision)
+        if optimizer_name == "adamw8bit":
+            state = optimizer.state[model[0].weight]
+            assert type(state["exp_avg"]).__name__ == "OptimState8bit"
+            assert state["exp_avg"].codes.dtype == torch.uint8
+            before = [p.detach().clone() for p in model.parameters()]
+            comps = [c.buffer.clone() for c in precision.weight_update.chunks]
+            _steps(model, optimizer, precision, steps=1, inject_at=0)   # skipped
+            assert all(torch.equal(a, b) for a, b in zip(before, model.parameters()))
+            assert all(torch.equal(a, c.buffer)
+                       for a, c in zip(comps, precision.weight_update.chunks))
+        ladders[optimizer_name] = memory_ladder(model, optimizer, precision)
+    state = {name: ladder["optimizer_state_bytes"] for name, ladder in ladders.items()}
+    assert state["adamw8bit"] <= 0.3 * state["adamw"]
+    assert ladders["adamw"]["bytes_per_param"] == pytest.approx(16.0, abs=0.01)
+    # bf16 weights + bf16 grads + bf16 compensation + ~2 bytes of 8-bit moments
+    assert ladders["adamw8bit"]["bytes_per_param"] < 8.5
+
+
+def test_adamw8bit_without_torchao_names_the_flag(monkeypatch):
+    import sys
+
+    from amptrain.errors import UserError
+
+    monkeypatch.setitem(sys.modules, "torchao.optim", None)
+    config = build_config(TrainConfig, {"optimizer": "adamw8bit"})
+    with pytest.raises(UserError, match=r"optimizer adamw8bit needs torchao .*lowbit"):
+        build_optimizer(config, tiny_mlp())
+
+
+def test_adamw8bit_on_an_unsupported_device_or_without_a_compiler_names_the_flag(monkeypatch):
+    from amptrain.errors import UserError
+
+    config = build_config(TrainConfig, {"optimizer": "adamw8bit"})
+    with pytest.raises(UserError, match="optimizer adamw8bit runs on cpu and cuda only"):
+        build_optimizer(config, tiny_mlp().to("meta"))
+    monkeypatch.setattr("amptrain.optim.shutil.which", lambda name: None)
+    with pytest.raises(UserError, match="needs a C.. compiler"):
+        build_optimizer(config, tiny_mlp())
+
+
+@pytest.mark.slow  # torchao's compiled step (cached after the first test)
+def test_adamw8bit_with_kahan_resumes_bitwise_from_a_weights_only_checkpoint(tmp_path):
+    from amptrain import checkpoint
+    from amptrain.errors import Preempted
+    from amptrain.trainer import Trainer
+    from tests.checkpoint.helpers import OPTIONS, TRAIN, StopAt
+
+    def model() -> torch.nn.Module:
+        torch.manual_seed(0)   # a 4096-value matrix: its moments are quantised
+        return torch.nn.Sequential(torch.nn.Linear(8, 512), torch.nn.Tanh(),
+                                   torch.nn.Linear(512, 3))
+
+    options = {**OPTIONS, "precision": "bf16-true", "optimizer": "adamw8bit",
+               "weight_update": "kahan", "lr": 1e-3, "epochs": 2}
+
+    def train(out, **more):
+        trainer = Trainer(out=str(out), **{**options, **more})
+        trainer.fit(model(), TRAIN)
+        return trainer
+
+    full = train(tmp_path / "full")
+    with pytest.raises(Preempted):
+        train(tmp_path / "cut", callbacks=[StopAt(9)])
+    saved = checkpoint.load(tmp_path / "cut" / "checkpoints" / "last.pt")  # weights_only
+    assert any(isinstance(v, dict) for s in saved["optimizer"]["state"].values()
+               for v in s.values())
+    resumed = train(tmp_path / "cut", resume="auto")
+    assert resumed.step == full.step == 14
+    for a, b in zip(full.model.parameters(), resumed.model.parameters()):
+        assert torch.equal(a, b)
+    state = resumed.optimizer.state[resumed.model[0].weight]["exp_avg"]
+    assert type(state).__name__ == "OptimState8bit"
+    assert torch.equal(state.codes, full.optimizer.state[full.model[0].weight]["exp_avg"].codes)
+    assert all(torch.equal(a, b) for a, b in zip(full.precision.weight_update.buffers(),
+                                                 resumed.precision.weight_update.buffers()))

@@ -39,6 +39,63 @@ def weights_mismatch(expected: dict[str, torch.Tensor], found: dict[str, Any]) -
     return None
 
 
+#: Where a quantised optimizer state (a tensor subclass) is kept as its plain parts.
+_QUANTISED = "__quantised_state__"
+
+
+def plain_optimizer_state(state: dict[str, Any]) -> dict[str, Any]:
+    """``optimizer.state_dict()`` with tensor-subclass states (``--optimizer adamw8bit``:
+    torchao's block-quantised moments) replaced by their plain tensors and metadata, so the
+    checkpoint still loads with ``weights_only=True``; :func:`load_optimizer_state` rebuilds
+    them."""
+    def plain(value: Any) -> Any:
+        if not isinstance(value, torch.Tensor) or type(value) is torch.Tensor \
+                or not hasattr(value, "__tensor_flatten__"):
+            return value
+        names, meta = value.__tensor_flatten__()
+        return {_QUANTISED: f"{type(value).__module__}.{type(value).__qualname__}",
+                "tensors": {n: getattr(value, n) for n in names}, "meta": list(meta),
+                "size": list(value.shape), "stride": list(value.stride())}
+
+    return {**state, "state": {k: {name: plain(v) for name, v in s.items()}
+                               for k, s in state.get("state", {}).items()}}
+
+
+def _quantised_classes() -> dict[str, type]:
+    from torchao.optim.subclass_4bit import OptimState4bit
+    from torchao.optim.subclass_8bit import OptimState8bit
+    from torchao.optim.subclass_fp8 import OptimStateFp8
+
+    return {f"{c.__module__}.{c.__qualname__}": c
+            for c in (OptimState8bit, OptimState4bit, OptimStateFp8)}
+
+
+def _rebuild_quantised(saved: dict[str, Any]) -> dict[str, Any]:
+    """Undo :func:`plain_optimizer_state` (only torchao's known state classes are built)."""
+    entries = [v for s in saved.get("state", {}).values() for v in s.values()
+               if isinstance(v, dict) and _QUANTISED in v]
+    if not entries:
+        return saved
+    try:
+        classes = _quantised_classes()
+    except ImportError:
+        raise UserError("the checkpoint's optimizer state is quantised (--optimizer adamw8bit) "
+                        "and needs torchao: pip install 'amptrain[lowbit]'") from None
+
+    def build(value: Any) -> Any:
+        if not (isinstance(value, dict) and _QUANTISED in value):
+            return value
+        cls = classes.get(value[_QUANTISED])
+        if cls is None:
+            raise UserError(f"the checkpoint's optimizer state holds an unknown quantised "
+                            f"tensor type {value[_QUANTISED]!r}")
+        return cls.__tensor_unflatten__(value["tensors"], tuple(value["meta"]),  # type: ignore[attr-defined]
+                                        torch.Size(value["size"]), tuple(value["stride"]))
+
+    return {**saved, "state": {k: {name: build(v) for name, v in s.items()}
+                               for k, s in saved["state"].items()}}
+
+
 def load_optimizer_state(optimizer: torch.optim.Optimizer, saved: dict[str, Any]) -> None:
     """Load a checkpoint's optimizer state into ``optimizer``, whatever precision wrote it.
 
@@ -47,6 +104,7 @@ def load_optimizer_state(optimizer: torch.optim.Optimizer, saved: dict[str, Any]
     parameter's dtype. The entries in :data:`RUNTIME_GROUP_KEYS` keep this optimizer's
     values: they belong to the current precision and device, not to the run.
     """
+    saved = _rebuild_quantised(saved)
     runtime = [{k: g[k] for k in RUNTIME_GROUP_KEYS if k in g} for g in optimizer.param_groups]
     sizes = [len(g["params"]) for g in optimizer.param_groups]
     saved_sizes = [len(g["params"]) for g in saved.get("param_groups", [])]

@@ -76,7 +76,9 @@ class Strategy:
     def optimizer_state_dict(self, model: nn.Module,
                              optimizer: torch.optim.Optimizer) -> dict[str, Any]:
         """The optimizer's state for a checkpoint (collective for sharded strategies)."""
-        return optimizer.state_dict()
+        from ..checkpoint.state import plain_optimizer_state
+
+        return plain_optimizer_state(optimizer.state_dict())
 
     def load_optimizer_state_dict(self, model: nn.Module, optimizer: torch.optim.Optimizer,
                                   state: dict[str, Any]) -> None:

@@ -1,0 +1,91 @@
+"""The memory ladder (compare.ladder): exact bytes of weights, grads, masters and optimizer
+state for every rung, and compare's rows for the rungs (``bf16-true+kahan``)."""
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from torch import nn
+
+from amptrain.compare import CompareOptions, resolve_precisions, run_compare
+from amptrain.compare.ladder import LADDER_FIELDS, memory_ladder
+from amptrain.compare.options import row_options
+from amptrain.errors import UserError
+from amptrain.precision import Precision
+from tests.compare.conftest import SUMMARY_FIELDS, small_config
+
+
+def _ladder(mode: str, rule: str = "plain") -> dict:
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(32, 64), nn.ReLU(), nn.Linear(64, 8))
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3, foreach=True)
+    precision = Precision(mode, device="cpu", weight_update=rule)
+    model, optimizer = precision.setup(model, optimizer)
+    with precision.autocast():
+        loss = model(torch.randn(4, 32).to(next(model.parameters()).dtype)).float().sum()
+    precision.backward(loss)
+    precision.step(optimizer)
+    return memory_ladder(model, optimizer, precision)
+
+
+N = 32 * 64 + 64 + 64 * 8 + 8          # parameters
+STEPS = 4 * 4                           # a 0-d fp32 step counter per tensor (foreach AdamW)
+
+
+@pytest.mark.parametrize("mode, rule, per_param", [
+    ("32-true", "plain", (4, 4, 0, 8)),
+    ("bf16-mixed", "plain", (4, 4, 0, 8)),
+    ("bf16-master", "plain", (2, 4, 4, 8)),     # fp32 grads of the masters, fp32 moments
+    ("bf16-true", "plain", (2, 2, 0, 4)),
+    ("bf16-true", "kahan", (2, 2, 2, 4)),       # the compensation counts as master bytes
+    ("bf16-true", "stochastic", (2, 2, 0, 4)),
+])
+def test_each_rung_counts_exact_bytes(mode, rule, per_param):
+    ladder = _ladder(mode, rule)
+    weights, grads, masters, state = (b * N for b in per_param)
+    assert ladder == {"weights_bytes": weights, "grad_bytes": grads, "master_bytes": masters,
+                      "optimizer_state_bytes": state + STEPS,
+                      "bytes_per_param": (weights + grads + masters + state + STEPS) / N}
+    assert tuple(ladder) == LADDER_FIELDS
+
+
+def test_rows_name_their_rung_and_the_run_options_follow():
+    options = CompareOptions(precisions="32-true,bf16-true,bf16-true+stochastic+adamw8bit")
+    assert resolve_precisions(options, torch.device("cpu"), weight_update="kahan") == (
+        "32-true", ["32-true", "bf16-true+kahan", "bf16-true+stochastic+adamw8bit"])
+    assert row_options("bf16-true+kahan") == {"precision": "bf16-true", "weight_update": "kahan"}
+    assert row_options("bf16-true+stochastic+adamw8bit") == {
+        "precision": "bf16-true", "weight_update": "stochastic", "optimizer": "adamw8bit"}
+    assert row_options("32-true") == {"precision": "32-true", "weight_update": "plain"}
+
+
+@pytest.mark.parametrize("precisions, message", [
+    ("32-true,bf16-mixed+kahan", "precisions: bf16-mixed\\+kahan: a weight-update rule only"),
+    ("bf16-true+round", "precisions: 'bf16-true\\+round': after the precision come"),
+    ("bf16-true+kahan+stochastic", "at most one of plain, kahan, stochastic"),
+])
+def test_a_rung_that_cannot_be_is_refused_naming_the_option(precisions, message):
+    with pytest.raises(UserError, match=message):
+        resolve_precisions(CompareOptions(precisions=precisions), torch.device("cpu"))
+
+
+def test_a_study_reports_the_ladder_per_row(tmp_path):
+    out = tmp_path / "ladder"
+    result = run_compare(small_config(out, weight_update="kahan"), CompareOptions(
+        precisions="32-true,bf16-true,bf16-true+stochastic", bench_steps=2, timing_warmup=1,
+        interleave=False))
+    rows = {r["precision"]: r for r in result["summary"]}
+    assert list(rows) == ["32-true", "bf16-true+kahan", "bf16-true+stochastic"]
+    for row in rows.values():
+        assert list(row) == SUMMARY_FIELDS
+        assert all(row[k] > 0 for k in LADDER_FIELDS if k != "master_bytes")
+    fp32, kahan, stochastic = rows.values()
+    # The cnn's BatchNorm stays fp32: a few parameters are not halved (nor compensated).
+    assert 0.5 * fp32["weights_bytes"] < kahan["weights_bytes"] < 0.55 * fp32["weights_bytes"]
+    assert 0.9 * kahan["weights_bytes"] < kahan["master_bytes"] < kahan["weights_bytes"]
+    assert stochastic["master_bytes"] == 0
+    assert fp32["bytes_per_param"] > kahan["bytes_per_param"] > stochastic["bytes_per_param"]
+    saved = json.loads((out / "compare.json").read_text())
+    assert saved["summary"][1]["bytes_per_param"] == kahan["bytes_per_param"]
+    assert (out / "compare.png").stat().st_size > 0
