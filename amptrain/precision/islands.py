@@ -27,6 +27,17 @@ from torch.nn import functional as F
 from ..errors import UserError
 
 
+#: A model may name the modules it wants in fp32 by default in this attribute (a list of
+#: --keep-fp32 patterns): ``keras:`` models name their output layer, Keras's rule. They join
+#: the user's ``keep_fp32``; the model's own option turns them off (``keras:F,fp32_output=0``).
+DEFAULT_KEEP_FP32 = "amptrain_keep_fp32"
+
+
+def default_keep_fp32(model: nn.Module) -> list[str]:
+    """The --keep-fp32 patterns ``model`` asks for itself (:data:`DEFAULT_KEEP_FP32`)."""
+    return [str(p) for p in getattr(model, DEFAULT_KEEP_FP32, None) or ()]
+
+
 def match_modules(model: nn.Module, patterns: Iterable[str]) -> dict[str, nn.Module]:
     """Modules whose qualified name matches any glob; a pattern matching none is an error."""
     named = dict(model.named_modules())

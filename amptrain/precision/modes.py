@@ -6,6 +6,7 @@ supports of them is :mod:`amptrain.precision.support`.
 """
 from __future__ import annotations
 
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 import torch
@@ -70,6 +71,23 @@ ALIASES = {"32": "32-true", "fp32": "32-true", "16": "16-mixed", "fp16": "16-mix
            "float32": "32-true", "mixed_float16": "16-mixed", "mixed_bfloat16": "bf16-mixed"}
 
 PRECISION_NAMES = tuple(MODES) + ("auto",)
+
+
+def as_given(names: Iterable[str]) -> dict[str, str]:
+    """Mode -> the alias the user wrote for it (only where they differ), so outputs can show
+    the Keras or Lightning name beside amptrain's (``16-mixed (mixed_float16)``)."""
+    given: dict[str, str] = {}
+    for name in names:
+        name = str(name).strip()
+        if ALIASES.get(name, name) != name:
+            given.setdefault(ALIASES[name], name)
+    return given
+
+
+def label(name: str, given: str | Mapping[str, str] | None = None) -> str:
+    """``name``, with the user's spelling beside it when that was an alias."""
+    alias = as_given([given]).get(name) if isinstance(given, str) else (given or {}).get(name)
+    return f"{name} ({alias})" if alias else name
 
 
 def canonical_name(name: str) -> str:

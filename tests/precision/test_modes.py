@@ -74,3 +74,14 @@ def test_every_row_is_consistent(name):
         assert spec.param_dtype == torch.float32 and spec.compute_dtype is None
     if spec.min_adam_eps is not None:  # the optimizer state itself is fp16
         assert spec.param_dtype == torch.float16 and not spec.master_weights
+
+
+def test_the_users_spelling_is_shown_beside_amptrains_name():
+    from amptrain.precision import as_given, label
+
+    assert as_given(["float32", " mixed_bfloat16", "16-mixed", "auto"]) == {
+        "32-true": "float32", "bf16-mixed": "mixed_bfloat16"}
+    assert label("16-mixed", "mixed_float16") == "16-mixed (mixed_float16)"
+    assert label("16-mixed", "16-mixed") == label("16-mixed") == "16-mixed"
+    assert label("32-true", {"32-true": "float32"}) == "32-true (float32)"
+    assert Precision("mixed_float16", device="cpu").given == "mixed_float16"
