@@ -103,3 +103,21 @@ def test_gpu_script_helpers_need_no_gpu():
     assert gpu.COMPUTE_DTYPE.keys() == set(gpu.PRECISIONS)
     assert all(set(p) == {"fp32", "tf32", "bf16", "fp16"} for p in gpu.PEAK_TFLOPS.values())
     assert gpu.peak_tflops("bf16-mixed", 123.0) == 123.0
+
+
+def test_wide_mlp_overhead_measures_every_lane_without_timing_assertions():
+    import wide_mlp_overhead as wide
+
+    from amptrain.data import DataOptions, build_data
+
+    model = wide.wide_mlp(10, (1, 8, 8))
+    assert sum(p.numel() for p in model.parameters()) == 64 * 2048 + 2048 + 2048 * 2048 \
+        + 2048 + 2048 * 10 + 10  # 4.3 M: three Linear layers of width 2048
+    bundle = build_data("digits", DataOptions(seed=0))
+    e2e = wide.end_to_end("32-true", bundle.train, bundle.val, rounds=1, warmup=0,
+                          log_every=2, cli_lane=True)
+    assert set(e2e) == {"trainer", "hand", "hand2", "cli"}
+    assert all(len(v) == 1 and v[0] > 0 for v in e2e.values())
+    steps = wide.step_only("bf16-mixed", bundle.train, rounds=1, warmup=0, log_every=1)
+    ratio, _, control = wide.summary(steps, "trainer")
+    assert ratio > 0 and control > 0

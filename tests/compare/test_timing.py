@@ -108,11 +108,13 @@ def test_speed_figures_are_the_median_and_its_spread():
 
 
 @pytest.mark.parametrize("interleave, expected", [
-    # Round r runs one step of each precision, the order rotated by r.
-    (True, [("a", False), ("b", False), ("c", False), ("b", True), ("c", True), ("a", True),
-            ("c", True), ("a", True), ("b", True)]),
+    # Round r runs one step of each precision and of the A/A control (a second "a", the
+    # baseline), the order rotated by r.
+    (True, [("a", False), ("b", False), ("c", False), ("a2", False),
+            ("b", True), ("c", True), ("a2", True), ("a", True),
+            ("c", True), ("a2", True), ("a", True), ("b", True)]),
     (False, [("a", False), ("a", True), ("a", True), ("b", False), ("b", True), ("b", True),
-             ("c", False), ("c", True), ("c", True)]),
+             ("c", False), ("c", True), ("c", True), ("a2", False), ("a2", True), ("a2", True)]),
 ])
 def test_timed_steps_alternate_between_precisions_when_interleaved(monkeypatch, interleave,
                                                                    expected):
@@ -121,20 +123,35 @@ def test_timed_steps_alternate_between_precisions_when_interleaved(monkeypatch, 
 
     class Recording(Contender):
         def step(self, timed: bool) -> None:
-            steps.append((self.precision, timed))
+            steps.append((self.name, timed))
+            if timed:
+                self.step_times_s.append(0.01)
 
     def build(config, precision, needed):
         built.append(precision)
         assert needed == 3  # warm-up + timed
-        return Recording(precision, SimpleNamespace(), MathSwitches(), iter(()))
+        contender = Recording(precision, SimpleNamespace(), MathSwitches(), iter(()))
+        contender.name = precision + ("2" if built.count(precision) > 1 else "")
+        return contender
+
+    measured: list[str] = []
+
+    def memory(c):
+        measured.append(c.name)
+        return len(c.precision)
 
     monkeypatch.setattr(timing, "build_contender", build)
-    monkeypatch.setattr(timing, "measure_peak_memory", lambda c: len(c.precision))
+    monkeypatch.setattr(timing, "measure_peak_memory", memory)
     options = CompareOptions(timing_warmup=1, timing_steps=2, interleave=interleave)
     contenders = measure_speed_and_memory(None, ["a", "b", "c"], options)
     assert steps == expected
-    assert built == ["a", "b", "c"] and list(contenders) == ["a", "b", "c"]
+    assert built == ["a", "b", "c", "a"] and list(contenders) == ["a", "b", "c"]
+    assert measured == ["a", "b", "c"]  # the control lane's memory is the baseline's
     assert all(c.peak_mem_bytes == 1 and c.trainer is None for c in contenders.values())
+    # The control's times are the baseline's A/A lane, not a row of their own.
+    assert contenders["a"].control_times_s == [0.01, 0.01]
+    assert contenders["b"].control_times_s == []
+    assert speed_figures(contenders["a"])["control_step_times_ms"] == [10.0, 10.0]
 
 
 def test_a_contender_is_set_up_as_the_training_run_and_writes_nothing(tmp_path):

@@ -1,0 +1,149 @@
+"""compare/reliability.py: when compare's timing is not to be trusted, it says so.
+
+The rule is tested as a pure function of given round times; then a real (small) study
+timed while a busy thread fights it for the interpreter must carry the warning into
+compare.json, report.md and report.html. No timing is asserted.
+"""
+from __future__ import annotations
+
+import json
+import random
+import threading
+import time
+
+import pytest
+import torch
+
+from amptrain.compare import CompareOptions, assess_timing, run_compare
+from amptrain.compare import study as study_module
+from amptrain.compare.reliability import AA_LIMIT, SPREAD_LIMIT
+from amptrain.report import format_table, timing_warning
+from amptrain.trainer import Trainer
+from tests.compare.conftest import small_config
+
+STEADY = [10.0] * 10
+
+
+def test_steady_rounds_are_reliable_with_a_tight_range():
+    fields = assess_timing({"32-true": STEADY, "bf16-mixed": [5.0] * 10}, "32-true", STEADY,
+                           load=0.5, cores=2)
+    assert fields["bf16-mixed"] == {"speedup_low": 2.0, "speedup_high": 2.0,
+                                    "timing_reliable": True, "timing_note": None}
+    # The baseline's range is the A/A control's.
+    assert fields["32-true"]["speedup_low"] == fields["32-true"]["speedup_high"] == 1.0
+    assert fields["32-true"]["timing_reliable"] is True
+
+
+def test_scattered_per_round_ratios_are_unreliable():
+    scattered = [5.0, 10.0] * 5  # 2x in one round, 1x in the next
+    fields = assess_timing({"32-true": STEADY, "16-mixed": scattered}, "32-true", STEADY)
+    row = fields["16-mixed"]
+    assert row["timing_reliable"] is False
+    assert "per-round speedups spread" in row["timing_note"]
+    assert row["speedup_low"] == pytest.approx(1.0) and row["speedup_high"] == pytest.approx(2.0)
+    assert fields["32-true"]["timing_reliable"] is True  # the others stay trusted
+
+
+def test_a_small_steady_offset_between_rounds_is_within_the_limits():
+    wobble = [10.0 * (1 + SPREAD_LIMIT / 2 * (-1) ** i) for i in range(10)]
+    fields = assess_timing({"32-true": STEADY, "bf16-mixed": wobble}, "32-true",
+                           [10.0 * (1 + AA_LIMIT / 2)] * 10)
+    assert fields["bf16-mixed"]["timing_reliable"] is True
+
+
+def test_an_aa_gap_makes_every_row_unreliable():
+    fields = assess_timing({"32-true": STEADY, "bf16-mixed": [5.0] * 10}, "32-true",
+                           [12.5] * 10)
+    for row in fields.values():
+        assert row["timing_reliable"] is False
+        assert "A/A gap: 32-true timed twice measured 0.80x" in row["timing_note"]
+
+
+def test_a_load_above_the_core_count_makes_every_row_unreliable():
+    fields = assess_timing({"32-true": STEADY, "bf16-mixed": [5.0] * 10}, "32-true", STEADY,
+                           load=3.5, cores=2)
+    assert all(r["timing_note"] == "load average 3.5 above the 2 cores" for r in fields.values())
+    assert assess_timing({"32-true": STEADY}, "32-true", STEADY, load=2.0,
+                         cores=2)["32-true"]["timing_reliable"] is True
+
+
+def test_too_few_rounds_and_untimed_precisions():
+    fields = assess_timing({"32-true": STEADY[:3], "bf16-mixed": [5.0] * 3, "16-mixed": []},
+                           "32-true", STEADY[:3])
+    assert fields["bf16-mixed"]["timing_note"] == "only 3 timed rounds"
+    assert fields["16-mixed"] == {"speedup_low": None, "speedup_high": None,
+                                  "timing_reliable": None, "timing_note": "not timed"}
+
+
+def test_the_warning_names_the_rows_the_reason_and_the_remedy():
+    summary = [{"precision": "32-true", "timing_reliable": True, "timing_note": None},
+               {"precision": "16-mixed", "timing_reliable": False,
+                "timing_note": "per-round speedups spread 1.00x-2.00x"},
+               {"precision": "bf16-mixed", "timing_reliable": None, "timing_note": "not timed"}]
+    warning = timing_warning(summary)
+    assert warning.startswith("Timing not reliable (16-mixed): per-round speedups spread")
+    assert "--bench-steps" in warning and "quiet machine" in warning
+    assert timing_warning(summary[:1]) is None
+
+
+def _busy(milliseconds: float) -> None:
+    """Burn a core in pure Python (holding the interpreter) for ``milliseconds``."""
+    end = time.perf_counter() + milliseconds / 1e3
+    while time.perf_counter() < end:
+        pass
+
+
+class _BusyMachine:
+    """Another job on a shared machine, made to order: during a random half of the timed
+    steps a busy thread takes the interpreter and a core for 5-20 ms (a few steps' worth)
+    and the step waits for it, so steps of the same lane measure very differently.
+
+    (A thread left spinning on its own is not enough: it slows every lane alike for
+    seconds at a time, which the interleaved timing is built to cancel, and it does.)
+    """
+
+    def __init__(self, monkeypatch) -> None:
+        rng = random.Random(0)
+        original = Trainer.train_step
+
+        def loaded_step(trainer, window):
+            if rng.random() < 0.5:
+                job = threading.Thread(target=_busy, args=(rng.uniform(5, 20),))
+                job.start()
+                original(trainer, window)
+                job.join()
+            else:
+                original(trainer, window)
+
+        monkeypatch.setattr(Trainer, "train_step", loaded_step)
+
+
+def test_a_study_timed_on_a_busy_machine_says_its_speedups_are_not_reliable(tmp_path,
+                                                                           monkeypatch):
+    # The busy thread alone must show in the timing: the load average (which other jobs
+    # on a shared test machine raise as well) is taken out of the rule here.
+    monkeypatch.setattr(study_module, "machine_load", lambda: 0.0)
+    out = tmp_path / "study"
+    options = CompareOptions(precisions="32-true,bf16-mixed", bench_steps=16, timing_warmup=1)
+    _BusyMachine(monkeypatch)
+    # One intra-op thread: with two on a shared machine, an OpenMP barrier waiting for a
+    # descheduled thread can make whole seconds of steps 100x slower, in every lane alike.
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        result = run_compare(small_config(out), options, pick_log_every=False)
+    finally:
+        torch.set_num_threads(threads)
+    rows = result["summary"]
+    assert any(r["timing_reliable"] is False for r in rows), rows
+    doubtful = next(r for r in rows if r["timing_reliable"] is False)
+    assert doubtful["timing_note"] and "load average" not in doubtful["timing_note"]
+    assert json.loads((out / "compare.json").read_text())["summary"] == rows
+    warning = timing_warning(rows)
+    assert warning and "Timing not reliable" in warning
+    assert "Timing not reliable" in (out / "report.md").read_text()
+    assert "Timing not reliable" in (out / "report.html").read_text()
+    assert "?" in format_table(rows, "32-true")  # the doubtful speedups are marked
+    study = json.loads((out / "study.json").read_text())
+    assert study["timing_load"]["cores"] >= 1
+    assert "control_step_times_ms" in study["speed"]["32-true"]
