@@ -59,6 +59,15 @@ def model_dir(argument: str) -> Path:
     return path
 
 
+def tokenizer_dir(argument: str) -> Path:
+    """A local directory holding a Hugging Face tokenizer (with or without its model)."""
+    path = Path(argument).expanduser()
+    names = ("config.json", "tokenizer_config.json", "tokenizer.json")
+    if path.is_dir() and any((path / name).is_file() for name in names):
+        return path
+    return model_dir(argument)  # its errors say what is missing
+
+
 #: Loggers whose import-time warnings _quiet() holds back (torchao, imported by transformers).
 _NOISY_IMPORT_LOGGERS = ("torchao", "torch.utils._pytree")
 
@@ -98,7 +107,7 @@ class HFTextEncoder:
     """
 
     def __init__(self, argument: str) -> None:
-        self.path = model_dir(argument)
+        self.path = tokenizer_dir(argument)
         self.name = f"hf:{argument}"
         self._tokenizer: Any = None
 
@@ -136,6 +145,16 @@ class HFTextEncoder:
         limit = getattr(self.tokenizer, "model_max_length", None)
         return int(limit) if limit and limit < _NO_LIMIT else None
 
+    def encode_stream(self, text: str) -> list[int]:
+        """The ids of a whole running text (``text:`` data): no special tokens, no limit
+        (the text is cut into blocks afterwards, so the model's length limit is moot)."""
+        with _quiet():
+            return list(self.tokenizer(text, add_special_tokens=False, verbose=False)["input_ids"])
+
+    def decode(self, ids: list[int]) -> str:
+        """Text from ids (``amptrain generate``)."""
+        return str(self.tokenizer.decode(ids))
+
     def encode(self, texts: Sequence[str], max_len: int) -> list[list[int]]:
         """Ids with the model's special tokens, truncated to ``max_len``; no padding."""
         encoded = self.tokenizer(list(texts), truncation=True, max_length=max_len,
@@ -143,10 +162,56 @@ class HFTextEncoder:
         return [list(ids) for ids in encoded["input_ids"]]
 
 
+class CausalLMLogits(nn.Module):
+    """A Hugging Face causal LM as amptrain's language models are: token ids in, logits
+    ``[batch, seq_len, vocab]`` out; the LM task computes the shifted loss, so HF's own
+    loss (and its KV cache) stay off."""
+
+    def __init__(self, model: nn.Module, context: int | None) -> None:
+        super().__init__()
+        self.model = model
+        #: The longest sequence the model takes (``amptrain generate`` crops to it).
+        self.context = context
+
+    def forward(self, input_ids: Any) -> Any:
+        return self.model(input_ids=input_ids, use_cache=False).logits
+
+
+def causal_lm(argument: str, inputs: ModelInputs) -> nn.Module:
+    """``hf:PATH`` on ``text:`` data: ``AutoModelForCausalLM`` from PATH, fine-tuned in fp32
+    weights with its own tokenizer."""
+    spec = f"hf:{argument}"
+    path = model_dir(argument)
+    try:
+        with _quiet():
+            model = transformers.AutoModelForCausalLM.from_pretrained(
+                str(path), local_files_only=True)
+    except (OSError, ValueError, KeyError) as exc:
+        raise UserError(f"--model {spec}: cannot load a causal language model from {path} "
+                        f"({_first_line(exc)}); language modelling needs a decoder such as "
+                        f"GPT-2 or Llama") from None
+    model.float()
+    vocab = getattr(model.config, "vocab_size", None)
+    if inputs.vocab_size and vocab and inputs.vocab_size > vocab:
+        raise UserError(f"--model {spec}: the tokenizer has {inputs.vocab_size} tokens but the "
+                        f"model's vocabulary only {vocab}; use the model's own tokenizer "
+                        f"(drop --tokenizer)")
+    positions = getattr(model.config, "max_position_embeddings", None) \
+        or getattr(model.config, "n_positions", None)
+    if positions and inputs.input_shape and inputs.input_shape[0] > positions:
+        raise UserError(f"--model {spec}: --seq-len {inputs.input_shape[0]} is longer than the "
+                        f"model's context of {positions} tokens; use --seq-len {positions} or "
+                        f"less")
+    return CausalLMLogits(model, int(positions) if positions else None)
+
+
 def hf_model(argument: str, inputs: ModelInputs) -> nn.Module:
     """``hf:PATH``: ``AutoModelForSequenceClassification`` from PATH with a head for the
-    data's classes, in fp32 (the precision layer decides what runs in half)."""
+    data's classes, in fp32 (the precision layer decides what runs in half); on ``text:``
+    data (a language-model task) ``AutoModelForCausalLM`` (:func:`causal_lm`)."""
     spec = f"hf:{argument}"
+    if inputs.kind == "lm":
+        return causal_lm(argument, inputs)
     path = model_dir(argument)
     if inputs.kind != "sequence":
         raise UserError(f"--model {spec} classifies token sequences (--data csv-text:FILE or "

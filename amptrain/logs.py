@@ -21,8 +21,16 @@ TB_TAGS = {
     "loss": "train/loss", "lr": "train/lr", "loss_scale": "train/loss_scale",
     "grad_norm": "train/grad_norm", "skipped_steps": "train/skipped_steps",
     "samples_per_s": "train/samples_per_s", "val_loss": "val/loss", "val_acc": "val/acc",
-    "peak_mem_bytes": "system/peak_mem_bytes",
+    "peak_mem_bytes": "system/peak_mem_bytes", "tokens_per_s": "train/tokens_per_s",
 }
+
+
+def tb_tag(key: str) -> str | None:
+    """The TensorBoard tag of a record field: :data:`TB_TAGS`, and ``val/<metric>`` for
+    every task's ``val_<metric>`` (``val_rmse`` -> ``val/rmse``)."""
+    if key in TB_TAGS:
+        return TB_TAGS[key]
+    return f"val/{key[4:]}" if key.startswith("val_") else None
 
 
 def _fmt(value: Any) -> str:
@@ -99,12 +107,12 @@ class RunLogger:
             self._jsonl.write(json.dumps(record) + "\n")
         if self._tb is not None:
             step = record["step"]
-            for key, tag in TB_TAGS.items():
-                value = record.get(key)
-                if isinstance(value, (int, float)) and not isinstance(value, bool):
+            for key, value in record.items():
+                tag = tb_tag(key)
+                if tag and isinstance(value, (int, float)) and not isinstance(value, bool):
                     self._tb.add_scalar(tag, value, step)
-        shown = {k: record.get(k) for k in ("loss", "lr", "loss_scale", "val_loss", "val_acc")
-                 if record.get(k) is not None}
+        shown = {k: v for k, v in record.items() if v is not None and (
+            k in ("loss", "lr", "loss_scale") or k.startswith("val_"))}
         if self._bar is not None:
             self._bar.set_postfix({k: _fmt(v) for k, v in shown.items()}, refresh=False)
         elif "loss" in record and self.print_every and record["step"] % self.print_every:
@@ -112,7 +120,9 @@ class RunLogger:
         else:
             text = "  ".join(f"{k} {_fmt(v)}" for k, v in shown.items())
             speed = record.get("samples_per_s")
+            tokens = record.get("tokens_per_s")
             speed_text = f"  {speed:.0f} samples/s" if speed else ""
+            speed_text += f"  {tokens:.0f} tokens/s" if tokens else ""
             print(f"epoch {record.get('epoch')} step {record['step']}  {text}{speed_text}",
                   file=self.stream, flush=True)
 

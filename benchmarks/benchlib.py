@@ -264,10 +264,14 @@ class RawLoop:
                 yield self.x[index], self.y[index]
             epoch += 1
 
+    def loss(self, outputs: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        """Cross-entropy over classes (a language model's loop flattens the tokens)."""
+        return F.cross_entropy(outputs, y)
+
     def train_step(self, x: torch.Tensor, y: torch.Tensor) -> None:
         log = (self.step + 1) % self.log_every == 0
         with torch.autocast(self.device.type, dtype=self.dtype, enabled=self.dtype is not None):
-            loss = F.cross_entropy(self.model(x), y)
+            loss = self.loss(self.model(x), y)
         self.scaler.scale(loss).backward()
         if log:
             self.scaler.unscale_(self.optimizer)

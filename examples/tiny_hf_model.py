@@ -1,6 +1,11 @@
-"""Write a tiny, randomly initialised BERT and a toy review CSV to try ``hf:PATH`` offline.
+"""Write a tiny, randomly initialised BERT, a tiny GPT-2 and a toy review CSV to try
+``hf:PATH`` offline.
 
-    python examples/tiny_hf_model.py DIR     # -> DIR/tiny-bert/ and DIR/reviews.csv
+    python examples/tiny_hf_model.py DIR     # -> DIR/tiny-bert/, DIR/tiny-gpt2/, DIR/reviews.csv
+
+``DIR/tiny-gpt2`` is a causal language model with a byte-level BPE tokenizer trained here:
+``amptrain train --model hf:DIR/tiny-gpt2 --data text:FILE`` fine-tunes it with its own
+tokenizer.
 
 ``DIR/tiny-bert`` is what ``save_pretrained`` writes for a real model (config.json,
 model.safetensors, tokenizer.json), only small (hidden 32, 2 layers, 2 heads) and with a
@@ -66,6 +71,37 @@ def write_tiny_bert(directory: str | Path, *, hidden: int = 32, layers: int = 2,
     return directory
 
 
+def write_tiny_gpt2(directory: str | Path, texts: list[str] | None = None, *, hidden: int = 32,
+                    layers: int = 2, heads: int = 2, context: int = 64, vocab: int = 300,
+                    seed: int = 0) -> Path:
+    """A randomly initialised ``GPT2LMHeadModel`` (a causal LM for ``--data text:``) and a
+    byte-level BPE tokenizer trained here on ``texts`` (the reviews' words by default)."""
+    import torch
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import GPT2Config, GPT2LMHeadModel, PreTrainedTokenizerFast
+
+    if texts is None:
+        rng = random.Random(seed)
+        texts = [" ".join(rng.choice(FILLER + POSITIVE + NEGATIVE) for _ in range(12))
+                 for _ in range(200)]
+    tokenizer = Tokenizer(models.BPE())
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tokenizer.decoder = decoders.ByteLevel()
+    tokenizer.train_from_iterator(texts, trainers.BpeTrainer(
+        vocab_size=vocab, special_tokens=["<|endoftext|>"],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
+    fast = PreTrainedTokenizerFast(tokenizer_object=tokenizer, eos_token="<|endoftext|>",
+                                   model_max_length=context)
+    config = GPT2Config(vocab_size=len(fast), n_embd=hidden, n_layer=layers, n_head=heads,
+                        n_positions=context, eos_token_id=fast.eos_token_id,
+                        bos_token_id=fast.eos_token_id)
+    torch.manual_seed(seed)
+    directory = Path(directory)
+    GPT2LMHeadModel(config).save_pretrained(directory)
+    fast.save_pretrained(directory)
+    return directory
+
+
 def main(argv: list[str]) -> int:
     if len(argv) != 1:
         print(__doc__.strip().splitlines()[2].strip(), file=sys.stderr)
@@ -74,7 +110,8 @@ def main(argv: list[str]) -> int:
     out.mkdir(parents=True, exist_ok=True)
     model = write_tiny_bert(out / "tiny-bert")
     data = write_reviews_csv(out / "reviews.csv")
-    print(f"wrote {model}/ and {data}")
+    gpt2 = write_tiny_gpt2(out / "tiny-gpt2")
+    print(f"wrote {model}/, {gpt2}/ and {data}")
     return 0
 
 

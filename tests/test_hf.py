@@ -220,6 +220,57 @@ def test_hf_model_on_synthetic_token_data(local):
     assert result.steps == 2 and result.val_loss is not None
 
 
+# ------------------------------------------------------- causal language models
+@pytest.fixture(scope="module")
+def tiny_gpt2(tmp_path_factory):
+    """(causal LM directory, text file) written once: a tiny GPT-2 and text in its words."""
+    if not HAS_TRANSFORMERS:
+        pytest.skip("transformers is not installed")
+    root = tmp_path_factory.mktemp("gpt2")
+    text = "the movie was really good and the plot was great\n" \
+           "the film is boring and the acting was awful\n"
+    corpus = root / "reviews.txt"
+    corpus.write_text(text * 150)
+    return _example().write_tiny_gpt2(root / "tiny-gpt2", [text] * 20), corpus
+
+
+@needs_transformers
+@pytest.mark.slow
+def test_causal_lm_fine_tunes_on_text_with_its_own_tokenizer(tiny_gpt2, tmp_path):
+    from amptrain.config import build_config
+    from amptrain.generate import Sampling, generate_text
+    from amptrain.hf import CausalLMLogits
+
+    model_dir, corpus = tiny_gpt2
+    config = build_config(RunConfig, {
+        "model": f"hf:{model_dir}", "data": f"text:{corpus}", "seq_len": 32, "batch_size": 16,
+        "lr": 3e-3, "max_steps": 80, "epochs": 50, "warmup_steps": 5, "eval_every": 40,
+        "device": "cpu",
+        "precision": "bf16-mixed", "no_progress": True, "out": str(tmp_path / "run")})
+    data, model = prepare_run(config)
+    assert isinstance(model, CausalLMLogits) and model.context == 64
+    assert data.fitted["tokenizer"] == f"hf:{model_dir}" and data.fitted["bytes_per_token"] > 1
+    result = run_training(config)
+    first, last = [r["val_perplexity"] for r in result.history if "val_perplexity" in r][:2]
+    # A randomly initialised model is near-uniform over its ~300 tokens (perplexity ~300);
+    # two repeated sentences are easy.
+    assert data.vocab_size >= 250 and last <= first and last < 10, (first, last)
+    text = generate_text(str(tmp_path / "run"), "the movie", Sampling(tokens=8, temperature=0))
+    assert text.strip(), text
+
+
+@needs_transformers
+def test_seq_len_beyond_the_causal_lms_positions_names_the_flag(tiny_gpt2):
+    from amptrain.config import build_config
+
+    model_dir, corpus = tiny_gpt2
+    config = build_config(RunConfig, {"model": f"hf:{model_dir}", "data": f"text:{corpus}",
+                                      "seq_len": 128})
+    with pytest.raises(UserError, match="--seq-len 128 is longer than the model's context of "
+                                        "64 tokens"):
+        prepare_run(config)
+
+
 # --------------------------------------------------------------------- fp8
 @needs_transformers
 def test_fp8_exits_2_with_one_line_on_cpu(local, tmp_path):

@@ -60,13 +60,18 @@ def test_tensorboard_events_hold_the_documented_tags(tmp_path):
     run = tmp_path / "run"
     logger = RunLogger(run, progress=False, stream=io.StringIO())
     logger.log(record(1, loss=2.0, lr=0.01, loss_scale=1024.0, grad_norm=3.5, skipped_steps=0,
-                      samples_per_s=1000.0, peak_mem_bytes=4096, extra=1.0))
+                      samples_per_s=1000.0, peak_mem_bytes=4096, extra=1.0,
+                      tokens_per_s=64000.0))
     logger.log(record(2, loss=1.5, lr=0.01, loss_scale=float("inf"), skipped_steps=True))
     logger.log({"step": 2, "val_loss": 1.25, "val_acc": 0.5})
+    # Every task's metrics get val/<metric> tags (regression, language models).
+    logger.log({"step": 3, "val_loss": 1.0, "val_rmse": 0.5, "val_perplexity": 2.5})
     logger.close()
     assert len(event_files(run)) == 1
     series = scalars(run / "tb")
-    assert set(series) == set(TB_TAGS.values())
+    assert set(series) == set(TB_TAGS.values()) | {"val/rmse", "val/perplexity"}
+    assert series["val/perplexity"] == [(3, 2.5)]
+    assert series["train/tokens_per_s"] == [(1, 64000.0)]
     assert series["train/loss"] == [(1, 2.0), (2, 1.5)]
     assert series["train/lr"] == [(1, pytest.approx(0.01)), (2, pytest.approx(0.01))]
     assert series["train/loss_scale"] == [(1, 1024.0)]  # inf is not logged
@@ -74,7 +79,7 @@ def test_tensorboard_events_hold_the_documented_tags(tmp_path):
     assert series["train/grad_norm"] == [(1, 3.5)]
     assert series["train/samples_per_s"] == [(1, 1000.0)]
     assert series["system/peak_mem_bytes"] == [(1, 4096.0)]
-    assert series["val/loss"] == [(2, 1.25)] and series["val/acc"] == [(2, 0.5)]
+    assert series["val/loss"] == [(2, 1.25), (3, 1.0)] and series["val/acc"] == [(2, 0.5)]
 
 
 def test_a_resumed_run_purges_the_steps_after_its_checkpoint(tmp_path):

@@ -17,6 +17,7 @@ COMMANDS: dict[str, str] = {
     "compare": "compare",
     "diagnose": "diagnose",
     "env": "env",
+    "generate": "generate",
 }
 
 

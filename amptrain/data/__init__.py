@@ -9,16 +9,18 @@ A spec is ``name`` or ``name:argument`` -- a path for file formats (``npz:FILE``
 * :mod:`.images` -- ``idx:DIR`` (MNIST/Fashion-MNIST), ``cifar10:DIR``
 * :mod:`.folders` -- ``imagefolder:DIR``
 * :mod:`.text` -- ``csv-text:FILE``
+* :mod:`.corpus` -- ``text:PATH`` (language modelling)
 
 Every malformed input is a :class:`~amptrain.errors.UserError` naming ``--data``.
 """
 from __future__ import annotations
 
-from . import arrays, folders, generated, images, text  # noqa: F401  (register factories)
+from . import arrays, corpus, folders, generated, images, text  # noqa: F401  (register factories)
 from .core import (DATASETS, SPLIT_SEED, DataBundle, DataFactory, DataOptions, TensorData,
                    TextEncoder, build_data, labels_to_classes, parse_options, register, split)
+from .corpus import ByteTokenizer, TokenBlocks
 from .text import TokenData
 
-__all__ = ["DATASETS", "SPLIT_SEED", "DataBundle", "DataFactory", "DataOptions", "TensorData",
-           "TextEncoder", "TokenData", "build_data", "labels_to_classes", "parse_options",
-           "register", "split"]
+__all__ = ["ByteTokenizer", "DATASETS", "SPLIT_SEED", "DataBundle", "DataFactory", "DataOptions",
+           "TensorData", "TextEncoder", "TokenBlocks", "TokenData", "build_data",
+           "labels_to_classes", "parse_options", "register", "split"]

@@ -25,6 +25,10 @@ def npz(argument: str, options: DataOptions) -> DataBundle:
     """``npz:FILE[,kind=auto|image|features|sequence]`` with arrays ``x`` (samples first)
     and ``y`` (labels); optional ``x_val``/``y_val`` are the validation split.
 
+    Float ``y`` (N values, or N x k) is a regression target under ``--task auto``;
+    anything else is class labels (``--task classification`` reads whole-number floats
+    as classes too).
+
     ``kind=auto`` reads N x C x H x W and N x H x W (one channel) as images, anything
     else as features. ``kind=sequence`` reads N x L non-negative integers as token ids
     (0 = padding). Values are used as given, except that uint8 arrays are scaled to [0, 1].
@@ -44,8 +48,11 @@ def npz(argument: str, options: DataOptions) -> DataBundle:
     if ("x_val" in data) != ("y_val" in data):
         raise UserError(f"--data {spec}: x_val and y_val come together (found only one)")
     splits = [("x", "y")] + ([("x_val", "y_val")] if "x_val" in data else [])
+    regression = _is_regression(data["y"], options.task, spec)
     for x_name, y_name in splits:
-        _check_pair(data[x_name], data[y_name], x_name, y_name, spec)
+        _check_pair(data[x_name], data[y_name], x_name, y_name, spec, regression=regression)
+    if regression:
+        return _regression(data, o["kind"], spec, options)
     fitted = options.fitted or {}
     labels, names = labels_to_classes(
         list(data["y"].reshape(-1)) + list(data.get("y_val", np.empty(0)).reshape(-1)), spec,
@@ -76,11 +83,57 @@ def npz(argument: str, options: DataOptions) -> DataBundle:
                       fitted={"class_names": names})
 
 
-def _check_pair(x: np.ndarray, y: np.ndarray, x_name: str, y_name: str, spec: str) -> None:
+def _is_regression(y: np.ndarray, task: str | None, spec: str) -> bool:
+    """Float ``y`` is regression under ``--task auto``; ``--task regression`` needs it."""
+    if task == "regression" and y.dtype.kind != "f":
+        raise UserError(f"--data {spec}: --task regression needs float targets, but y holds "
+                        f"{y.dtype} values (class labels: use --task classification; "
+                        f"integer measurements: save y as float)")
+    if task in ("lm",):
+        raise UserError(f"--data {spec}: --task lm needs text (--data text:PATH); npz files "
+                        f"hold samples and labels")
+    return task == "regression" or (task in (None, "auto") and y.dtype.kind == "f")
+
+
+def _regression(data: dict[str, np.ndarray], kind: str, spec: str,
+                options: DataOptions) -> DataBundle:
+    """Float targets, one value (N) or a row of k values (N x k) per sample."""
+    def targets(name: str) -> torch.Tensor:
+        y = data[name].astype(np.float32)
+        rows = ~np.isfinite(y.reshape(len(y), -1)).all(axis=1)
+        if rows.any():
+            row = int(np.argmax(rows))
+            raise UserError(f"--data {spec}: {name} of row {row} is not a finite number "
+                            f"({y.reshape(len(y), -1)[row].tolist()}); regression targets must "
+                            f"be finite: drop or fill those samples")
+        return torch.as_tensor(y if y.ndim == 1 else y.reshape(len(y), -1))
+
+    x, y = _inputs(data["x"], kind, spec, "x"), targets("y")
+    if "x_val" in data:
+        train, val = TensorData(x, y), TensorData(_inputs(data["x_val"], kind, spec, "x_val"),
+                                                 targets("y_val"))
+    else:
+        train_idx, val_idx = split_indices(len(x), options.val_fraction)
+        train, val = TensorData(x[train_idx], y[train_idx]), TensorData(x[val_idx], y[val_idx])
+    if val.tensors[1].shape[1:] != y.shape[1:]:
+        raise UserError(f"--data {spec}: y_val has {tuple(val.tensors[1].shape[1:])} values per "
+                        f"row, y {tuple(y.shape[1:])}")
+    shape = tuple(x.shape[1:])
+    outputs = 1 if y.ndim == 1 else int(y.shape[1])
+    return DataBundle(train, val, outputs, shape, "image" if len(shape) == 3 else "features",
+                      task="regression", fitted={"targets": outputs})
+
+
+def _check_pair(x: np.ndarray, y: np.ndarray, x_name: str, y_name: str, spec: str,
+                regression: bool = False) -> None:
     if x.ndim < 2:
         raise UserError(f"--data {spec}: {x_name} must have a row per sample (got shape "
                         f"{x.shape})")
-    if y.ndim != 1 and not (y.ndim == 2 and y.shape[1] == 1):
+    if regression:
+        if y.ndim not in (1, 2) or 0 in y.shape[1:]:
+            raise UserError(f"--data {spec}: {y_name} must hold one value or one row of values "
+                            f"per sample (got shape {y.shape})")
+    elif y.ndim != 1 and not (y.ndim == 2 and y.shape[1] == 1):
         raise UserError(f"--data {spec}: {y_name} must hold one class label per row (got "
                         f"shape {y.shape})")
     if 0 in x.shape[1:]:

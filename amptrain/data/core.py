@@ -79,9 +79,12 @@ class DataBundle:
     #: vocabulary, class names). Stored with a run so that other data given to
     #: ``amptrain eval`` is preprocessed the same way (see :attr:`DataOptions.fitted`).
     fitted: dict[str, Any] = field(default_factory=dict)
+    #: What the data is for, when it knows ("lm" for text corpora, "regression" for float
+    #: targets); ``--task auto`` follows it, None means classification.
+    task: str | None = None
 
     def __post_init__(self) -> None:
-        if not self.class_names:
+        if not self.class_names and self.task in (None, "classification"):
             self.class_names = [str(i) for i in range(self.num_classes)]
 
 
@@ -98,6 +101,12 @@ class DataOptions:
     #: A model's own tokenizer (a :class:`TextEncoder`) for text
     #: data; the runner sets it for models that bring one (``hf:PATH``).
     text_encoder: TextEncoder | None = None
+    #: ``text:`` corpora: tokens per block (--seq-len) and which files of a directory
+    #: are read (--text-glob).
+    seq_len: int | None = None
+    text_glob: str | None = None
+    #: The run's --task: loaders whose files can hold either (npz) follow it.
+    task: str | None = None
 
 
 DataFactory = Callable[[str, DataOptions], DataBundle]

@@ -30,10 +30,12 @@ from .ranges import (
     summarize,
 )
 from .recommend import (
+    ATTENTION_PARTS,
     NEAR_OVERFLOW_FACTOR,
     SCALE_HEADROOM,
     SCALE_LOG2_RANGE,
     SIGNIFICANT,
+    attention_overflow,
     bf16_trouble,
     keep_fp32_candidates,
     module_risks,
@@ -43,10 +45,10 @@ from .run import RunSummary, diagnose, run_steps
 from .writer import markdown_report, summary_lines, write_reports
 
 __all__ = [
-    "BF16", "BF16_MAX", "E_MAX", "E_MIN", "FORMATS", "FP16", "FP16_MAX",
+    "ATTENTION_PARTS", "BF16", "BF16_MAX", "E_MAX", "E_MIN", "FORMATS", "FP16", "FP16_MAX",
     "NEAR_OVERFLOW_FACTOR", "N_BINS", "SAMPLE_LIMIT", "SCALE_HEADROOM", "SCALE_LOG2_RANGE",
     "SIGNIFICANT", "FormatLimits", "RangeRecorder", "RangeStats", "RunSummary",
-    "bf16_trouble", "diagnose", "floor_log2", "fractions",
+    "attention_overflow", "bf16_trouble", "diagnose", "floor_log2", "fractions",
     "keep_fp32_candidates", "markdown_report", "module_risks", "recommend_loss_scale",
     "run_steps", "summarize", "summary_lines", "write_reports",
 ]

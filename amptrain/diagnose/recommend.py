@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import fnmatch
 import math
+import re
 from collections.abc import Sequence
 from typing import Any, Protocol
 
@@ -12,6 +13,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from ..models.gpt import AttentionScores, CausalSoftmax
 from ..probe import NonFiniteEvent
 from .ranges import FP16, FP16_MAX, fractions
 
@@ -29,6 +31,13 @@ NEAR_OVERFLOW_FACTOR = 16.0
 #: dtype, so unlike weight layers they do not cast a large fp32 input down to fp16.
 _NORM_TYPES = (nn.modules.batchnorm._NormBase, nn.LayerNorm, nn.GroupNorm,
                getattr(nn, "RMSNorm", nn.LayerNorm))
+
+
+#: Attention's fused kernel hides the scores and their softmax; models that expose them as
+#: modules (``gpt``: ``blocks.N.attn.scores`` / ``.softmax``) get them named as such.
+ATTENTION_PARTS = {AttentionScores.__name__: "attention scores (q.k^T/sqrt(d), the softmax's "
+                                             "input)",
+                   CausalSoftmax.__name__: "attention softmax"}
 
 
 class _RunOutcome(Protocol):
@@ -66,7 +75,10 @@ def keep_fp32_candidates(stats: dict[str, dict[str, Any]], modules: dict[str, nn
             continue
         act = s["activation"]
         if act and _num(act["abs_max"]) > FP16_MAX:
-            reasons[name] = (f"its outputs reach {_g(act['abs_max'])}, above fp16's max "
+            part = ATTENTION_PARTS.get(s.get("type", ""))
+            reasons[name] = (f"{part} reach {_g(act['abs_max'])}, above fp16's max "
+                             f"{FP16_MAX:g}: the softmax of inf is NaN" if part else
+                             f"its outputs reach {_g(act['abs_max'])}, above fp16's max "
                              f"{FP16_MAX:g}")
         elif s["input_abs_max"] is not None and s["input_abs_max"] > FP16_MAX \
                 and name in modules and _casts_inputs_to_half(modules[name]):
@@ -80,7 +92,48 @@ def keep_fp32_candidates(stats: dict[str, dict[str, Any]], modules: dict[str, nn
     # is usually its last child's).
     names = [n for n in reasons if not any(o.startswith(n + ".") for o in reasons)]
     names.sort(key=lambda n: (stats[n]["order"] is None, stats[n]["order"] or 0))
-    return [{"pattern": n, "reason": reasons[n]} for n in names]
+    return _attention_globs([{"pattern": n, "reason": reasons[n]} for n in names], stats)
+
+
+def _attention_globs(candidates: list[dict[str, str]],
+                     stats: dict[str, dict[str, Any]]) -> list[dict[str, str]]:
+    """One pattern for the same attention part of several blocks (``blocks.*.attn.scores``):
+    when one block's scores overflow, the others' are as likely to on other data."""
+    out: list[dict[str, str]] = []
+    merged: dict[str, dict[str, str]] = {}
+    for c in candidates:
+        name = c["pattern"]
+        glob = re.sub(r"(^|\.)\d+(?=\.)", r"\1*", name)
+        if stats[name].get("type") not in ATTENTION_PARTS or glob == name:
+            out.append(c)
+        elif glob in merged:
+            merged[glob]["reason"] += f"; {name} too"
+        else:
+            merged[glob] = {"pattern": glob, "reason": f"{name}: {c['reason']}"}
+            out.append(merged[glob])
+    return out
+
+
+def attention_overflow(stats: dict[str, dict[str, Any]],
+                       first: NonFiniteEvent | None) -> dict[str, Any] | None:
+    """Attention scores or softmax outputs beyond fp16's range (or the first inf/NaN of
+    16-mixed among them): which modules, how far, and what to do. None when neither."""
+    hit = sorted(name for name, s in stats.items() if s.get("type") in ATTENTION_PARTS and (
+        (s["activation"] and _num(s["activation"]["abs_max"]) > FP16_MAX)
+        or (first is not None and first.module == name)))
+    if not hit:
+        return None
+    peak = max(_num(stats[n]["activation"]["abs_max"]) if stats[n]["activation"] else 0.0
+               for n in hit)
+    return {"modules": hit, "abs_max": peak,
+            "reason": (f"{ATTENTION_PARTS[stats[hit[0]]['type']]} reach {_g(peak)} in 32-true, "
+                       f"above fp16's max {FP16_MAX:g} ({', '.join(hit[:4])}"
+                       f"{', ...' if len(hit) > 4 else ''}): computed unfused in fp16 they "
+                       f"overflow to inf and the softmax turns them into NaN (fused attention "
+                       f"kernels accumulate them in fp32, their math fallback and eager "
+                       f"attention code do not). Keep them in fp32 (--keep-fp32 "
+                       f"'*.attn.scores': that attention then runs unfused) or train in "
+                       f"bf16-mixed (fp32's range)")}
 
 
 def recommend_loss_scale(stats: dict[str, dict[str, Any]], islands: list[str],
@@ -157,7 +210,8 @@ def module_risks(name: str, s: dict[str, Any], first: NonFiniteEvent | None,
         peak = _num(act["abs_max"])
         if peak > FP16_MAX:
             score += 100 + math.log2(peak / FP16_MAX)
-            reasons.append(f"outputs reach {_g(peak)} > fp16 max")
+            part = ATTENTION_PARTS.get(s.get("type", ""))
+            reasons.append(f"{part + ' ' if part else 'outputs '}reach {_g(peak)} > fp16 max")
         elif peak > FP16_MAX / NEAR_OVERFLOW_FACTOR:
             score += 20
             reasons.append(f"outputs reach {_g(peak)}, within {NEAR_OVERFLOW_FACTOR:g}x "

@@ -35,6 +35,7 @@ from .recommend import (
     _casts_inputs_to_half,
     _flags,
     _in_island,
+    attention_overflow,
     keep_fp32_candidates,
     module_risks,
     recommend_loss_scale,
@@ -173,6 +174,7 @@ def diagnose(config: TrainConfig, steps: int = 20, *, data: DataBundle | None = 
             "loss_scale": scale,
             "keep_fp32": keep,
             "bf16": _bf16_verdict(stats, first, scale, bf16_run, supported, device),
+            "attention": attention_overflow(stats, first),
         },
         "modules": {name: {k: v for k, v in s.items() if k != "_hist"}
                     for name, s in sorted(stats.items(), key=lambda kv: (

@@ -39,6 +39,8 @@ def summary_lines(report: dict[str, Any]) -> list[str]:
             risky.append((name, m))
     if risky:
         lines.append("riskiest: " + "; ".join(f"{n} ({m['reasons'][0]})" for n, m in risky))
+    if recs.get("attention"):
+        lines.append(f"attention: {recs['attention']['reason']}")
     for k in recs["keep_fp32"]:
         lines.append(f"keep in fp32: {k['pattern']} -- {k['reason']}")
     ls = recs["loss_scale"]

@@ -8,20 +8,52 @@ from __future__ import annotations
 from typing import Any
 
 from ..errors import UserError, flag
-from .base import EvalResult, EvalSums, Metric, Task
+from .base import EvalResult, EvalSums, Metric, Task, targets_of
 from .classification import ClassificationTask
+from .lm import LanguageModelTask
+from .regression import LOSSES, RegressionTask
 
 #: task name -> its class
-TASKS: dict[str, type[Task]] = {"classification": ClassificationTask}
+TASKS: dict[str, type[Task]] = {"classification": ClassificationTask,
+                                "regression": RegressionTask,
+                                "lm": LanguageModelTask}
+#: What --task takes: a task, or auto (see :func:`infer_task`).
+TASK_CHOICES = ("auto", *TASKS)
 
 
 def build_task(name: str, **facts: Any) -> Task:
-    """The task called ``name``, told what it needs to know about the data (``facts``)."""
+    """The task called ``name``, told what it needs to know about the data (``facts``:
+    ``class_names``, ``loss``, or the ``state()`` a checkpoint kept)."""
     cls = TASKS.get(name)
     if cls is None:
         raise UserError(f"unknown {flag('task')} {name!r}; choose one of {', '.join(TASKS)}")
     return cls(**facts)
 
 
-__all__ = ["TASKS", "ClassificationTask", "EvalResult", "EvalSums", "Metric", "Task",
-           "build_task"]
+def infer_task(data: Any) -> str:
+    """``--task auto``: what the data says it is (``text:`` data is an LM's), else
+    regression for float targets and classification for anything else."""
+    hint = getattr(data, "task", None)
+    if hint in TASKS:
+        return str(hint)
+    targets = targets_of(data)
+    if targets is not None and targets.is_floating_point():
+        return "regression"
+    return "classification"
+
+
+def resolve_task(name: str, train_data: Any, *, loss: str | None = None,
+                 **facts: Any) -> Task:
+    """The task a run trains: ``name`` (``auto`` asks the data), with ``--loss`` checked."""
+    chosen = infer_task(train_data) if name == "auto" else name
+    if loss is not None and chosen != "regression":
+        raise UserError(f"{flag('loss')} {loss} applies to regression; this run's task is "
+                        f"{chosen} ({flag('task')} {name})")
+    if loss is not None:
+        facts["loss"] = loss
+    return build_task(chosen, **facts)
+
+
+__all__ = ["LOSSES", "TASKS", "TASK_CHOICES", "ClassificationTask", "EvalResult", "EvalSums",
+           "LanguageModelTask", "Metric", "RegressionTask", "Task", "build_task", "infer_task",
+           "resolve_task", "targets_of"]

@@ -23,6 +23,13 @@ class Metric:
     key: str                 # "acc" -> val_acc in metrics.jsonl, val/acc in TensorBoard
     label: str               # "accuracy", for people
     higher_is_better: bool
+    percent: bool = False    # shown x100 with a % sign (accuracy), else as a plain number
+
+    def format(self, value: float | None) -> str:
+        """The value as reports show it (``97.50 %``, ``3.214``)."""
+        if value is None:
+            return "-"
+        return f"{value * 100:.2f} %" if self.percent else f"{value:.4g}"
 
 
 @dataclass
@@ -58,7 +65,7 @@ class EvalResult:
         metrics = self.__dict__.get("metrics", {})
         task = self.__dict__.get("task")
         for metric in (task.metrics if task is not None else ()):
-            if name == metric.label and metric.key in metrics:
+            if name in (metric.label, metric.key) and metric.key in metrics:
                 return metrics[metric.key]
         raise AttributeError(name)
 
@@ -76,6 +83,47 @@ class Task(ABC):
     name: str
     #: Every metric the task reports, the primary one first.
     metrics: tuple[Metric, ...]
+    #: How compare's difference to the baseline is measured: "pp" (percentage points of
+    #: a fraction) or "rel" (relative change); it names compare's ``delta_*`` field.
+    delta_unit: str = "pp"
+    #: The compare option that holds the verdict's tolerance in that unit.
+    tolerance_option: str = "tolerance_pp"
+
+    # ------------------------------------------------------- learnt from data
+    def fit(self, train_data: Any) -> None:  # noqa: B027  (optional hook)
+        """Learn what the task needs from the training data (once, before the first step):
+        regression's target statistics, the LM's tokens per sample. Nothing by default."""
+
+    def state(self) -> dict[str, Any]:
+        """What :meth:`fit` learnt, JSON-able, for checkpoints (``eval`` rebuilds the task
+        with ``build_task(name, **state)``)."""
+        return {}
+
+    def throughput(self, samples_per_s: float | None) -> dict[str, float]:
+        """Extra speed fields of a training record (an LM's ``tokens_per_s``)."""
+        return {}
+
+    def metric(self, key: str) -> Metric:
+        """The metric called ``key``."""
+        for metric in self.metrics:
+            if metric.key == key:
+                return metric
+        raise KeyError(key)
+
+    @property
+    def delta_field(self) -> str:
+        """compare.json's name for the difference to the baseline (``delta_acc_pp``)."""
+        return f"delta_{self.primary.key}_{self.delta_unit}"
+
+    def format_delta(self, delta: float | None) -> str:
+        """A difference as reports show it (``+0.25 pp``, ``+1.3 %``)."""
+        if delta is None:
+            return "-"
+        return f"{delta:+.2f} pp" if self.delta_unit == "pp" else f"{delta * 100:+.2f} %"
+
+    def format_tolerance(self, tolerance: float) -> str:
+        """The tolerance as reports show it (``±0.5 pp``, ``±2 %``)."""
+        return f"±{tolerance:g} pp" if self.delta_unit == "pp" else f"±{tolerance * 100:g} %"
 
     @property
     def primary(self) -> Metric:
@@ -130,5 +178,16 @@ class Task(ABC):
         return "better" if better else "worse"
 
     def difference(self, value: float, baseline: float) -> float:
-        """How ``compare`` measures the distance to the baseline (tolerance units)."""
+        """How ``compare`` measures the distance to the baseline (tolerance units): the
+        relative change for "rel" tasks (0.02 = 2 % higher than the baseline)."""
+        if self.delta_unit == "rel":
+            return (value - baseline) / abs(baseline) if baseline else float("inf")
         return value - baseline
+
+
+def targets_of(data: Any) -> Any:
+    """The targets tensor of in-memory data (the last of ``data.tensors``), else None."""
+    tensors = getattr(data, "tensors", None)
+    if isinstance(tensors, (tuple, list)) and tensors and isinstance(tensors[-1], torch.Tensor):
+        return tensors[-1]
+    return None

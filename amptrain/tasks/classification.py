@@ -8,7 +8,7 @@ import torch
 from torch.nn import functional as F
 
 from ..errors import UserError, flag
-from .base import EvalResult, EvalSums, Metric, Task
+from .base import EvalResult, EvalSums, Metric, Task, targets_of
 
 
 class _Predictions(EvalSums):
@@ -27,9 +27,9 @@ class ClassificationTask(Task):
     """Integer class labels, logits out; accuracy is the primary metric."""
 
     name = "classification"
-    metrics = (Metric("acc", "accuracy", higher_is_better=True),)
+    metrics = (Metric("acc", "accuracy", higher_is_better=True, percent=True),)
 
-    def __init__(self, class_names: list[str] | None = None) -> None:
+    def __init__(self, class_names: list[str] | None = None, **_: Any) -> None:
         self.class_names = list(class_names) if class_names else None
 
     def loss(self, outputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
@@ -37,9 +37,12 @@ class ClassificationTask(Task):
 
     # ------------------------------------------------------------------ checks
     def check_data(self, data: Any, keyword: str) -> None:
-        tensors = getattr(data, "tensors", None)
-        if isinstance(tensors, (tuple, list)) and tensors and isinstance(tensors[-1], torch.Tensor):
-            check_labels(tensors[-1], keyword, self.class_names)
+        labels = targets_of(data)
+        if labels is not None:
+            if labels.ndim > 1 and getattr(data, "task", None) == "lm":
+                raise UserError(f"{keyword} holds next-token sequences (language-model data); "
+                                f"train it with {flag('task')} lm")
+            check_labels(labels, keyword, self.class_names)
 
     def check_outputs(self, outputs: torch.Tensor | None, targets: Any, *,
                       model_name: str | None, all_targets: torch.Tensor | None) -> None:
@@ -122,8 +125,9 @@ def check_labels(labels: torch.Tensor, keyword: str, class_names: list[str] | No
     """Integer class indices in ``0..C-1`` (C = ``len(class_names)`` when given)."""
     if labels.is_floating_point() or labels.is_complex() or labels.dtype == torch.bool:
         raise UserError(f"{keyword}: labels are {str(labels.dtype).replace('torch.', '')}, but "
-                        f"a classifier's cross-entropy needs integer class indices; convert "
-                        f"them with .long() or pass loss_fn= for another task")
+                        f"a classifier's cross-entropy needs integer class indices; for "
+                        f"measurements use {flag('task')} regression (or convert class "
+                        f"labels with .long())")
     if labels.numel() == 0:
         return
     low, high = int(labels.min()), int(labels.max())

@@ -5,7 +5,7 @@ import numpy as np
 import torch
 
 from amptrain.cli import main
-from amptrain.data import build_data
+from amptrain.data import DataOptions, build_data
 from tests.data.conftest import assert_data_error
 
 
@@ -51,7 +51,7 @@ def test_npz_malformed(tmp_path):
     assert_data_error(f"npz:{path}", "needs arrays named x and y")
     np.savez(path, x=np.zeros((4, 2)), y=np.array([0, 1, 0]))
     assert_data_error(f"npz:{path}", "x has 4 rows but y has 3")
-    np.savez(path, x=np.zeros((4, 2)), y=np.zeros(4))
+    np.savez(path, x=np.zeros((4, 2)), y=np.zeros(4, dtype=np.int64))
     assert_data_error(f"npz:{path}", "at least two classes")
     np.savez(path, x=np.zeros((4, 2)), y=np.array([0, 1, 0, 1]), x_val=np.zeros((2, 2)))
     assert_data_error(f"npz:{path}", "x_val and y_val come together")
@@ -61,3 +61,21 @@ def test_npz_malformed(tmp_path):
     assert_data_error(f"npz:{path},kind=sequence", "kind=sequence needs x of non-negative integer")
     assert_data_error(f"npz:{path},kind=video", "kind must be one of")
     assert_data_error(f"npz:{tmp_path / 'missing.npz'}", "no such file")
+
+
+def test_npz_float_targets_are_regression_under_task_auto(tmp_path):
+    rng = np.random.default_rng(0)
+    path = tmp_path / "r.npz"
+    np.savez(path, x=rng.normal(size=(50, 3)), y=rng.normal(size=(50, 2)))
+    bundle = build_data(f"npz:{path}", DataOptions())
+    assert bundle.task == "regression" and bundle.num_classes == 2 and bundle.class_names == []
+    assert bundle.train.tensors[1].dtype == torch.float32 and bundle.train.tensors[1].shape[1] == 2
+    np.savez(path, x=rng.normal(size=(50, 3)), y=np.arange(50) % 3)
+    assert build_data(f"npz:{path}", DataOptions()).task is None  # class labels
+    assert_data_error(f"npz:{path}", "--task regression needs float targets",
+                      options=DataOptions(task="regression"))
+    np.savez(path, x=rng.normal(size=(50, 3)), y=np.where(np.arange(50) == 7, np.inf, 1.0))
+    assert_data_error(f"npz:{path}", "y of row 7 is not a finite number")
+    # --task classification reads whole-number floats as classes
+    np.savez(path, x=rng.normal(size=(50, 3)), y=(np.arange(50) % 2).astype(float))
+    assert build_data(f"npz:{path}", DataOptions(task="classification")).class_names == ["0", "1"]

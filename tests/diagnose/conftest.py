@@ -1,4 +1,5 @@
-"""Helpers shared by the diagnose tests: a model whose activations are scaled on purpose."""
+"""Helpers shared by the diagnose tests: a model whose activations are scaled on purpose,
+and a ``gpt`` whose attention scores leave fp16's range."""
 from __future__ import annotations
 
 from collections import OrderedDict
@@ -7,7 +8,8 @@ import torch
 from torch import nn
 
 from amptrain.config import TrainConfig
-from amptrain.data import DataBundle
+from amptrain.data import DataBundle, TensorData
+from amptrain.models import ModelInputs, build_model
 from amptrain.models.range_demos import Scale
 from amptrain.trainer import Trainer
 from tests.conftest import tiny_classification
@@ -36,3 +38,27 @@ def train_16_mixed(factor: float, steps: int, **options) -> Trainer:
                       epochs=steps, log_every=1, no_progress=True, scheduler="none", **options)
     trainer.fit(scaled_model(factor), bundle().train)
     return trainer
+
+
+GPT_SEQ = 16
+
+
+def lm_bundle() -> DataBundle:
+    """Byte blocks of a repeated sentence, each with its next-token targets."""
+    text = torch.tensor(list(b"the quick brown fox jumps over the lazy dog. " * 10))
+    starts = torch.arange(0, len(text) - GPT_SEQ - 1, 3)
+    x = torch.stack([text[s:s + GPT_SEQ] for s in starts])
+    y = torch.stack([text[s + 1:s + GPT_SEQ + 1] for s in starts])
+    return DataBundle(TensorData(x, y), None, 256, (GPT_SEQ,), "lm", vocab_size=256, task="lm")
+
+
+def inflated_gpt(factor: float, seed: int = 0) -> nn.Module:
+    """A 2-block gpt with its query and key weights multiplied by ``factor``: q and k stay
+    well inside fp16's range, their dot products (the attention scores) do not."""
+    torch.manual_seed(seed)
+    model = build_model("gpt:layers=2,heads=2,width=32",
+                        ModelInputs(256, (GPT_SEQ,), "lm", vocab_size=256))
+    with torch.no_grad():
+        for block in model.blocks:
+            block.attn.qkv.weight[:64] *= factor  # rows 0-31 make q, 32-63 make k
+    return model

@@ -7,7 +7,11 @@ import pytest
 from torch import nn
 
 from amptrain.diagnose.ranges import FP16, FP16_MAX
-from amptrain.diagnose.recommend import SCALE_HEADROOM, keep_fp32_candidates
+from amptrain.diagnose.recommend import (
+    SCALE_HEADROOM,
+    attention_overflow,
+    keep_fp32_candidates,
+)
 from amptrain.diagnose.run import diagnose
 from amptrain.probe import NonFiniteEvent
 from tests.diagnose.conftest import bundle, config, scaled_model
@@ -61,3 +65,32 @@ def test_keep_fp32_names_the_most_specific_module_and_skips_what_the_user_keeps(
     # A backward event is a gradient problem: loss scaling, not an fp32 island.
     assert "drop" not in [k["pattern"] for k in keep_fp32_candidates(
         stats, modules, "Net", NonFiniteEvent("drop", "backward", 3), ["mine"])]
+
+
+def test_attention_parts_are_named_and_merged_into_one_pattern_per_part():
+    def entry(order, kind, act_max):
+        return {"order": order, "type": kind, "input_abs_max": None,
+                "activation": {"abs_max": act_max}}
+
+    stats = {"blocks.0.attn.scores": entry(0, "AttentionScores", 2e5),
+             "blocks.0.attn.softmax": entry(1, "CausalSoftmax", 1.0),
+             "blocks.0.mlp.fc": entry(2, "Linear", 1e6),
+             "blocks.3.attn.scores": entry(3, "AttentionScores", 9e5),
+             "blocks.3.mlp.fc": entry(4, "Linear", 1e6)}
+    keep = keep_fp32_candidates(stats, {}, "GPT", None)
+    # Attention's parts share one glob; other layers stay named one by one.
+    assert [k["pattern"] for k in keep] == ["blocks.*.attn.scores", "blocks.0.mlp.fc",
+                                            "blocks.3.mlp.fc"]
+    assert keep[0]["reason"].startswith("blocks.0.attn.scores: attention scores")
+    assert keep[0]["reason"].endswith("; blocks.3.attn.scores too")
+
+    found = attention_overflow(stats, None)
+    assert found is not None and found["abs_max"] == 9e5
+    assert found["modules"] == ["blocks.0.attn.scores", "blocks.3.attn.scores"]
+    assert "--keep-fp32 '*.attn.scores'" in found["reason"] and "bf16" in found["reason"]
+    # The softmax named as the first inf/NaN of 16-mixed counts too.
+    quiet = {n: s for n, s in stats.items() if "scores" not in n}
+    assert attention_overflow(quiet, None) is None
+    softmax = attention_overflow(quiet, NonFiniteEvent("blocks.0.attn.softmax", "forward", 2))
+    assert softmax is not None and softmax["modules"] == ["blocks.0.attn.softmax"]
+    assert softmax["reason"].startswith("attention softmax")

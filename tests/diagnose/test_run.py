@@ -5,7 +5,15 @@ import math
 
 from amptrain.diagnose.ranges import FP16_MAX
 from amptrain.diagnose.run import diagnose
-from tests.diagnose.conftest import bundle, config, scaled_model, train_16_mixed
+from amptrain.diagnose.writer import write_reports
+from tests.diagnose.conftest import (
+    bundle,
+    config,
+    inflated_gpt,
+    lm_bundle,
+    scaled_model,
+    train_16_mixed,
+)
 
 
 def test_overflow_module_is_found_and_its_recommendation_trains_cleanly():
@@ -31,3 +39,36 @@ def test_overflow_module_is_found_and_its_recommendation_trains_cleanly():
     assert fixed.precision.skipped_steps == 0
     losses = [r["loss"] for r in fixed.history if "loss" in r]
     assert len(losses) == 10 and all(math.isfinite(v) for v in losses)
+
+
+def test_gpt_attention_scores_that_overflow_fp16_are_named(tmp_path):
+    report = diagnose(config(task="lm", lr=1e-4), steps=3, data=lm_bundle(),
+                      model=inflated_gpt(3000.0))
+
+    first = report["first_nonfinite"]
+    assert (first["module"], first["phase"], first["step"]) == \
+        ("blocks.0.attn.scores", "forward", 1)
+    scores = report["modules"]["blocks.0.attn.scores"]
+    assert scores["type"] == "AttentionScores"
+    assert scores["activation"]["abs_max"] > FP16_MAX
+    assert any("attention scores" in r for r in scores["reasons"])
+    # q and k themselves fit in fp16: the overflow is in their products.
+    assert report["modules"]["blocks.0.attn.qkv"]["activation"]["abs_max"] < FP16_MAX
+    recs = report["recommendations"]
+    assert recs["attention"]["modules"] == ["blocks.0.attn.scores", "blocks.1.attn.scores"]
+    assert [k["pattern"] for k in recs["keep_fp32"]] == ["blocks.*.attn.scores"]
+    assert "--keep-fp32 'blocks.*.attn.scores'" in recs["flags"]
+    assert recs["verified"]["clean"] and recs["bf16"]["avoids_problem"]
+
+    _, md = write_reports(report, tmp_path)
+    text = md.read_text()
+    assert "- attention: attention scores" in text and "`blocks.0.attn.scores`" in text
+
+
+def test_gpt_attention_in_range_is_not_named():
+    report = diagnose(config(task="lm"), steps=2, data=lm_bundle(), model=inflated_gpt(1.0))
+    assert report["first_nonfinite"] is None
+    assert report["recommendations"]["attention"] is None
+    assert report["recommendations"]["keep_fp32"] == []
+    # The recorder saw the attention's scores and softmax although training fuses them.
+    assert report["modules"]["blocks.1.attn.softmax"]["activation"]["abs_max"] <= 1.0

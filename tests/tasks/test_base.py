@@ -47,11 +47,11 @@ def test_record_holds_the_loss_and_every_metric_under_val_keys():
     assert EvalResult(0.5, 100).record() == {"val_loss": 0.5}
 
 
-def test_metrics_read_by_their_label():
+def test_metrics_read_by_their_label_or_key():
     result = EvalResult(0.5, 100, {"rmse": 0.7, "r2": 0.9}, task=_Regression())
-    assert result.rmse == 0.7 and result.r_squared == 0.9
+    assert result.rmse == 0.7 and result.r_squared == 0.9 and result.r2 == 0.9
     with pytest.raises(AttributeError):
-        result.r2  # noqa: B018 -- the key is not a label
+        result.mae  # noqa: B018 -- not a metric of this task
     with pytest.raises(AttributeError):
         EvalResult(0.5, 100, {"acc": 0.9}).accuracy  # noqa: B018 -- no task, no labels
     assert not hasattr(EvalResult(0.5, 100, {}, task=_Accuracy()), "accuracy")  # not measured

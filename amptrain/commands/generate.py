@@ -1,0 +1,37 @@
+"""``amptrain generate``: continue a prompt with a trained language model."""
+from __future__ import annotations
+
+import argparse
+import sys
+
+HELP = "continue a text with a trained language model"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """The checkpoint, the prompt and how tokens are drawn."""
+    parser.add_argument("--checkpoint", required=True,
+                        help="checkpoint of a language-model run (a file, or the run directory)")
+    parser.add_argument("--prompt", default="", help="text to continue (default: a new line)")
+    parser.add_argument("--tokens", type=int, default=200, help="tokens to generate (default: 200)")
+    parser.add_argument("--temperature", type=float, default=0.8,
+                        help="sampling temperature; 0 takes the most likely token (default: 0.8)")
+    parser.add_argument("--top-k", type=int, default=None,
+                        help="sample among the K most likely tokens only")
+    parser.add_argument("--seed", type=int, default=0, help="sampling seed (default: 0)")
+    parser.add_argument("--precision", default="auto", help="precision (default: auto)")
+    parser.add_argument("--device", default="auto", help="cpu, cuda, cuda:N or auto")
+    parser.add_argument("--no-progress", action="store_true",
+                        help="accepted for symmetry with train/eval (generate shows no bar)")
+
+
+def run(args: argparse.Namespace) -> int:
+    """Print the prompt and its continuation."""
+    from ..generate import Sampling, generate_text
+
+    # The sampling options are checked before the checkpoint is read.
+    sampling = Sampling(tokens=args.tokens, temperature=args.temperature, top_k=args.top_k,
+                        seed=args.seed)
+    text = generate_text(args.checkpoint, args.prompt, sampling, device=args.device,
+                         precision=args.precision)
+    sys.stdout.write(args.prompt + text + "\n")
+    return 0
