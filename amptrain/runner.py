@@ -19,9 +19,9 @@ from .data import DataBundle, DataOptions, build_data
 from .distributed import build_strategy
 from .errors import UserError
 from .launch import resume_after_restart
-from .models import ModelInputs, build_model, text_encoder_for
+from .models import ModelInputs, build_model, exporter_of, text_encoder_for
 from .reproducibility import seed_everything
-from .tasks import EvalResult
+from .tasks import EvalResult, Task, build_task
 from .trainer import FitResult, Trainer
 
 
@@ -34,14 +34,40 @@ def model_inputs(data: DataBundle) -> ModelInputs:
 def run_info(config: RunConfig, data: DataBundle) -> dict[str, Any]:
     """What a checkpoint must remember to rebuild the model without the training flags."""
     return {"model": config.model, "data": config.data, "class_names": data.class_names,
-            "inputs": asdict(model_inputs(data)), "data_fitted": data.fitted}
+            "inputs": asdict(model_inputs(data)), "data_fitted": data.fitted,
+            "task": data.task or "classification"}
+
+
+def text_encoder(model: str, tokenizer: str | None) -> Any:
+    """The tokenizer of text data: ``--tokenizer hf:DIR``, else the one a model brings
+    (``hf:PATH``), else None (the data's built-in one; ``--tokenizer byte`` asks for it)."""
+    if tokenizer == "byte":
+        return None
+    return text_encoder_for(tokenizer or model)
+
+
+def check_task(config: RunConfig, data: DataBundle) -> str:
+    """The run's task: ``--task``, which must fit the data, or (auto) what the data is."""
+    kind = data.task or "classification"
+    if config.task not in ("auto", kind):
+        what = {"lm": "text for language modelling", "regression": "float regression targets",
+                "classification": "class labels"}[kind]
+        hint = {"lm": "language modelling needs --data text:PATH",
+                "regression": "regression needs float targets (npz with float y)",
+                "classification": "classification needs class labels"}.get(config.task, "")
+        raise UserError(f"--task {config.task} does not fit --data {config.data}, which holds "
+                        f"{what}: {hint} (or use --task {kind})")
+    return kind
 
 
 def prepare_run(config: RunConfig) -> tuple[DataBundle, nn.Module]:
     """Build the data and a freshly initialised model (seeded: same seed, same weights)."""
     # A model that brings its own tokenizer (hf:PATH) tokenises the text data.
-    data = build_data(config.data, DataOptions(seed=config.seed, val_fraction=config.val_fraction,
-                                               text_encoder=text_encoder_for(config.model)))
+    data = build_data(config.data, DataOptions(
+        seed=config.seed, val_fraction=config.val_fraction,
+        text_encoder=text_encoder(config.model, config.tokenizer), seq_len=config.seq_len,
+        text_glob=config.text_glob, task=config.task))
+    check_task(config, data)
     seed_everything(config.seed)
     model = build_model(config.model, model_inputs(data))
     return data, model
@@ -65,7 +91,14 @@ def run_training(config: RunConfig, **trainer_options: Any) -> FitResult:
         trainer = Trainer(config, strategy=strategy, **trainer_options)
         data, model = prepare_run(config)
         trainer.run_info = run_info(config, data)
-        result = trainer.fit(model, data.train, data.val, class_names=data.class_names)
+        # The Trainer resolves --task from the data as check_task() did (auto: lm for
+        # text blocks, regression for float targets); library callers get the same.
+        result = trainer.fit(model, data.train, data.val, class_names=data.class_names or None)
+        export = exporter_of(model)  # a model from another framework, written back in its format
+        if export is not None and config.out is not None:
+            state = strategy.model_state_dict(model, trainer.precision)  # on every rank
+            if strategy.is_main:
+                export(Path(config.out), state)
         # Every rank finishes (rank 0 writes the last checkpoint and reports) before any
         # tears the process group down: a rank leaving early made gloo abort the other.
         strategy.barrier()
@@ -93,11 +126,41 @@ def checkpoint_file(path: str | Path) -> Path:
         return path
     for candidate in (path / checkpoint.CHECKPOINT_DIR / checkpoint.LAST, path / checkpoint.LAST):
         if candidate.is_file():
-            logging.getLogger("amptrain").info("--checkpoint %s is a directory: evaluating %s",
+            logging.getLogger("amptrain").info("--checkpoint %s is a directory: using %s",
                                                path, candidate)
             return candidate
     raise UserError(f"--checkpoint {path} is a directory with no checkpoint in it; pass a "
                     f"checkpoint file, e.g. RUN_DIR/{checkpoint.CHECKPOINT_DIR}/{checkpoint.LAST}")
+
+
+def load_run(checkpoint_path: str) -> tuple[dict[str, Any], dict[str, Any]]:
+    """(checkpoint state, its run info) of a checkpoint written by a command-line run."""
+    state = checkpoint.load(checkpoint_path)
+    run = state.get("run") or {}
+    if "model" not in run or "inputs" not in run:
+        raise UserError(f"checkpoint {checkpoint_path} was not written by `amptrain train` "
+                        f"(no model name inside); use it with the library API")
+    return state, run
+
+
+def saved_inputs(run: dict[str, Any]) -> ModelInputs:
+    """The model facts a run was trained with."""
+    return ModelInputs(**{**run["inputs"], "input_shape": tuple(run["inputs"]["input_shape"])})
+
+
+def saved_task(state: dict[str, Any], class_names: list[str] | None) -> Task:
+    """The task a checkpoint was trained on, with what it learnt from the data
+    (checkpoints older than tasks were classifiers)."""
+    saved = dict(state.get("task") or {"name": "classification"})
+    return build_task(str(saved.pop("name")), class_names=class_names, **saved)
+
+
+def build_saved_model(run: dict[str, Any]) -> nn.Module:
+    """A run's model, freshly built (its weights come from the checkpoint afterwards)."""
+    # What the builder says about initialisation (hf:PATH's "head newly initialised")
+    # does not apply to weights loaded next, so only warnings get through.
+    with _log_level(logging.WARNING):
+        return build_model(run["model"], saved_inputs(run))
 
 
 def run_evaluation(*, checkpoint_path: str, data: str | None, precision: str, out: str,
@@ -105,30 +168,29 @@ def run_evaluation(*, checkpoint_path: str, data: str | None, precision: str, ou
                    progress: bool = True) -> tuple[EvalResult, str]:
     """Evaluate a checkpoint as ``amptrain eval`` does; returns (result, trained precision)."""
     checkpoint_path = str(checkpoint_file(checkpoint_path))
-    state = checkpoint.load(checkpoint_path)
-    run = state.get("run") or {}
-    if "model" not in run or "inputs" not in run:
-        raise UserError(f"checkpoint {checkpoint_path} was not written by `amptrain train` "
-                        f"(no model name inside); evaluate it with the library API")
+    state, run = load_run(checkpoint_path)
     data_spec: str = data or run["data"]  # "data" is written with "model" (run_info)
-    # The training split's preprocessing (normalisation, vocabulary, class order) is
-    # reused, so other data is fed to the model exactly as the training data was.
+    fitted = run.get("data_fitted") or {}
+    # The training split's preprocessing (normalisation, vocabulary, class order,
+    # tokenizer, block size) is reused, so other data is fed to the model exactly as the
+    # training data was.
     bundle = build_data(data_spec,
                         DataOptions(val_fraction=state["config"].get("val_fraction", 0.2),
-                                    fitted=run.get("data_fitted"),
-                                    text_encoder=text_encoder_for(run["model"])))
-    inputs = ModelInputs(**{**run["inputs"], "input_shape": tuple(run["inputs"]["input_shape"])})
+                                    fitted=fitted, task=run.get("task"),
+                                    text_encoder=text_encoder(run["model"],
+                                                              fitted.get("tokenizer"))))
+    inputs = saved_inputs(run)
     if bundle.num_classes != inputs.num_classes or tuple(bundle.input_shape) != inputs.input_shape:
-        raise UserError(f"--data {data_spec} has {bundle.num_classes} classes and inputs "
+        outputs = {"lm": "vocabulary entries", "regression": "targets"}.get(
+            run.get("task", ""), "classes")
+        raise UserError(f"--data {data_spec} has {bundle.num_classes} {outputs} and inputs "
                         f"{tuple(bundle.input_shape)}, but the checkpoint's model expects "
-                        f"{inputs.num_classes} classes and {inputs.input_shape}")
-    # The weights come from the checkpoint: what the builder says about initialisation
-    # (hf:PATH's "head newly initialised") does not apply, so only warnings get through.
-    with _log_level(logging.WARNING):
-        model = build_model(run["model"], inputs)
+                        f"{inputs.num_classes} {outputs} and {inputs.input_shape}")
+    model = build_saved_model(run)
     trainer = Trainer(precision=precision, device=device, batch_size=batch_size, out=out,
                       no_progress=not progress)
-    trainer.prepare(model, class_names=run.get("class_names") or bundle.class_names)
+    class_names = run.get("class_names") or bundle.class_names or None
+    trainer.prepare(model, task=saved_task(state, class_names))
     trainer.load_weights(state["model"])
     result = trainer.evaluate(trainer.model, bundle.val, write_dir=Path(out) / "eval")
     return result, state.get("precision_name", "unknown")

@@ -81,6 +81,16 @@ def hostile_inputs(root: Path) -> dict[str, Path]:
     paths["a_file"].write_text("not a directory")
     paths["empty_dir"] = root / "empty_dir"
     paths["empty_dir"].mkdir()
+    # Text corpora that cannot be trained on (language modelling).
+    paths["binary_dir"] = root / "binary_dir"
+    paths["binary_dir"].mkdir()
+    (paths["binary_dir"] / "blob.bin").write_bytes(b"\x00\x01\x02" * 300)
+    paths["latin1_txt"] = root / "latin1.txt"
+    paths["latin1_txt"].write_bytes("café olé\n".encode("latin-1") * 100)
+    paths["short_txt"] = root / "short.txt"
+    paths["short_txt"].write_text("a few words only\n")
+    paths["long_txt"] = root / "long.txt"
+    paths["long_txt"].write_text("the quick brown fox jumps over the lazy dog\n" * 100)
     return paths
 
 
@@ -133,6 +143,7 @@ ERROR_TABLE = [
      "truncated (its end is missing"),
     ("eval-without-checkpoint", "eval --out {root}/e", "required: --checkpoint"),
     ("timm-not-installed", "train --model timm:resnet18", "pip install timm"),
+    ("keras-not-a-model-file", "train --model keras:{yaml}", "is not a Keras model file"),
     # Hostile input (issue 14): each class fixed at its root, not for this one example.
     ("yaml-word-for-number", "train --config {yaml_lr}", "--lr must be a number (got 'abc')"),
     ("yaml-number-for-list", "train --config {yaml_keep}", "--keep-fp32 takes a pattern"),
@@ -156,8 +167,39 @@ ERROR_TABLE = [
     ("keep-last-negative", "train --keep-last -1", "--keep-last must be >= 0"),
     ("npz-nan-features", "train --model mlp --data npz:{nan_x}", "x contains NaN or infinite"),
     ("npz-inf-features", "train --model mlp --data npz:{inf_x}", "x contains NaN or infinite"),
-    ("npz-nan-labels", "train --model mlp --data npz:{nan_y}", "label of row 5 is nan"),
-    ("npz-float-labels", "train --model mlp --data npz:{float_y}", "labels are not whole numbers"),
+    ("npz-nan-labels", "train --model mlp --data npz:{nan_y} --task classification",
+     "label of row 5 is nan"),
+    ("npz-float-labels", "train --model mlp --data npz:{float_y} --task classification",
+     "labels are not whole numbers"),
+    # Tasks: regression and language modelling.
+    ("regression-nan-targets", "train --model mlp --data npz:{nan_y}",
+     "y of row 5 is not a finite number"),
+    ("task-regression-class-labels", "train --model mlp --data npz:{features} --task regression",
+     "--task regression needs float targets"),
+    ("task-lm-with-digits", "train --task lm", "--task lm does not fit --data digits"),
+    ("task-unknown", "train --task ranking", "invalid choice: 'ranking'"),
+    ("loss-for-a-classifier", "train --loss huber", "--loss huber applies to regression"),
+    ("seq-len-without-text", "train --seq-len 64", "--seq-len applies to text: data"),
+    ("tokenizer-not-a-spec", "train --model gpt --data text:{long_txt} --tokenizer words",
+     "--tokenizer must be byte or hf:DIR"),
+    ("text-empty-directory", "train --model gpt --data text:{empty_dir}",
+     "the directory holds no files"),
+    ("text-binary-only", "train --model gpt --data text:{binary_dir}",
+     "no UTF-8 text found in 1 file(s) (1 binary)"),
+    ("text-not-utf8", "train --model gpt --data text:{latin1_txt}",
+     "no UTF-8 text found in 1 file(s) (1 not UTF-8)"),
+    ("text-shorter-than-a-block", "train --model gpt --data text:{short_txt} --seq-len 64",
+     "too few for a training and a validation block of --seq-len 64"),
+    ("seq-len-over-the-context", "train --model gpt:context=32 --data text:{long_txt} "
+                                 "--seq-len 64", "--seq-len 64 is longer than the model's "
+                                                 "context 32"),
+    ("gpt-on-images", "train --model gpt", "is a language model: it needs text"),
+    ("text-for-a-classifier", "train --model mlp --data text:{long_txt} --task classification",
+     "--task classification does not fit --data text:"),
+    ("generate-corrupt-checkpoint", "generate --checkpoint {checkpoint}",
+     "truncated (its end is missing"),
+    ("generate-bad-temperature", "generate --checkpoint {checkpoint} --temperature -1",
+     "--temperature must be >= 0"),
     ("npz-length-mismatch", "train --model mlp --data npz:{short_y}", "x has 60 rows but y has 50"),
     ("npz-empty", "train --model mlp --data npz:{empty}", "x needs at least 2 rows (got 0)"),
     ("npz-1d-x", "train --model mlp --data npz:{flat_x}", "x must have a row per sample"),
@@ -239,8 +281,18 @@ def test_help():
     assert result.returncode == 0 and "train" in result.stdout and "eval" in result.stdout
     train = amptrain("train", "--help")
     assert train.returncode == 0
-    for flag in ("--precision", "--model", "--data", "--config", "--keep-fp32", "--accumulate"):
+    for flag in ("--precision", "--model", "--data", "--config", "--keep-fp32", "--accumulate",
+                 "--task", "--seq-len"):
         assert flag in train.stdout
+
+
+def test_every_command_has_help():
+    # argparse formats help text with %: an option's help with a bare % breaks --help.
+    from amptrain.commands import COMMANDS
+
+    for name in COMMANDS:
+        result = amptrain(name, "--help")
+        assert result.returncode == 0 and "usage: amptrain " + name in result.stdout, name
 
 
 def test_user_errors_of_other_ranks_say_which_rank(monkeypatch, capsys):

@@ -5,15 +5,19 @@ from __future__ import annotations
 import pytest
 import torch
 
-from amptrain.memory import MemoryMeter, rss_bytes
+from amptrain.memory import MemoryMeter, free_memory, rss_bytes
 
 
 @pytest.mark.skipif(not MemoryMeter(torch.device("cpu"), "process").resettable,
                     reason="needs a resettable peak RSS (Linux /proc/self/clear_refs)")
 def test_peak_rss_meter_resets_between_probes():
     meter = MemoryMeter(torch.device("cpu"), "process")
+    # The meter frees memory before it measures (gc, malloc_trim): do the same before each
+    # baseline, or memory an earlier test left to the allocator shrinks the difference.
+    free_memory(torch.device("cpu"))
     before = rss_bytes()
     big = meter.measure(lambda: torch.ones(50 << 20, dtype=torch.float32).sum())  # 200 MiB
+    free_memory(torch.device("cpu"))
     before_small = rss_bytes()
     small = meter.measure(lambda: torch.ones(10 << 20, dtype=torch.float32).sum())  # 40 MiB
     assert big - before >= 190 << 20

@@ -36,7 +36,7 @@ def test_a_run_directory_resolves_to_its_last_checkpoint(tmp_path, caplog):
     (run / checkpoint.CHECKPOINT_DIR / "step-2.pt").write_bytes(b"x")
     with caplog.at_level(logging.INFO, logger="amptrain"):
         assert checkpoint_file(run) == last
-    assert f"is a directory: evaluating {last}" in caplog.text
+    assert f"is a directory: using {last}" in caplog.text
     # The checkpoints folder itself works as well.
     assert checkpoint_file(run / checkpoint.CHECKPOINT_DIR) == last
 
@@ -93,3 +93,22 @@ def test_another_seed_gives_other_initial_weights():
     assert [x.shape for x in a] == [y.shape for y in b]
     matrices = [(x, y) for x, y in zip(a, b) if x.ndim >= 2]
     assert matrices and not any(torch.equal(x, y) for x, y in matrices)
+
+
+def test_task_must_fit_the_data(tmp_path):
+    (tmp_path / "a.txt").write_text("words and more words. " * 200)
+    lm = RunConfig(model="gpt", data=f"text:{tmp_path / 'a.txt'}", seq_len=16)
+    data, model = prepare_run(lm)
+    assert data.task == "lm" and run_info(lm, data)["task"] == "lm"
+    assert model(torch.zeros(2, 16, dtype=torch.long)).shape == (2, 16, 256)
+    with pytest.raises(UserError, match="--task classification does not fit --data text:"):
+        prepare_run(RunConfig(model="gpt", data=lm.data, seq_len=16, task="classification"))
+    with pytest.raises(UserError, match="--task lm does not fit --data digits, which holds "
+                                        "class labels: language modelling needs"):
+        prepare_run(RunConfig(task="lm"))
+
+
+def test_text_encoder_follows_tokenizer_then_model():
+    from amptrain.runner import text_encoder
+
+    assert text_encoder("cnn", None) is None and text_encoder("gpt", "byte") is None

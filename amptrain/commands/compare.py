@@ -66,7 +66,8 @@ def emulated_here(device: str) -> set[str]:
 def run(args: argparse.Namespace) -> int:
     """Run the study, print the summary table and where the reports are."""
     from ..compare import CompareOptions, run_compare
-    from ..report import format_table
+    from ..precision.modes import as_given
+    from ..report import format_table, timing_warning
 
     train_values, compare_values = split_values(args)
     config = build_config(RunConfig, train_values, source="option")
@@ -76,11 +77,15 @@ def run(args: argparse.Namespace) -> int:
     result = run_compare(config, options, command=command_line(),
                          pick_log_every="log_every" not in train_values)
     emulated = emulated_here(config.device)
-    print(format_table(result["summary"], result["baseline"], emulated))
+    given = as_given([*str(options.precisions).split(","), options.baseline])  # Keras names
+    print(format_table(result["summary"], result["baseline"], emulated, given))
     marked = [r["precision"] for r in result["summary"] if r["precision"] in emulated]
     if marked:
         print(f"(emulated): {', '.join(marked)} {'has' if len(marked) == 1 else 'have'} no "
               f"hardware on this device; slow here, not on hardware that has it")
+    warning = timing_warning(result["summary"])
+    if warning:
+        print(f"warning: {warning}")
     runs = "" if options.speed_only else ", runs/"
     print(f"outputs: {config.out}/ (compare.json, report.md, report.html, compare.png{runs})")
     return 0

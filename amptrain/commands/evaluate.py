@@ -27,7 +27,11 @@ def run(args: argparse.Namespace) -> int:
     result, trained_with = run_evaluation(
         checkpoint_path=args.checkpoint, data=args.data, precision=args.precision, out=args.out,
         batch_size=args.batch_size, device=args.device, progress=not args.no_progress)
-    print(f"accuracy {result.accuracy:.4f}  loss {result.loss:.4f} on {result.samples} samples "
+    assert result.task is not None  # results of a pass carry their task
+    metrics = "  ".join(f"{m.label} {result.metrics[m.key]:.4f}" for m in result.task.metrics
+                        if m.key in result.metrics)
+    print(f"{metrics}  loss {result.loss:.4f} on {result.samples} samples "
           f"(checkpoint trained with {trained_with})")
-    print(f"reports: {Path(args.out) / 'eval'}/ (classification_report.txt, report.json)")
+    readable, _ = result.task.report_text(result)
+    print(f"reports: {Path(args.out) / 'eval'}/ ({readable}, report.json)")
     return 0

@@ -23,6 +23,7 @@ def run(args: argparse.Namespace) -> int:
     """Train; print the final metrics and where the outputs are (rank 0)."""
     from ..distributed import is_main_process
     from ..launch import launch, launch_requested
+    from ..precision import label
     from ..runner import run_training
 
     config = build_config(RunConfig, merged_values(args), source="option")
@@ -42,9 +43,12 @@ def run(args: argparse.Namespace) -> int:
             f"{'are' if len(bad) > 1 else 'is'} not finite after {result.steps} steps "
             f"({result.skipped_steps} skipped); lower --lr, set --clip-grad-norm or run "
             f"`amptrain diagnose` (outputs kept in {result.out}/)")
-    acc = f"{result.val_acc:.4f}" if result.val_acc is not None else "n/a"
+    metrics = "  ".join(f"val_{k} {number(v)}" for k, v in result.val_metrics.items()) \
+        or "val_acc n/a"
     speed = f", {result.samples_per_s:.0f} samples/s" if result.samples_per_s else ""
-    print(f"done: val_acc {acc}  val_loss {number(result.val_loss)}  after {result.steps} steps "
-          f"({result.precision}{speed}, {result.skipped_steps} skipped)")
+    speed += f", {result.tokens_per_s:.0f} tokens/s" if result.tokens_per_s else ""
+    print(f"done: {metrics}  val_loss {number(result.val_loss)}  after {result.steps} steps "
+          f"({label(result.precision, config.precision.name)}{speed}, "
+          f"{result.skipped_steps} skipped)")
     print(f"outputs: {result.out}/ (config.yaml, metrics.jsonl, tb/, checkpoints/, eval/)")
     return 0

@@ -26,6 +26,7 @@ from .options import (
                       CompareOptions,
                       resolve_precisions,
 )
+from .reliability import assess_timing
 from .runs import RunProbe, digest, first_step_loss_fp32, train_runs
 from .study import check_out, run_compare
 from .summary import summarise
@@ -41,7 +42,8 @@ from .timing import (
 )
 
 __all__ = ["CURVE_POINTS", "MEMORY_STEPS", "SUMMARY_FIELDS", "CompareOptions", "Contender",
-           "RunProbe", "build_contender", "check_out", "digest", "first_step_loss_fp32",
+           "RunProbe", "assess_timing", "build_contender", "check_out", "digest",
+           "first_step_loss_fp32",
            "measure_peak_memory", "measure_speed_and_memory", "memory_method",
            "resolve_precisions", "run_compare", "speed_figures", "state_bytes", "summarise",
            "sync", "train_runs"]

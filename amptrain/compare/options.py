@@ -10,15 +10,21 @@ import torch
 
 from ..config import option
 from ..config.options import require_non_negative, require_positive
+from ..config.train import OPTIMIZERS
 from ..errors import UserError, flag
+from ..precision.modes import MODES
 from ..precision.support import resolve_name
+from ..precision.weight_update import WEIGHT_UPDATES
 
 log = logging.getLogger("amptrain")
 
 #: compare.json's summary fields, in DESIGN.md's order.
 SUMMARY_FIELDS = ("precision", "samples_per_s", "speedup", "step_time_ms", "peak_mem_bytes",
-                  "mem_ratio", "val_acc_mean", "val_acc_std", "delta_acc_pp", "final_loss_mean",
-                  "skipped_steps", "verdict")
+                  "mem_ratio", "weights_bytes", "grad_bytes", "master_bytes",
+                  "optimizer_state_bytes", "bytes_per_param",
+                  "val_acc_mean", "val_acc_std", "delta_acc_pp", "final_loss_mean",
+                  "skipped_steps", "speedup_low", "speedup_high", "timing_reliable",
+                  "timing_note", "verdict")
 #: A run logs about this many training records, so every loss curve has enough points.
 CURVE_POINTS = 100
 #: Training steps measured for peak memory (after the timing steps warmed everything up).
@@ -37,6 +43,9 @@ class CompareOptions:
                            "relative to (added to --precisions when missing)", group="compare")
     tolerance_pp: float = option(0.5, "verdict ok when |accuracy difference to the baseline| is "
                                  "at most this many percentage points", group="compare")
+    tolerance_rel: float = option(0.02, "verdict ok when the relative change of perplexity (lm) "
+                                  "or RMSE (regression) against the baseline is at most this "
+                                  "(0.02: two percent)", group="compare")
     interleave: bool = option(True, "alternate the timed steps between precisions "
                               "(--no-interleave times one precision after the other and holds "
                               "one model at a time)", group="compare")
@@ -50,10 +59,10 @@ class CompareOptions:
         require_positive(self, "seeds", "timing_steps")
         require_positive(self, "bench_steps", optional=True)
         require_non_negative(self, "timing_warmup")
-        if not (isinstance(self.tolerance_pp, (int, float)) and math.isfinite(self.tolerance_pp)
-                and self.tolerance_pp >= 0):
-            raise UserError(f"{flag('tolerance_pp')} must be a number >= 0 "
-                            f"(got {self.tolerance_pp!r})")
+        for name in ("tolerance_pp", "tolerance_rel"):
+            value = getattr(self, name)
+            if not (isinstance(value, (int, float)) and math.isfinite(value) and value >= 0):
+                raise UserError(f"{flag(name)} must be a number >= 0 (got {value!r})")
         if not [p for p in str(self.precisions).split(",") if p.strip()]:
             raise UserError(f"{flag('precisions')} needs at least one precision, e.g. "
                             f"32-true,bf16-mixed")
@@ -67,13 +76,21 @@ class CompareOptions:
         return self.bench_steps if self.bench_steps is not None else self.timing_steps
 
 
-def resolve_precisions(options: CompareOptions, device: torch.device) -> tuple[str, list[str]]:
-    """(baseline, precisions): canonical names, ``auto`` resolved, baseline first, no repeats."""
+def resolve_precisions(options: CompareOptions, device: torch.device,
+                       weight_update: str = "plain") -> tuple[str, list[str]]:
+    """(baseline, precisions): canonical names, ``auto`` resolved, baseline first, no repeats.
+
+    A precision may name a rung of the memory ladder, ``MODE[+RULE][+OPTIMIZER]`` (e.g.
+    ``bf16-true+kahan``, ``bf16-true+stochastic+adamw8bit``); ``weight_update`` (the run's
+    ``--weight-update``) applies to the half-weight modes without masters and labels them.
+    """
     def canonical(name: str, option: str) -> str:
+        mode, *rungs = name.strip().split("+")
         try:
-            return resolve_name(name.strip(), device)
+            mode = resolve_name(mode, device)
         except UserError as exc:
             raise UserError(f"{flag(option)}: {exc}") from None
+        return rung_label(mode, rungs, weight_update, option)
 
     names = [canonical(p, "precisions") for p in str(options.precisions).split(",") if p.strip()]
     baseline = canonical(options.baseline, "baseline")
@@ -82,3 +99,32 @@ def resolve_precisions(options: CompareOptions, device: torch.device) -> tuple[s
                  baseline)
     ordered = [baseline] + [p for p in names if p != baseline]
     return baseline, list(dict.fromkeys(ordered))
+
+
+def rung_label(mode: str, rungs: list[str], weight_update: str, option: str) -> str:
+    """A row's label: the mode, then its weight-update rule and optimizer when not default."""
+    rules = [r for r in rungs if r in WEIGHT_UPDATES]
+    optimizers = [r for r in rungs if r in OPTIMIZERS]
+    unknown = [r for r in rungs if r not in WEIGHT_UPDATES and r not in OPTIMIZERS]
+    if unknown or len(rules) > 1 or len(optimizers) > 1:
+        raise UserError(f"{flag(option)}: {'+'.join([mode, *rungs])!r}: after the precision "
+                        f"come at most one of {', '.join(WEIGHT_UPDATES)} and one of "
+                        f"{', '.join(OPTIMIZERS)}, e.g. bf16-true+kahan")
+    spec = MODES[mode]
+    half_only = spec.half_weights and not spec.master_weights
+    rule = rules[0] if rules else (weight_update if half_only else "plain")
+    if rule != "plain" and not half_only:
+        raise UserError(f"{flag(option)}: {mode}+{rule}: a weight-update rule only applies to "
+                        f"half weights without masters (bf16-true, 16-true)")
+    return "+".join([mode] + ([rule] if rule != "plain" else []) + optimizers)
+
+
+def row_options(label: str) -> dict[str, str]:
+    """The training options of a row labelled by :func:`rung_label` (flat option names)."""
+    mode, *rungs = label.split("+")
+    options = {"precision": mode,
+               "weight_update": next((r for r in rungs if r in WEIGHT_UPDATES), "plain")}
+    optimizer = next((r for r in rungs if r in OPTIMIZERS), None)
+    if optimizer is not None:
+        options["optimizer"] = optimizer
+    return options

@@ -17,6 +17,7 @@ from ..errors import TrainingHalted
 from ..runner import prepare_run, run_training
 from ..steps import forward_batch
 from ..trainer import Trainer
+from .options import row_options
 from .summary import finite
 
 log = logging.getLogger("amptrain")
@@ -79,7 +80,10 @@ def first_step_loss_fp32(trainer: Trainer, fp32_state: dict[str, torch.Tensor]) 
         return None
     model = trainer.model
     assert model is not None, "set up first"
-    state = {k: v.to(trainer.device) for k, v in fp32_state.items()}
+    # Tied weights (a language model's embedding and head) appear once: functional_call
+    # refuses a value for each name of a tied pair.
+    names = {n for n, _ in model.named_parameters()} | {n for n, _ in model.named_buffers()}
+    state = {k: v.to(trainer.device) for k, v in fp32_state.items() if k in names}
 
     def fp32_model(*args: Any, **kwargs: Any) -> Any:
         return torch.func.functional_call(model, state, args, kwargs)
@@ -110,7 +114,7 @@ def train_runs(config: RunConfig, precisions: list[str], seeds: list[int], out: 
         del reference_model
         for precision in precisions:
             run_dir = out / "runs" / precision / f"seed-{seed}"
-            run_config = replace_options(config, precision=precision, seed=seed,
+            run_config = replace_options(config, **row_options(precision), seed=seed,
                                              out=str(run_dir), resume=None)
             log.info("compare: run %d/%d: %s, seed %d -> %s", len(runs) + 1, total, precision,
                      seed, run_dir)
@@ -123,10 +127,12 @@ def train_runs(config: RunConfig, precisions: list[str], seeds: list[int], out: 
                                       print_every=print_every)
             except TrainingHalted as exc:
                 log.info("compare: %s seed %d stopped: %s", precision, seed, exc)
-                record.update(val_acc=None, val_loss=None, final_loss=None, skipped_steps=None,
+                record.update(val_loss=None, final_loss=None, skipped_steps=None,
                               steps=None, halted=str(exc), train_samples_per_s=None)
             else:
-                record.update(val_acc=finite(result.val_acc), val_loss=finite(result.val_loss),
+                # The task's metrics by name: val_acc, or val_perplexity, val_rmse, ...
+                record.update({f"val_{k}": finite(v) for k, v in result.val_metrics.items()})
+                record.update(val_loss=finite(result.val_loss),
                               final_loss=finite(result.final_loss),
                               skipped_steps=result.skipped_steps, steps=result.steps, halted=None,
                               train_samples_per_s=result.samples_per_s)

@@ -12,7 +12,9 @@ from ..config import RunConfig, replace_options, to_dict
 from ..devices import resolve_device
 from ..env import collect_env
 from ..errors import UserError
+from ..tasks import ClassificationTask
 from .options import CURVE_POINTS, CompareOptions, resolve_precisions
+from .reliability import assess_timing, machine_load, usable_cores
 from .runs import train_runs
 from .summary import summarise
 from .timing import measure_speed_and_memory, memory_method, speed_figures
@@ -43,7 +45,8 @@ def run_compare(config: RunConfig, options: CompareOptions, *, command: str | No
     out = Path(config.out)
     check_out(out)
     device = resolve_device(config.device)
-    baseline, precisions = resolve_precisions(options, device)
+    baseline, precisions = resolve_precisions(options, device,
+                                              weight_update=config.precision.weight_update)
     seeds = [config.seed + i for i in range(options.seeds)]
     out.mkdir(parents=True, exist_ok=True)
     started = time.time()
@@ -51,8 +54,20 @@ def run_compare(config: RunConfig, options: CompareOptions, *, command: str | No
     log.info("compare: timing %s (%d warm-up + %d timed steps each, %s)", ", ".join(precisions),
              options.timing_warmup, options.timed_steps,
              "interleaved" if options.interleave else "one after another")
+    load_before = machine_load()
     contenders = measure_speed_and_memory(config, precisions, options)
     speed = {p: speed_figures(c) for p, c in contenders.items()}
+    task = contenders[baseline].task or ClassificationTask()
+    # The higher of the two: a load that rose during the timing counts as much as one
+    # that was there before it.
+    loads = [x for x in (load_before, machine_load()) if x is not None]
+    load, cores = (max(loads) if loads else None), usable_cores()
+    timing_load = {"load_average": load, "cores": cores}
+    reliability = assess_timing({p: s.get("step_times_ms", []) for p, s in speed.items()},
+                                baseline, speed[baseline].get("control_step_times_ms", []),
+                                load=load, cores=cores)
+    for p, fields in reliability.items():
+        speed[p].update(fields)
     # Records every few steps for smooth curves, but lines printed as `train` prints them.
     print_every = config.logging.log_every
     if pick_log_every:
@@ -62,13 +77,20 @@ def run_compare(config: RunConfig, options: CompareOptions, *, command: str | No
                                                     print_every=print_every)
 
     result = {"baseline": baseline, "runs": runs,
-              "summary": summarise(baseline, precisions, runs, speed, options.tolerance_pp)}
+              "summary": summarise(baseline, precisions, runs, speed,
+                                   getattr(options, task.tolerance_option), task)}
     (out / "compare.json").write_text(json.dumps(result, indent=2) + "\n")
     study = {
         "command": command, "started": time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(started)),
         "duration_s": round(time.time() - started, 1), "device": str(device),
         "config": {k: v for k, v in to_dict(config).items() if k not in ("precision", "out")},
         "options": dataclasses.asdict(options), "seeds": seeds, "speed": speed,
+        # What the reports label: the task and its primary metric.
+        "task": {"name": task.name, "metric": task.primary.key, "label": task.primary.label,
+                 "delta_field": task.delta_field,
+                 "tolerance": getattr(options, task.tolerance_option),
+                 "tolerance_option": task.tolerance_option},
+        "timing_load": timing_load,
         "memory_method": memory_method(device), "env": collect_env(),
     }
     (out / "study.json").write_text(json.dumps(study, indent=2) + "\n")

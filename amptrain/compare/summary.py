@@ -6,6 +6,7 @@ import statistics
 from typing import Any
 
 from ..tasks import ClassificationTask, Task
+from .ladder import LADDER_FIELDS
 from .options import SUMMARY_FIELDS
 
 
@@ -32,18 +33,22 @@ def _ratio(value: float | None, base: float | None) -> float | None:
 def summarise(baseline: str, precisions: list[str], runs: list[dict[str, Any]],
               speed: dict[str, dict[str, Any]], tolerance_pp: float,
               task: Task | None = None) -> list[dict[str, Any]]:
-    """One summary row per precision, baseline first, with exactly :data:`SUMMARY_FIELDS`.
+    """One summary row per precision, baseline first, with exactly the fields of
+    :func:`summary_fields` (:data:`SUMMARY_FIELDS` with the task's metric names).
 
     The verdict is ``task``'s judgement of its primary metric (classification: accuracy in
-    percentage points, ``--tolerance-pp``).
+    percentage points, ``--tolerance-pp``; perplexity and RMSE: relative change,
+    ``--tolerance-rel``); ``tolerance_pp`` is the tolerance in the task's unit.
 
     ``speed[p]`` holds ``samples_per_s``, ``step_time_ms`` and ``peak_mem_bytes`` measured
     for precision ``p`` in this invocation; ratios are taken against ``speed[baseline]``.
     """
-    def accuracies(p: str) -> list[float]:
-        return [r["val_acc"] for r in runs if r["precision"] == p and r.get("val_acc") is not None]
-
     task = task or ClassificationTask()
+    metric = f"val_{task.primary.key}"  # the runs' field of the primary metric
+
+    def accuracies(p: str) -> list[float]:
+        return [r[metric] for r in runs if r["precision"] == p and r.get(metric) is not None]
+
     base_speed = speed.get(baseline, {})
     base_acc = _mean(accuracies(baseline))
     rows = []
@@ -61,6 +66,9 @@ def summarise(baseline: str, precisions: list[str], runs: list[dict[str, Any]],
             "step_time_ms": s.get("step_time_ms"),
             "peak_mem_bytes": s.get("peak_mem_bytes"),
             "mem_ratio": _ratio(s.get("peak_mem_bytes"), base_speed.get("peak_mem_bytes")),
+            # The memory ladder: exact bytes of weights, grads, masters/compensation and
+            # optimizer state (compare/ladder.py).
+            **{k: s.get(k) for k in LADDER_FIELDS},
             "val_acc_mean": acc_mean,
             "val_acc_std": _std(accs),
             "delta_acc_pp": delta,
@@ -68,7 +76,27 @@ def summarise(baseline: str, precisions: list[str], runs: list[dict[str, Any]],
                                       if r.get("final_loss") is not None]),
             "skipped_steps": sum(r["skipped_steps"] for r in mine
                                  if r.get("skipped_steps") is not None) if mine else None,
+            # The interquartile range of the per-round speedups and whether to trust them
+            # (compare/reliability.py).
+            "speedup_low": s.get("speedup_low"),
+            "speedup_high": s.get("speedup_high"),
+            "timing_reliable": s.get("timing_reliable"),
+            "timing_note": s.get("timing_note"),
             "verdict": "failed" if halted else judged,
         }
-        rows.append({k: row[k] for k in SUMMARY_FIELDS})
+        names = summary_fields(task)
+        rows.append({name: row[k] for k, name in zip(SUMMARY_FIELDS, names)})
     return rows
+
+
+#: The primary-metric fields of :data:`SUMMARY_FIELDS`, named for classification there.
+_METRIC_FIELDS = ("val_acc_mean", "val_acc_std", "delta_acc_pp")
+
+
+def summary_fields(task: Task) -> tuple[str, ...]:
+    """:data:`SUMMARY_FIELDS` with the primary metric named by ``task``: ``val_acc_mean``,
+    ``val_acc_std``, ``delta_acc_pp`` (classification), ``val_perplexity_mean``, ...,
+    ``delta_perplexity_rel`` (language models), ``val_rmse_mean``, ..., ``delta_rmse_rel``."""
+    key = task.primary.key
+    named = dict(zip(_METRIC_FIELDS, (f"val_{key}_mean", f"val_{key}_std", task.delta_field)))
+    return tuple(named.get(k, k) for k in SUMMARY_FIELDS)

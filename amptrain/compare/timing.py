@@ -19,8 +19,10 @@ from ..errors import TrainingHalted
 from ..memory import MemoryMeter
 from ..precision.maths import MathSwitches
 from ..runner import prepare_run
+from ..tasks import Task
 from ..trainer import Trainer
-from .options import MEMORY_STEPS, CompareOptions
+from .ladder import inner_tensors, memory_ladder
+from .options import MEMORY_STEPS, CompareOptions, row_options
 
 log = logging.getLogger("amptrain")
 
@@ -29,6 +31,10 @@ def sync(device: torch.device) -> None:
     """Wait for the device: the clock may only be read once queued work is done."""
     if device.type == "cuda":
         torch.cuda.synchronize(device)
+
+
+#: The lane of the A/A control (the baseline set up a second time) while timing.
+_CONTROL = "A/A control"
 
 
 @dataclass
@@ -44,6 +50,11 @@ class Contender:
     halted: str | None = None
     peak_mem_bytes: int | None = None
     total_steps: int = 0           # optimizer steps of a full training run with this config
+    ladder: dict[str, Any] | None = None   # exact bytes per kind of state (compare/ladder.py)
+    task: Task | None = None       # what the runs learn (names compare's metric fields)
+    #: The A/A control lane's step times (the baseline only: set up twice, timed in the
+    #: same rounds), which show how far apart two identical lanes measure.
+    control_times_s: list[float] = dataclasses.field(default_factory=list)
 
     def step(self, timed: bool) -> None:
         """One optimizer step, timed between device syncs."""
@@ -69,7 +80,7 @@ class Contender:
 
 def build_contender(config: RunConfig, precision: str, needed_windows: int) -> Contender:
     """A Trainer set up exactly as a training run's (same seed, same model), writing nothing."""
-    run_config = replace_options(config, precision=precision, out=None, resume=None,
+    run_config = replace_options(config, **row_options(precision), out=None, resume=None,
                                      no_progress=True)
     data, model = prepare_run(run_config)
     trainer = Trainer(run_config)
@@ -80,7 +91,7 @@ def build_contender(config: RunConfig, precision: str, needed_windows: int) -> C
                if w.global_samples == run_config.batching.batch_size] or \
         list(itertools.islice(trainer.train_windows.epoch(0), 1))
     return Contender(precision, trainer, switches, itertools.cycle(windows[:needed_windows]),
-                     total_steps=trainer.total_steps)
+                     total_steps=trainer.total_steps, task=trainer.task)
 
 
 def release(contender: Contender) -> None:
@@ -96,29 +107,43 @@ def measure_speed_and_memory(config: RunConfig, precisions: list[str],
                              options: CompareOptions) -> dict[str, Contender]:
     """Time ``options.timed_steps`` steps per precision (warm-up excluded), then measure memory.
 
+    ``precisions[0]`` is the baseline: it is set up twice, and its second copy (the A/A
+    control lane) is timed like any precision; its times go to the baseline's
+    ``control_times_s``, not to a row of its own.
+
     Interleaved: all Trainers live at once and round r runs one step of each, in an
     order rotated by r so no precision always follows the same one. Not interleaved:
-    one precision after another, one model in memory at a time.
+    one precision after another, one model in memory at a time, the control last.
     """
     warmup, timed = options.timing_warmup, options.timed_steps
     needed = warmup + timed
-    if options.interleave:
-        contenders = {p: build_contender(config, p, needed) for p in precisions}
-        for r in range(needed):
-            shift = r % len(precisions)
-            for p in precisions[shift:] + precisions[:shift]:
-                contenders[p].step(timed=r >= warmup)
-        for c in contenders.values():
+    lanes = list(precisions) + [_CONTROL]
+
+    def build(lane: str) -> Contender:
+        return build_contender(config, precisions[0] if lane == _CONTROL else lane, needed)
+
+    def finish(c: Contender, lane: str) -> None:
+        if lane != _CONTROL:  # the control's memory is the baseline's
             c.peak_mem_bytes = measure_peak_memory(c)
-            release(c)
-        return contenders
-    contenders = {}
-    for p in precisions:
-        c = contenders[p] = build_contender(config, p, needed)
-        for r in range(needed):
-            c.step(timed=r >= warmup)
-        c.peak_mem_bytes = measure_peak_memory(c)
         release(c)
+
+    if options.interleave:
+        contenders = {lane: build(lane) for lane in lanes}
+        for r in range(needed):
+            shift = r % len(lanes)
+            for lane in lanes[shift:] + lanes[:shift]:
+                contenders[lane].step(timed=r >= warmup)
+        for lane, c in contenders.items():
+            finish(c, lane)
+    else:
+        contenders = {}
+        for lane in lanes:
+            c = contenders[lane] = build(lane)
+            for r in range(needed):
+                c.step(timed=r >= warmup)
+            finish(c, lane)
+    control = contenders.pop(_CONTROL)
+    contenders[precisions[0]].control_times_s = control.step_times_s
     return contenders
 
 
@@ -130,8 +155,9 @@ def state_bytes(trainer: Trainer) -> int:
     tensors = itertools.chain(
         model.parameters(), model.buffers(),
         (p for group in optimizer.param_groups for p in group["params"]),
-        (v for s in optimizer.state.values() for v in s.values()
-         if isinstance(v, torch.Tensor)))
+        trainer.precision.weight_update.buffers() if trainer.precision.weight_update else (),
+        # Quantised states (adamw8bit) are tensor subclasses: count their inner tensors.
+        (t for s in optimizer.state.values() for v in s.values() for t in inner_tensors(v)))
     seen: set[tuple[str, int]] = set()
     total = 0
     for t in tensors:
@@ -144,10 +170,13 @@ def state_bytes(trainer: Trainer) -> int:
 
 
 def measure_peak_memory(contender: Contender) -> int | None:
-    """Model state plus the largest transient of :data:`MEMORY_STEPS` training steps."""
+    """Model state plus the largest transient of :data:`MEMORY_STEPS` training steps (and,
+    on the contender, the memory ladder of its stepped model)."""
     if contender.halted:
         return None
     trainer = contender.trainer
+    assert trainer.model is not None and trainer.optimizer is not None, "set up first"
+    contender.ladder = memory_ladder(trainer.model, trainer.optimizer, trainer.precision)
     contender.switches.apply()
     with MemoryMeter(trainer.device, "tensors").window() as transient:
         for _ in range(MEMORY_STEPS):
@@ -161,14 +190,18 @@ def speed_figures(contender: Contender) -> dict[str, Any]:
     times = contender.step_times_s
     if not times:
         return {"samples_per_s": None, "step_time_ms": None,
-                "peak_mem_bytes": contender.peak_mem_bytes, "halted": contender.halted}
+                "peak_mem_bytes": contender.peak_mem_bytes, "halted": contender.halted,
+                **(contender.ladder or {})}
     median = statistics.median(times)
     q = statistics.quantiles(times, n=4) if len(times) > 1 else [median, median, median]
     return {"samples_per_s": contender.batch_samples / median, "step_time_ms": median * 1e3,
             "step_time_p25_ms": q[0] * 1e3, "step_time_p75_ms": q[2] * 1e3,
             "step_times_ms": [round(t * 1e3, 4) for t in times],
+            **({"control_step_times_ms": [round(t * 1e3, 4) for t in contender.control_times_s]}
+               if contender.control_times_s else {}),
             "batch_samples": contender.batch_samples,
-            "peak_mem_bytes": contender.peak_mem_bytes, "halted": contender.halted}
+            "peak_mem_bytes": contender.peak_mem_bytes, "halted": contender.halted,
+            **(contender.ladder or {})}
 
 
 def memory_method(device: torch.device) -> str:

@@ -227,7 +227,8 @@ def require_choices(section: Any) -> None:
     for f in dataclasses.fields(section):
         choices = f.metadata.get("choices")
         value = getattr(section, f.name)
-        if choices and not f.metadata.get("open_choices") and value not in choices:
+        if choices and not f.metadata.get("open_choices") and value is not None \
+                and value not in choices:
             raise UserError(f"{flag(flat_name(f))} must be one of {', '.join(choices)} "
                             f"(got {value!r})")
 

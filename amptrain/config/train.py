@@ -8,6 +8,8 @@ from typing import Any
 
 from ..errors import UserError, flag
 from ..precision.modes import PRECISION_NAMES
+from ..precision.weight_update import WEIGHT_UPDATES
+from ..tasks import LOSSES, TASK_CHOICES
 from .options import (
     build_config,
     option,
@@ -17,11 +19,12 @@ from .options import (
     section,
 )
 
-OPTIMIZERS = ("sgd", "adamw")
+#: adamw8bit: AdamW with block-wise 8-bit moments (torchao; see amptrain/optim.py).
+OPTIMIZERS = ("sgd", "adamw", "adamw8bit")
 SCHEDULERS = ("none", "cosine", "onecycle")
 LR_SCALING = ("none", "linear", "sqrt")
 STRATEGIES = ("auto", "ddp", "fsdp", "dp")
-DEFAULT_LR = {"adamw": 1e-3, "sgd": 0.05}
+DEFAULT_LR = {"adamw": 1e-3, "adamw8bit": 1e-3, "sgd": 0.05}
 #: Lightning's bound: numpy seeds take 32 bits, and a seed is a name, not a size.
 MAX_SEED = 2 ** 32 - 1
 
@@ -52,9 +55,16 @@ class PrecisionConfig:
                                       "(repeatable, e.g. head or '*.norm*')", group="precision")
     max_bad_steps: int = option(10, "consecutive non-finite steps (no loss scaler) before "
                                     "training stops", group="precision")
+    weight_update: str = option("plain", "how updates land on half weights without masters "
+                                         "(bf16-true, 16-true): plain rounding, kahan "
+                                         "(compensation buffer) or stochastic rounding",
+                                group="precision", choices=WEIGHT_UPDATES)
 
     def __post_init__(self) -> None:
         require_positive(self, "growth_interval", "max_bad_steps")
+        if self.weight_update not in WEIGHT_UPDATES:
+            raise UserError(f"{flag('weight_update')} must be one of "
+                            f"{', '.join(WEIGHT_UPDATES)} (got {self.weight_update!r})")
         _positive_numbers(self, "init_scale", "min_scale")
         if self.growth_factor <= 1.0:
             raise UserError(f"{flag('growth_factor')} must be > 1 (got {self.growth_factor})")
@@ -231,6 +241,11 @@ class TrainConfig:
     """Everything the :class:`~amptrain.Trainer` loop needs; no model or data names."""
 
     device: str = option("auto", "cpu, cuda, cuda:N or auto (cuda when available)")
+    task: str = option("auto", "what is learnt: classification, regression (float targets) or "
+                               "lm (next-token prediction); auto asks the data",
+                       choices=TASK_CHOICES)
+    loss: str | None = option(None, "regression loss on standardised targets: mse (default), "
+                                    "l1 or huber", kind=str, choices=LOSSES)
     seed: int = option(0, "seed for weights, data order and dropout")
     deterministic: bool = option(False, "deterministic kernels (bitwise-repeatable on CPU)")
     channels_last: bool = option(False, "channels_last memory format for conv nets")
@@ -252,6 +267,7 @@ class TrainConfig:
 
     def __post_init__(self) -> None:
         require_non_negative(self, "seed")
+        require_choices(self)
         if self.seed > MAX_SEED:
             raise UserError(f"{flag('seed')} must be an integer from 0 to {MAX_SEED} "
                             f"(got {self.seed})")
@@ -264,14 +280,35 @@ class RunConfig(TrainConfig):
     """A command-line run: the training options plus which model and data to build."""
 
     model: str = option("cnn", "model name (mlp, cnn, resnet18, resnet50, lstm, transformer, "
-                               "module:pkg.mod.factory, timm:NAME, hf:PATH)", group="run")
+                               "gpt, module:pkg.mod.factory, timm:NAME, hf:PATH, "
+                               "keras:FILE.keras)", group="run")
     data: str = option("digits", "dataset (digits, synthetic-image, synthetic-seq, idx:DIR, "
-                                 "cifar10:DIR, imagefolder:DIR, npz:FILE, csv-text:FILE)",
+                                 "cifar10:DIR, imagefolder:DIR, npz:FILE, csv-text:FILE, "
+                                 "text:PATH)",
                        group="run")
     val_fraction: float = option(0.2, "validation share when the data has no split", group="run")
+    seq_len: int | None = option(None, "text: data: tokens per training block (default 128; "
+                                       "at most the model's context)", kind=int, group="run")
+    tokenizer: str | None = option(None, "text: data: byte (the default: UTF-8 bytes, "
+                                         "vocabulary 256) or hf:DIR (a local Hugging Face "
+                                         "tokenizer; an hf: model brings its own)", kind=str,
+                                   group="run")
+    text_glob: str | None = option(None, "text: data: which files of a directory are read "
+                                         "(e.g. '*.py'; default: every text file)", kind=str,
+                                   group="run")
 
     def __post_init__(self) -> None:
         super().__post_init__()
+        require_positive(self, "seq_len", optional=True)
+        if self.tokenizer is not None and self.tokenizer != "byte" \
+                and not self.tokenizer.startswith("hf:"):
+            raise UserError(f"{flag('tokenizer')} must be byte or hf:DIR (got "
+                            f"{self.tokenizer!r})")
+        text_only = [name for name in ("seq_len", "tokenizer", "text_glob")
+                     if getattr(self, name) is not None]
+        if text_only and not str(self.data).startswith("text:"):
+            raise UserError(f"{flag(text_only[0])} applies to text: data (language "
+                            f"modelling); {flag('data')} is {self.data}")
         if not 0.0 < self.val_fraction < 1.0:
             raise UserError(f"{flag('val_fraction')} must be between 0 and 1 "
                             f"(got {self.val_fraction})")

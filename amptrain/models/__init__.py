@@ -8,28 +8,35 @@ works everywhere. A spec is ``name`` or ``name:options`` (``transformer:layers=4
 * :mod:`.basic` -- ``mlp``, ``cnn``
 * :mod:`.resnet` -- ``resnet18``, ``resnet50``
 * :mod:`.sequence` -- ``lstm``, ``transformer``
+* :mod:`.gpt` -- ``gpt`` (a decoder-only language model; its output is ``head`` too)
 * :mod:`.external` -- ``module:pkg.mod.factory``, ``timm:NAME``, ``hf:PATH`` (in
   :mod:`amptrain.hf`, imported when used)
+* :mod:`.keras` -- ``keras:FILE.keras``, a saved Keras 3 model on the torch backend (keras
+  imported when used)
 * :mod:`.range_demos` -- ``demo-overflow``, ``demo-underflow`` (for ``diagnose``)
 """
 from __future__ import annotations
 
-from . import basic, external, range_demos, resnet, sequence  # noqa: F401  (register factories)
+from . import basic, external, gpt, keras, range_demos, resnet, sequence  # noqa: F401  (register)
 from .basic import MLP, SmallCNN
 from .core import (
+                   EXPORT_HOOK,
                    MODELS,
                    TEXT_ENCODERS,
                    ModelFactory,
                    ModelInputs,
                    build_model,
+                   exporter_of,
                    is_conv_net,
                    register,
                    register_text_encoder,
                    text_encoder_for,
 )
+from .gpt import GPT
 from .resnet import ResNet
 from .sequence import LSTMClassifier, TransformerClassifier
 
-__all__ = ["MODELS", "TEXT_ENCODERS", "ModelFactory", "ModelInputs", "build_model", "is_conv_net",
+__all__ = ["EXPORT_HOOK", "MODELS", "TEXT_ENCODERS", "ModelFactory", "ModelInputs", "build_model",
+           "exporter_of", "is_conv_net",
            "register", "register_text_encoder", "text_encoder_for",
-           "MLP", "SmallCNN", "ResNet", "LSTMClassifier", "TransformerClassifier"]
+           "MLP", "SmallCNN", "ResNet", "LSTMClassifier", "TransformerClassifier", "GPT"]

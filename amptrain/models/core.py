@@ -4,8 +4,10 @@ checks that a model fits the kind of data.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Callable
 
+import torch
 from torch import nn
 
 from ..errors import UserError
@@ -23,6 +25,20 @@ class ModelInputs:
 
 ModelFactory = Callable[[str, ModelInputs], nn.Module]
 MODELS: dict[str, ModelFactory] = {}
+
+#: A model may offer ``model.amptrain_export(out_dir, fp32_state) -> Path``: after training
+#: ``runner.run_training`` calls it on rank 0 with the trained fp32 weights, so a model
+#: from another framework is written back in that framework's format (``keras:`` writes
+#: DIR/model.keras). Models without it need nothing: the checkpoint is their export.
+EXPORT_HOOK = "amptrain_export"
+Exporter = Callable[[Path, dict[str, torch.Tensor]], Path]
+
+
+def exporter_of(model: nn.Module) -> Exporter | None:
+    """The model's export hook (:data:`EXPORT_HOOK`), or None."""
+    hook = getattr(model, EXPORT_HOOK, None)
+    return hook if callable(hook) else None
+
 
 #: Models that bring their own tokenizer for text data: name -> factory(argument) of a
 #: :class:`~amptrain.data.text.TextEncoder` (``hf`` registers one).

@@ -30,18 +30,22 @@ from .islands import (
     ForwardPatches,
     cpu_fp32_island_types,
     cpu_fp32_modules,
+    default_keep_fp32,
     install_cpu_fp16_conv,
     install_cpu_fp32_islands,
     install_fp32_islands,
     match_modules,
 )
-from .master import FP32_NORM_TYPES, MasterWeights, cast_model, modules_kept_fp32
+from .master import (FP32_NORM_TYPES, MasterWeights, cast_model, is_fsdp_sharded,
+                     modules_kept_fp32)
 from .maths import set_tf32
-from .modes import ALIASES, MODES, PRECISION_NAMES, ModeSpec, canonical_name
+from .modes import ALIASES, MODES, PRECISION_NAMES, ModeSpec, as_given, canonical_name, label
 from .outcome import NonFiniteHalt, StepOutcome
 from .scaling import DynamicLossScaler, FoundInfAgreement, NonFiniteGuard
 from .support import (auto_mode, device_features, emulated_precisions, onednn_has_bf16_kernels,
                       resolve_name, unsupported_reason)
+from .weight_update import (WEIGHT_UPDATES, WeightUpdate, check_rule, fused_is_exact,
+                            raise_adam_eps)
 
 
 
@@ -56,9 +60,11 @@ class PrecisionOptions(Protocol):
     min_scale: float
     keep_fp32: list[str]
     max_bad_steps: int
+    weight_update: str
 
 __all__ = ["Precision", "StepOutcome", "NonFiniteHalt", "MODES", "PRECISION_NAMES", "ALIASES",
-           "ModeSpec", "canonical_name", "resolve_name"]
+           "ModeSpec", "as_given", "canonical_name", "label", "resolve_name",
+           "WEIGHT_UPDATES", "WeightUpdate"]
 
 log = logging.getLogger("amptrain")
 
@@ -85,14 +91,17 @@ class Precision:
         max_bad_steps: consecutive non-finite steps tolerated in modes without a scaler.
         fp8_skip_first_last: in ``fp8``, keep the model's first and last ``nn.Linear``
             out of float8 (the default; see :mod:`amptrain.precision.fp8`).
+        weight_update: ``plain``, ``kahan`` or ``stochastic`` (X-true modes; see weight_update.py).
     """
 
     def __init__(self, name: str = "32-true", *, device: str | torch.device | None = None,
                  init_scale: float = 65536.0, growth_factor: float = 2.0,
                  backoff_factor: float = 0.5, growth_interval: int = 2000,
                  min_scale: float = 1.0, keep_fp32: Iterable[str] = (),
-                 max_bad_steps: int = 10, fp8_skip_first_last: bool = True) -> None:
+                 max_bad_steps: int = 10, fp8_skip_first_last: bool = True,
+                 weight_update: str = "plain") -> None:
         self.requested = canonical_name(name)
+        self.given = str(name)  # the user's spelling (a Keras policy name, say), for outputs
         self.device = torch.device(device) if device is not None else resolve_device("auto")
         self._scaler_options = _ScalerOptions(init_scale=init_scale,
                                               growth_factor=growth_factor,
@@ -102,6 +111,8 @@ class Precision:
         self.keep_fp32 = list(keep_fp32)
         self.max_bad_steps = max_bad_steps
         self.fp8_skip_first_last = fp8_skip_first_last
+        self.weight_update_rule = weight_update
+        self.weight_update: WeightUpdate | None = None   # attached by setup() (X-true modes)
         self.float8_plan: Float8Plan | None = None   # what setup() converted (fp8 only)
         self.skipped_steps = 0
         self.consecutive_skips = 0
@@ -122,7 +133,8 @@ class Precision:
         return cls(config.name, device=device, init_scale=config.init_scale,
                    growth_factor=config.growth_factor, backoff_factor=config.backoff_factor,
                    growth_interval=config.growth_interval, min_scale=config.min_scale,
-                   keep_fp32=config.keep_fp32, max_bad_steps=config.max_bad_steps)
+                   keep_fp32=config.keep_fp32, max_bad_steps=config.max_bad_steps,
+                   weight_update=config.weight_update)
 
     # ------------------------------------------------------------------ mode
     def _select_mode(self) -> None:
@@ -131,6 +143,7 @@ class Precision:
         reason = unsupported_reason(self.spec, self.device)
         if reason:
             raise UserError(reason)
+        check_rule(self.weight_update_rule, self.spec)
         self.guard = (DynamicLossScaler(self.device.type, **self._scaler_options,
                                         half_grads=self.spec.half_weights
                                         and not self.spec.master_weights)
@@ -168,7 +181,7 @@ class Precision:
         if param is not None and param.device.type != self.device.type:
             self.device = param.device
             self._select_mode()
-        islands = match_modules(model, self.keep_fp32)
+        islands = match_modules(model, self.keep_patterns(model))
         cpu = self.device.type == "cpu"
         cpu_fp16 = cpu and self.spec.compute_dtype == torch.float16
         # Layers whose reduced-precision CPU kernels are missing or differ from CUDA's run
@@ -183,7 +196,7 @@ class Precision:
             self.float8_plan = convert_linears(model, plan_float8(
                 model, islands=list(islands), skip_first_last=self.fp8_skip_first_last))
             log.info("%s", self.float8_plan.summary())
-        if _is_fsdp_sharded(model):
+        if is_fsdp_sharded(model):
             self._setup_sharded()
         elif self.spec.half_weights:
             kept = modules_kept_fp32(model, [*islands.values(), *fp32_on_cpu])
@@ -192,7 +205,10 @@ class Precision:
             else:  # no optimizer (evaluation): nothing to keep masters for
                 cast_model(model, self.spec.param_dtype, kept)
         if optimizer is not None and self.spec.min_adam_eps is not None:
-            self._raise_adam_eps(optimizer)
+            raise_adam_eps(optimizer, self.spec.min_adam_eps, self.name)
+        if optimizer is not None and self.weight_update_rule != "plain":
+            self.weight_update = WeightUpdate(self.weight_update_rule, optimizer,
+                                              seed=torch.initial_seed() % 2 ** 63)
         install_fp32_islands(self._patches, islands.values(), self.device.type)
         if cpu_fp16:
             install_cpu_fp16_conv(self._patches, model, skip=set(islands.values()))
@@ -248,36 +264,27 @@ class Precision:
         layers): FSDP casts per parameter group, so each needs a group of its own."""
         if self.spec.compute_dtype is None:
             return []
-        islands = list(match_modules(model, self.keep_fp32).values())
+        islands = list(match_modules(model, self.keep_patterns(model)).values())
         inside = {id(m) for island in islands for m in island.modules()}
         norms = [m for m in model.modules()
                  if isinstance(m, FP32_NORM_TYPES) and id(m) not in inside]
         return islands + norms
 
+    def keep_patterns(self, model: nn.Module) -> list[str]:
+        """``keep_fp32`` plus the patterns the model asks for itself (a Keras model's output
+        layer: :func:`~.islands.default_keep_fp32`)."""
+        return list(dict.fromkeys([*self.keep_fp32, *default_keep_fp32(model)]))
+
     def allows_fused(self, optimizer_name: str) -> bool:
-        """Whether torch's fused kernel for amptrain's ``optimizer_name`` is exact here.
-
-        torch 2.13's CPU fused SGD computes a wrong momentum for fp16/bf16 parameters
-        (pytorch#191763, fixed upstream after 2.13), which the X-true modes train directly.
-        """
-        half_params = self.spec.half_weights and not self.spec.master_weights
-        return not (optimizer_name == "sgd" and half_params and self.device.type == "cpu")
-
-    def _raise_adam_eps(self, optimizer: torch.optim.Optimizer) -> None:
-        floor = self.spec.min_adam_eps
-        assert floor is not None  # called only for modes that set one
-        raised = False
-        for group in optimizer.param_groups:
-            if "eps" in group and isinstance(group["eps"], float) and group["eps"] < floor:
-                group["eps"] = floor
-                raised = True
-        if raised:
-            log.info("%s keeps Adam's moments in fp16: eps raised to %g so they cannot "
-                     "divide by a flushed-to-zero second moment", self.name, floor)
+        """Whether torch's fused kernel for amptrain's ``optimizer_name`` is exact here
+        (see :func:`.weight_update.fused_is_exact`)."""
+        return fused_is_exact(optimizer_name, self.spec, self.device)
 
     def teardown(self) -> None:
         """Remove the forward wrappers installed by :meth:`setup`."""
         self._patches.remove()
+        if self.weight_update is not None:
+            self.weight_update.remove()
 
     # --------------------------------------------------------------- forward
     def autocast(self) -> ContextManager:
@@ -342,7 +349,11 @@ class Precision:
         """
         optimizer = self._optimizer(optimizer)
         self.unscale_(optimizer)
-        found_inf = self.guard.step(optimizer)
+        try:
+            found_inf = self.guard.step(optimizer)
+        finally:  # a step that raised must not leave the weights swapped out
+            if self.weight_update is not None:
+                self.weight_update.restore()
         self.guard.update()
         self._grads_moved.discard(id(optimizer))
         if self._master is not None:
@@ -408,9 +419,10 @@ class Precision:
         return self.guard.scale_tensor
 
     def state_dict(self) -> dict[str, Any]:
-        """Scaler state and skip counters, for checkpoints."""
+        """Scaler state, skip counters and weight-update buffers, for checkpoints."""
         return {"name": self.name, "scaler": self.guard.state_dict(),
-                "skipped_steps": self.skipped_steps, "consecutive_skips": self.consecutive_skips}
+                "skipped_steps": self.skipped_steps, "consecutive_skips": self.consecutive_skips,
+                "weight_update": self.weight_update.state_dict() if self.weight_update else None}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restore :meth:`state_dict`; scaler state only applies when both modes scale."""
@@ -418,6 +430,8 @@ class Precision:
             self.guard.load_state_dict(state["scaler"])
         self.skipped_steps = int(state.get("skipped_steps", 0))
         self.consecutive_skips = int(state.get("consecutive_skips", 0))
+        if self.weight_update is not None and state.get("weight_update"):
+            self.weight_update.load_state_dict(state["weight_update"])
 
     def fp32_state_dict(self, model: nn.Module) -> dict[str, torch.Tensor]:
         """The model's state with fp32 weights (the master copies where the mode keeps them)."""
@@ -435,12 +449,3 @@ class Precision:
         if self._master is not None:
             values = {id(p): state[name] for name, p in model.named_parameters() if name in state}
             self._master.load_fp32(values)
-
-
-def _is_fsdp_sharded(model: nn.Module) -> bool:
-    """True for a module that FSDP2's ``fully_shard`` has sharded."""
-    try:
-        from torch.distributed.fsdp import FSDPModule
-    except ImportError:  # torch builds without distributed support
-        return False
-    return isinstance(model, FSDPModule)

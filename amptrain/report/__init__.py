@@ -28,7 +28,7 @@ from .plots import (
     plot_throughput,
 )
 from .study import _COLOURS, Curves, Study, human_bytes, load_study, read_curves
-from .tables import fastest, format_table, markdown_table, recommendation
+from .tables import fastest, format_table, markdown_table, recommendation, timing_warning
 
 # _COLOURS is private but re-exported: tests read ``amptrain.report._COLOURS`` to find each
 # precision's pixels in the rendered plots.
@@ -36,7 +36,7 @@ __all__ = ["PANELS", "PNG_SIZE", "_COLOURS", "Curves", "Study", "compare_figure"
            "fastest", "format_table", "human_bytes", "load_study", "markdown_table",
            "panel_row", "plot_accuracy", "plot_loss", "plot_loss_scale", "plot_memory",
            "plot_throughput", "read_curves", "recommendation", "render_html",
-           "render_markdown", "write_reports"]
+           "render_markdown", "timing_warning", "write_reports"]
 
 
 def write_reports(out: str | Path) -> dict[str, Path]:

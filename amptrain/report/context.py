@@ -49,6 +49,8 @@ def env_rows(study: Study) -> list[tuple[str, str]]:
 def _method_lines(study: Study) -> list[str]:
     d = study.details
     o = d.get("options", {})
+    task = study.task
+    metric, tolerance = task.primary.label, task.format_tolerance(study.tolerance).lstrip("±")
     timed = o.get("bench_steps") or o.get("timing_steps")
     order = "interleaved (round-robin, rotating order)" if o.get("interleave", True) else \
         "one precision after another"
@@ -57,9 +59,10 @@ def _method_lines(study: Study) -> list[str]:
          f"precision, {order}, device synchronised around every step; median step time, "
          f"samples/s = global batch / median step time; whiskers: step-time quartiles."),
         f"Memory: {d.get('memory_method', 'n/a')}",
-        (f"Accuracy: final validation accuracy of each run; mean and sample standard "
-         f"deviation over seeds {', '.join(map(str, d.get('seeds', [])))}; verdict ok when "
-         f"|Δ acc| ≤ {o.get('tolerance_pp', 0.5):g} pp."),
+        (f"{metric.capitalize()}: final validation {metric} of each run; mean and sample "
+         f"standard deviation over seeds {', '.join(map(str, d.get('seeds', [])))}; verdict ok "
+         f"when |Δ {metric}| ≤ {tolerance}"
+         f"{'' if task.delta_unit == 'pp' else ' of the baseline (relative change)'}."),
         ("Every run of a seed starts from identical initial weights and sees the same data "
          "order (checked per run: see compare.json runs[].same_initial_weights, "
          "data_order_sha256, first_step_loss_fp32)."),

@@ -7,8 +7,8 @@ import html
 
 from .context import _config_line, _device_line, _method_lines, _title, env_rows
 from .plots import panel_row
-from .study import Study, _num
-from .tables import _COLUMNS, _cells, fastest, recommendation
+from .study import Study, _num, delta_of, run_metric_cell
+from .tables import _cells, columns, fastest, recommendation, timing_warning
 
 #: Inline rather than a linked stylesheet: the page must stay one self-contained file.
 _CSS = """
@@ -51,6 +51,8 @@ pre { background:#0f1720; color:#e6edf3; padding:12px 14px; border-radius:8px; o
 td.path, th.path { text-align:left; }
 table.env td { text-align:left; white-space:normal; } table.env td:first-child { color:var(--muted);
   width:210px; }
+.warning { background:var(--badbg); color:var(--bad); border-radius:10px; padding:10px 14px;
+           font-weight:600; }
 footer { color:var(--muted); font-size:13px; margin-top:28px; }
 """
 
@@ -62,10 +64,10 @@ def _img(png: bytes, alt: str) -> str:
 
 def _html_table(study: Study) -> str:
     best = fastest(study.summary)
-    head = "".join(f"<th>{html.escape(c)}</th>" for c in _COLUMNS)
+    head = "".join(f"<th>{html.escape(c)}</th>" for c in columns(study.summary))
     body = []
     for row in study.summary:
-        cells = [html.escape(c) for c in _cells(row, study.baseline, study.emulated)]
+        cells = [html.escape(c) for c in _cells(row, study.baseline, study.emulated, study.given)]
         p = row["precision"]
         tags = ""
         if p == study.baseline:
@@ -76,9 +78,11 @@ def _html_table(study: Study) -> str:
                     f"{cells[0]}{tags}")
         v = row["verdict"] or "na"
         cells[1] = f'<span class="verdict v-{html.escape(v)}">{cells[1]}</span>'
-        delta = row["delta_acc_pp"]
+        delta = delta_of(row, study.task)
         if p != study.baseline and delta is not None and delta != 0:
-            cells[3] = f'<span class="{"neg" if delta < 0 else "pos"}">{cells[3]}</span>'
+            # Red when worse in the metric's direction (a lower perplexity is better).
+            worse = (delta < 0) == study.task.primary.higher_is_better
+            cells[3] = f'<span class="{"neg" if worse else "pos"}">{cells[3]}</span>'
         classes = [["name"]] + [[] for _ in cells[1:]]
         if p == best:
             classes[5].append("best")
@@ -88,17 +92,22 @@ def _html_table(study: Study) -> str:
     return f"<table><thead><tr>{head}</tr></thead><tbody>{''.join(body)}</tbody></table>"
 
 
+def _html_warning(study: Study) -> str:
+    warning = timing_warning(study.summary)
+    return f'<p class="warning">⚠️ {html.escape(warning)}</p>' if warning else ""
+
+
 def _html_runs(study: Study) -> str:
     runs = study.compare.get("runs", [])
     if not runs:
         return ""
-    head = "".join(f"<th>{c}</th>" for c in ("precision", "seed", "val acc", "val loss",
+    metric = "val acc" if study.task.primary.key == "acc" else f"val {study.task.primary.label}"
+    head = "".join(f"<th>{c}</th>" for c in ("precision", "seed", metric, "val loss",
                                              "final loss", "skipped", "steps", "wall time",
                                              "same init")) + '<th class="path">directory</th>'
     rows = []
     for r in runs:
-        acc = "halted" if r.get("halted") else _num(
-            None if r.get("val_acc") is None else r["val_acc"] * 100, ".2f", " %")
+        acc = run_metric_cell(r, study.task)
         same = {True: "yes", False: "NO"}.get(r.get("same_initial_weights"), "n/a")
         cells = [r["precision"], str(r["seed"]), acc, _num(r.get("val_loss"), ".4f"),
                  _num(r.get("final_loss"), ".4f"), str(r.get("skipped_steps", "n/a")),
@@ -111,8 +120,8 @@ def _html_runs(study: Study) -> str:
 
 def render_html(study: Study) -> str:
     """report.html: one self-contained page (styles inline, plots as base64 PNGs)."""
-    tolerance = study.details.get("options", {}).get("tolerance_pp", 0.5)
-    headline = recommendation(study.summary, study.baseline, tolerance, study.emulated)
+    headline = recommendation(study.summary, study.baseline, study.tolerance, study.emulated)
+    metric = study.task.primary.label
     esc = html.escape
     speed_png = panel_row(study, ["throughput", "memory", "accuracy"])
     curves_png = panel_row(study, ["loss", "loss_scale"], widths=[2, 1])
@@ -129,9 +138,9 @@ def render_html(study: Study) -> str:
 relative to <b>{esc(study.baseline)}</b> measured in the same invocation</p>
 <div class="headline">{esc(headline)}</div>
 <h2>Summary</h2>
-<div class="card">{_html_table(study)}</div>
-<h2>Speed, memory and accuracy</h2>
-<div class="card">{_img(speed_png, "throughput, peak memory and accuracy per precision")}</div>
+<div class="card">{_html_table(study)}</div>{_html_warning(study)}
+<h2>Speed, memory and {esc(metric)}</h2>
+<div class="card">{_img(speed_png, f"throughput, peak memory and {metric} per precision")}</div>
 <h2>Training curves</h2>
 <div class="card">{_img(curves_png, "training loss and fp16 loss scale over steps")}</div>
 {_html_runs(study)}

@@ -2,28 +2,29 @@
 from __future__ import annotations
 
 from .context import _config_line, _method_lines, _title, env_rows
-from .study import Study, _num
-from .tables import markdown_table, recommendation
+from .study import Study, _num, run_metric_cell
+from .tables import markdown_table, recommendation, timing_warning
 
 
 def render_markdown(study: Study) -> str:
     """report.md: headline, table, plot, runs, method and hardware."""
-    tolerance = study.details.get("options", {}).get("tolerance_pp", 0.5)
-    parts = [f"# {_title(study)}", "",
-             f"**{recommendation(study.summary, study.baseline, tolerance, study.emulated)}**", "",
-             (f"Speedup, memory ratio and Δ accuracy are relative to `{study.baseline}` "
+    metric = study.task.primary.label
+    headline = recommendation(study.summary, study.baseline, study.tolerance, study.emulated)
+    parts = [f"# {_title(study)}", "", f"**{headline}**", "",
+             (f"Speedup, memory ratio and Δ {metric} are relative to `{study.baseline}` "
               f"measured in the same invocation. {_config_line(study)}."), "",
-             markdown_table(study.summary, study.baseline, study.emulated), "",
-             "![loss curves, loss scale, throughput, memory and accuracy](compare.png)", ""]
+             markdown_table(study.summary, study.baseline, study.emulated, study.given), "",
+             *([f"> ⚠️ {warning}", ""] if (warning := timing_warning(study.summary)) else []),
+             f"![loss curves, loss scale, throughput, memory and {metric}](compare.png)", ""]
     runs = study.compare.get("runs", [])
     if runs:
-        parts += ["## Runs", "", ("| precision | seed | val acc | val loss | final loss "
+        column = "val acc" if study.task.primary.key == "acc" else f"val {metric}"
+        parts += ["## Runs", "", (f"| precision | seed | {column} | val loss | final loss "
                                   "| skipped | steps | wall time | same init | directory |"),
                   "|---|---:|---:|---:|---:|---:|---:|---:|:---:|---|"]
         for r in runs:
             same = {True: "yes", False: "**no**"}.get(r.get("same_initial_weights"), "n/a")
-            acc = "halted" if r.get("halted") else _num(
-                None if r.get("val_acc") is None else r["val_acc"] * 100, ".2f", " %")
+            acc = run_metric_cell(r, study.task)
             parts.append(f"| `{r['precision']}` | {r['seed']} | {acc} | "
                          f"{_num(r.get('val_loss'), '.4f')} | {_num(r.get('final_loss'), '.4f')} | "
                          f"{r.get('skipped_steps', 'n/a')} | {r.get('steps', 'n/a')} | "

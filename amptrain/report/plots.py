@@ -148,10 +148,45 @@ def plot_throughput(ax: Any, study: Study) -> None:
     ax.set_ylabel("samples/s")
 
 
+#: The memory ladder's parts, bottom to top, as the stacked bars draw them.
+_LADDER = (("weights_bytes", "weights", "#4e79a7"), ("grad_bytes", "grads", "#f28e2b"),
+           ("master_bytes", "masters / Kahan", "#e15759"),
+           ("optimizer_state_bytes", "optimizer state", "#76b7b2"))
+
+
+def _ladder_bars(ax: Any, study: Study) -> None:
+    """Stacked bars of the exact state bytes (the memory ladder), the measured peak as an
+    outline around them, labelled with bytes per parameter and the peak's ratio."""
+    _style(ax, "Memory: state by kind, peak outlined (MiB)")
+    names = study.precisions
+    bottoms = [0.0] * len(names)
+    for key, text, colour in _LADDER:
+        heights = [(r.get(key) or 0) / 2 ** 20 for r in study.summary]
+        ax.bar(names, heights, bottom=bottoms, color=colour, width=0.6, label=text)
+        bottoms = [b + h for b, h in zip(bottoms, heights)]
+    peaks = [(r["peak_mem_bytes"] or 0) / 2 ** 20 for r in study.summary]
+    ax.bar(names, peaks, width=0.72, fill=False, lw=1.8,
+           edgecolor=[study.colour(p) for p in names], label="measured peak")
+    top = max(peaks + bottoms) or 1.0
+    for x, row in enumerate(study.summary):
+        label = "\n".join(t for t in (_num(row.get("bytes_per_param"), ".1f", " B/param"),
+                                       _num(row["mem_ratio"], ".2f", "×")) if t != "n/a")
+        ax.text(x, max(peaks[x], bottoms[x]) + top * 0.03, label, ha="center", va="bottom",
+                fontsize=9, fontweight="bold")
+    ax.set_ylim(0, top * 1.25)
+    ax.tick_params(axis="x", labelsize=9, labelrotation=15)
+    ax.legend(frameon=False, fontsize=8, loc="upper right", ncol=2)
+    ax.set_ylabel("MiB")
+
+
 def plot_memory(ax: Any, study: Study) -> None:
-    """Peak training memory per precision, labelled with the ratio to the baseline."""
-    _style(ax, "Peak training memory (MiB)")
+    """Peak training memory per precision, labelled with the ratio to the baseline; with
+    the memory ladder (compare.json's ``*_bytes``) as stacked bars inside the peak."""
     values = [r["peak_mem_bytes"] for r in study.summary]
+    if any(r.get("bytes_per_param") for r in study.summary):
+        _ladder_bars(ax, study)
+        return
+    _style(ax, "Peak training memory (MiB)")
     if not any(values):
         _no_data(ax, "not measured")
         return
@@ -161,34 +196,38 @@ def plot_memory(ax: Any, study: Study) -> None:
 
 
 def plot_accuracy(ax: Any, study: Study) -> None:
-    """Validation accuracy per precision (mean ± std over seeds, dots: seeds) against the
-    baseline's tolerance band."""
-    tolerance = study.details.get("options", {}).get("tolerance_pp", 0.5)
-    _style(ax, f"Val accuracy (band: ±{tolerance:g} pp)")
-    rows = [r for r in study.summary if r["val_acc_mean"] is not None]
+    """The task's primary metric per precision (mean ± std over seeds, dots: seeds) against
+    the baseline's tolerance band: accuracy in %, perplexity or RMSE as they are."""
+    task = study.task
+    metric, key = task.primary, f"val_{task.primary.key}"
+    scale = 100.0 if metric.percent else 1.0
+    tolerance = study.tolerance
+    _style(ax, f"Val {metric.label} (band: {task.format_tolerance(tolerance)})")
+    rows = [r for r in study.summary if r.get(f"{key}_mean") is not None]
     if not rows:
-        _no_data(ax, "speed-only study: accuracy not measured")
+        _no_data(ax, f"speed-only study: {metric.label} not measured")
         return
     base = next((r for r in study.summary if r["precision"] == study.baseline), None)
-    if base and base["val_acc_mean"] is not None:
-        centre = base["val_acc_mean"] * 100
-        ax.axhspan(centre - tolerance, centre + tolerance, color="#2e7d32", alpha=0.12, lw=0)
+    if base and base.get(f"{key}_mean") is not None:
+        centre = base[f"{key}_mean"] * scale
+        # pp tolerances are absolute on the % axis; relative ones scale with the baseline.
+        half = tolerance if task.delta_unit == "pp" else abs(centre) * tolerance
+        ax.axhspan(centre - half, centre + half, color="#2e7d32", alpha=0.12, lw=0)
         ax.axhline(centre, color="#2e7d32", lw=1, alpha=0.6)
     names = study.precisions
     runs = study.compare.get("runs", [])
     for x, p in enumerate(names):
         row = study.summary[x]
-        if row["val_acc_mean"] is None:
+        if row.get(f"{key}_mean") is None:
             continue
         colour = study.colour(p)
-        ax.errorbar([x], [row["val_acc_mean"] * 100], yerr=[(row["val_acc_std"] or 0) * 100],
+        ax.errorbar([x], [row[f"{key}_mean"] * scale], yerr=[(row[f"{key}_std"] or 0) * scale],
                     fmt="o", ms=9, color=colour, capsize=6, lw=2)
-        seeds = [r["val_acc"] * 100 for r in runs
-                 if r["precision"] == p and r.get("val_acc") is not None]
+        seeds = [r[key] * scale for r in runs if r["precision"] == p and r.get(key) is not None]
         ax.scatter([x + 0.15] * len(seeds), seeds, s=18, color=colour, alpha=0.6, zorder=3)
     ax.set_xticks(range(len(names)), names, fontsize=10)
     ax.set_xlim(-0.6, len(names) - 0.4)
-    ax.set_ylabel("accuracy (%)")
+    ax.set_ylabel(f"{metric.label} (%)" if metric.percent else metric.label)
 
 
 PANELS: dict[str, Callable[[Any, Study], None]] = {

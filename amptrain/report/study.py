@@ -12,6 +12,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ..precision.modes import as_given
+from ..tasks import TASKS, ClassificationTask, Task
+
 #: Stable colours for the usual precisions; others take the next free one.
 #: (Here rather than in plots.py: :meth:`Study.colour` picks from them, and the HTML table's
 #: swatches must match the plots' colours.)
@@ -29,7 +32,7 @@ class Curves:
     loss: list[float | None] = field(default_factory=list)
     loss_scale: list[float | None] = field(default_factory=list)
     val_steps: list[int] = field(default_factory=list)
-    val_acc: list[float] = field(default_factory=list)
+    val_acc: list[float] = field(default_factory=list)   # the primary metric's values
 
 
 @dataclass
@@ -59,6 +62,26 @@ class Study:
     def precisions(self) -> list[str]:
         return [row["precision"] for row in self.summary]
 
+    @property
+    def given(self) -> dict[str, str]:
+        """Precision -> the alias the study was asked for it by (``float32``), from study.json."""
+        options = self.details.get("options") or {}
+        names = str(options.get("precisions") or "").split(",") + [str(options.get("baseline"))]
+        return as_given(names)
+
+    @property
+    def task(self) -> Task:
+        """The task the study's runs learnt (from its summary's metric fields)."""
+        return task_of(self.summary)
+
+    @property
+    def tolerance(self) -> float:
+        """The verdict's tolerance in the task's unit (``--tolerance-pp`` or
+        ``--tolerance-rel``)."""
+        options = self.details.get("options") or {}
+        default = 0.5 if self.task.tolerance_option == "tolerance_pp" else 0.02
+        return float(options.get(self.task.tolerance_option, default))
+
     def colour(self, precision: str) -> str:
         if precision in _COLOURS:
             return _COLOURS[precision]
@@ -66,7 +89,47 @@ class Study:
         return _SPARE[others.index(precision) % len(_SPARE)] if precision in others else "#333"
 
 
+def task_of(summary: list[dict[str, Any]] | dict[str, Any]) -> Task:
+    """The task whose metric a summary (or one row) carries, told by its ``delta_*`` field
+    (``delta_acc_pp``: classification; ``delta_perplexity_rel``: lm; ...)."""
+    row = summary if isinstance(summary, dict) else (summary[0] if summary else {})
+    for cls in TASKS.values():
+        task = cls()
+        if task.delta_field in row:
+            return task
+    return ClassificationTask()
+
+
+def metric_cell(row: dict[str, Any], task: Task | None = None) -> str:
+    """The primary metric of a summary row, mean ± std (``97.50 ± 0.20 %``, ``3.21 ± 0.01``)."""
+    task = task or task_of(row)
+    key = task.primary.key
+    mean, std = row.get(f"val_{key}_mean"), row.get(f"val_{key}_std")
+    if mean is None:
+        return "n/a"
+    if task.primary.percent:
+        return f"{mean * 100:.2f} ± {(std or 0) * 100:.2f} %"
+    return f"{mean:.4g} ± {(std or 0):.2g}"
+
+
+def run_metric_cell(run: dict[str, Any], task: Task) -> str:
+    """One run's primary metric for the runs tables ("halted" for a run that stopped)."""
+    if run.get("halted"):
+        return "halted"
+    value = run.get(f"val_{task.primary.key}")
+    return "n/a" if value is None else task.primary.format(value)
+
+
+def delta_of(row: dict[str, Any], task: Task | None = None) -> float | None:
+    """A summary row's difference to the baseline on the primary metric."""
+    return row.get((task or task_of(row)).delta_field)
+
+
 # ------------------------------------------------------------------ loading
+#: Every task's primary metric as metrics.jsonl names it.
+_PRIMARY = tuple(f"val_{cls.metrics[0].key}" for cls in TASKS.values())
+
+
 def read_curves(metrics_file: Path) -> Curves:
     """Train and eval series of one run's metrics.jsonl (missing file: empty series)."""
     curves = Curves()
@@ -80,9 +143,10 @@ def read_curves(metrics_file: Path) -> Curves:
             curves.steps.append(record["step"])
             curves.loss.append(record["loss"])
             curves.loss_scale.append(record.get("loss_scale"))
-        if record.get("val_acc") is not None:
+        primary = next((k for k in _PRIMARY if record.get(k) is not None), None)
+        if primary is not None:
             curves.val_steps.append(record["step"])
-            curves.val_acc.append(record["val_acc"])
+            curves.val_acc.append(record[primary])
     return curves
 
 

@@ -2,25 +2,22 @@
 recommendation that heads both reports."""
 from __future__ import annotations
 
-from collections.abc import Collection
+from collections.abc import Collection, Mapping
 from typing import Any
 
-from .study import _num, human_bytes
+from ..precision.modes import label
+from .study import _num, delta_of, human_bytes, metric_cell, task_of
 
 _VERDICT_MARK = {"ok": "✅ ok", "worse": "❌ worse", "better": "⬆️ better",
                  "failed": "⛔ failed"}
 
 
-def _acc(row: dict[str, Any]) -> str:
-    if row["val_acc_mean"] is None:
-        return "n/a"
-    return f"{row['val_acc_mean'] * 100:.2f} ± {(row['val_acc_std'] or 0) * 100:.2f} %"
-
-
 def _delta(row: dict[str, Any], baseline: str) -> str:
     if row["precision"] == baseline:
         return "baseline"
-    return _num(row["delta_acc_pp"], "+.2f", " pp")
+    task = task_of(row)
+    delta = delta_of(row, task)
+    return "n/a" if delta is None else task.format_delta(delta)
 
 
 def fastest(summary: list[dict[str, Any]]) -> str | None:
@@ -34,6 +31,8 @@ def recommendation(summary: list[dict[str, Any]], baseline: str, tolerance_pp: f
     """One sentence: the fastest precision whose accuracy matches the baseline (and why
     ``emulated`` precisions ran slow, when there are any)."""
     sentence = _recommendation(summary, baseline, tolerance_pp)
+    rung = memory_rung(summary, baseline)
+    sentence = f"{sentence} {rung}" if rung else sentence
     slow = [r["precision"] for r in summary if r["precision"] in emulated]
     if not slow:
         return sentence
@@ -43,66 +42,129 @@ def recommendation(summary: list[dict[str, Any]], baseline: str, tolerance_pp: f
             f"speed here says nothing about hardware that has it.")
 
 
+def memory_rung(summary: list[dict[str, Any]], baseline: str) -> str | None:
+    """For memory-bound runs: the rung with the fewest state bytes per parameter whose
+    verdict is ok (or any, in a speed-only study), when it needs less than the baseline."""
+    base = next((r for r in summary if r["precision"] == baseline), None)
+    trained = any(r["verdict"] is not None for r in summary)
+    fits = [r for r in summary if r.get("bytes_per_param")
+            and (r["verdict"] in ("ok", "better") or not trained)]
+    if base is None or not base.get("bytes_per_param") or not fits:
+        return None
+    best = min(fits, key=lambda r: r["bytes_per_param"])
+    if best["bytes_per_param"] >= base["bytes_per_param"]:
+        return None
+    return (f"If memory-bound: {best['precision']} keeps {best['bytes_per_param']:.1f} bytes "
+            f"of weights, gradients and optimizer state per parameter against "
+            f"{base['bytes_per_param']:.1f} for {baseline}"
+            f"{' with matching accuracy' if trained else ''}.")
+
+
 def _recommendation(summary: list[dict[str, Any]], baseline: str, tolerance_pp: float) -> str:
-    trained = any(r["val_acc_mean"] is not None for r in summary)
-    note = "" if trained else " (speed only: accuracy not measured)"
+    task = task_of(summary)
+    metric = task.primary.label
+    trained = any(r.get(f"val_{task.primary.key}_mean") is not None for r in summary)
+    note = "" if trained else f" (speed only: {metric} not measured)"
     candidates = [r for r in summary if r["precision"] != baseline and r.get("speedup")
                   and (r["verdict"] in ("ok", "better") or not trained)]
     if not candidates:
-        return (f"No precision matched {baseline}'s accuracy within ±{tolerance_pp:g} pp "
-                f"while being timed: keep {baseline}.")
+        return (f"No precision matched {baseline}'s {metric} within "
+                f"{task.format_tolerance(tolerance_pp)} while being timed: keep {baseline}.")
     best = max(candidates, key=lambda r: r["speedup"])
     if best["speedup"] <= 1.0:
         if trained:
-            return (f"No precision that matched {baseline}'s accuracy ran faster here: "
+            return (f"No precision that matched {baseline}'s {metric} ran faster here: "
                     f"keep {baseline}.")
         return f"Nothing ran faster than {baseline} here: keep {baseline}{note}."
     memory = f", {best['mem_ratio']:.2f}× the memory" if best.get("mem_ratio") else ""
     if not trained:
         return (f"{best['precision']} is the fastest: {best['speedup']:.2f}× {baseline}'s "
                 f"throughput{memory}{note}.")
-    accuracy = (f"accuracy within ±{tolerance_pp:g} pp ({best['delta_acc_pp']:+.2f} pp)"
-                if best["verdict"] == "ok" else f"accuracy {best['delta_acc_pp']:+.2f} pp better")
+    delta = task.format_delta(delta_of(best, task))
+    accuracy = (f"{metric} within {task.format_tolerance(tolerance_pp)} ({delta})"
+                if best["verdict"] == "ok" else f"{metric} {delta} better")
     return (f"{best['precision']} is {best['speedup']:.2f}× faster than {baseline}{memory}, "
             f"{accuracy}.")
+
+
+def timing_warning(summary: list[dict[str, Any]]) -> str | None:
+    """One line for the table and the reports when some speedup is not to be trusted
+    (compare.json's ``timing_reliable`` is false; ``timing_note`` says why)."""
+    doubtful = [r for r in summary if r.get("timing_reliable") is False]
+    if not doubtful:
+        return None
+    # A reason of the whole study (A/A gap, load) is in every row's note: say it once.
+    reasons: dict[str, None] = {}  # ordered, without repeats
+    for row in doubtful:
+        for reason in (row.get("timing_note") or "").split("; "):
+            if reason:
+                shared = all(reason in (r.get("timing_note") or "") for r in doubtful)
+                reasons.setdefault(reason if shared or len(doubtful) == 1
+                                   else f"{row['precision']}: {reason}", None)
+    names = ", ".join(r["precision"] for r in doubtful)
+    return (f"Timing not reliable ({names}): {'; '.join(reasons)}. Do not trust these "
+            f"speedups: re-run on a quiet machine, or time more steps (e.g. --bench-steps 100).")
+
+
+def _speedup(row: dict[str, Any]) -> str:
+    """The speedup, with the interquartile range of its per-round ratios when measured."""
+    cell = _num(row["speedup"], ".2f", "×")
+    low, high = row.get("speedup_low"), row.get("speedup_high")
+    if row["speedup"] is None or low is None or high is None:
+        return cell
+    return f"{cell} ({low:.2f}–{high:.2f}){'?' if row.get('timing_reliable') is False else ''}"
 
 
 _COLUMNS = ["precision", "verdict", "val acc (mean ± std)", "Δ acc", "samples/s", "speedup",
             "step time", "peak mem", "mem ratio", "final loss", "skipped"]
 
 
-def _cells(row: dict[str, Any], baseline: str, emulated: Collection[str] = ()) -> list[str]:
-    name = f"{row['precision']} (emulated)" if row["precision"] in emulated else row["precision"]
-    return [name, row["verdict"] or "n/a", _acc(row), _delta(row, baseline),
-            _num(row["samples_per_s"], ",.0f"), _num(row["speedup"], ".2f", "×"),
+def columns(summary: list[dict[str, Any]]) -> list[str]:
+    """The table's header, its metric columns named for the summary's task."""
+    task = task_of(summary)
+    if task.primary.key == "acc":
+        return list(_COLUMNS)
+    name = task.primary.label
+    return [*_COLUMNS[:2], f"val {name} (mean ± std)", f"Δ {name}", *_COLUMNS[4:]]
+
+
+def _cells(row: dict[str, Any], baseline: str, emulated: Collection[str] = (),
+           given: Mapping[str, str] | None = None) -> list[str]:
+    # ``given``: the user's spelling beside amptrain's name, "16-mixed (mixed_float16)".
+    name = label(row["precision"], given)
+    name = f"{name} (emulated)" if row["precision"] in emulated else name
+    return [name, row["verdict"] or "n/a", metric_cell(row), _delta(row, baseline),
+            _num(row["samples_per_s"], ",.0f"), _speedup(row),
             _num(row["step_time_ms"], ".2f", " ms"), human_bytes(row["peak_mem_bytes"]),
             _num(row["mem_ratio"], ".2f", "×"), _num(row["final_loss_mean"], ".4f"),
             "n/a" if row["skipped_steps"] is None else str(row["skipped_steps"])]
 
 
 def format_table(summary: list[dict[str, Any]], baseline: str,
-                 emulated: Collection[str] = ()) -> str:
+                 emulated: Collection[str] = (), given: Mapping[str, str] | None = None) -> str:
     """The summary as an aligned plain-text table (for the terminal); precisions the device
     only emulates are marked."""
-    rows = [_COLUMNS] + [_cells(r, baseline, emulated) for r in summary]
-    widths = [max(len(r[i]) for r in rows) for i in range(len(_COLUMNS))]
+    header = columns(summary)
+    rows = [header] + [_cells(r, baseline, emulated, given) for r in summary]
+    widths = [max(len(r[i]) for r in rows) for i in range(len(header))]
     lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows]
     lines.insert(1, "  ".join("-" * w for w in widths))
     return "\n".join(lines)
 
 
 def markdown_table(summary: list[dict[str, Any]], baseline: str,
-                   emulated: Collection[str] = ()) -> str:
+                   emulated: Collection[str] = (), given: Mapping[str, str] | None = None) -> str:
     """The summary as a Markdown table: best speedup in bold, verdicts and emulated
     precisions marked."""
     best = fastest(summary)
-    lines = ["| " + " | ".join(_COLUMNS) + " |",
-             "|" + "|".join(["---"] + [":---:"] + ["---:"] * (len(_COLUMNS) - 2)) + "|"]
+    header = columns(summary)
+    lines = ["| " + " | ".join(header) + " |",
+             "|" + "|".join(["---"] + [":---:"] + ["---:"] * (len(header) - 2)) + "|"]
     for row in summary:
         cells = _cells(row, baseline)
-        cells[0] = f"`{row['precision']}`" + (" (baseline)" if row["precision"] == baseline
-                                              else " (emulated)" if row["precision"] in emulated
-                                              else "")
+        name = label(row["precision"], given)
+        cells[0] = f"`{name}`" + (" (baseline)" if row["precision"] == baseline
+                                   else " (emulated)" if row["precision"] in emulated else "")
         cells[1] = _VERDICT_MARK.get(row["verdict"], cells[1])
         if row["precision"] == best and best != baseline:
             cells[5] = f"**{cells[5]}**"

@@ -69,6 +69,7 @@ class TrainerBase:
     _last_log_time: float
     _last_log_step: int
     _last_saved_step: int | None
+    _last_eval_step: int | None   # the step of last_eval (the final pass reuses it)
     _step_epoch: int
     _stopping: str | None
     _check_outputs: Callable[[Any, Any], None] | None

@@ -53,6 +53,9 @@ class CheckpointingMixin(TrainerBase):
             "optimizer": self.strategy.optimizer_state_dict(self.model, self.optimizer),
             "scheduler": self.scheduler.state_dict() if self.scheduler is not None else None,
             "precision": self.precision.state_dict(),
+            # What the task learnt from the data (regression's target statistics): eval and
+            # generate rebuild the task from it.
+            "task": {"name": self.task.name, **self.task.state()},
             "rng": rng, "step": self.step, "epoch": self.epoch,
             "window_in_epoch": self.window_in_epoch,
             "steps_per_epoch": len(self.train_windows) if hasattr(self, "train_windows") else None,

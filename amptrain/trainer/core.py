@@ -33,7 +33,7 @@ from ..precision import NonFiniteHalt, Precision, StepOutcome
 from ..reproducibility import seed_everything, tune_backends
 from ..snapshot import StepStart
 from ..steps import LossFn, forward_batch
-from ..tasks import ClassificationTask, EvalResult, Task
+from ..tasks import ClassificationTask, EvalResult, Task, resolve_task
 from .batching import BatchPlanningMixin
 from .checkpointing import CheckpointingMixin
 from .data import DataMixin
@@ -104,6 +104,7 @@ class Trainer(CheckpointingMixin, ReportingMixin, BatchPlanningMixin, DataMixin)
         self._last_log_time = 0.0
         self._last_log_step = 0
         self._last_saved_step: int | None = None
+        self._last_eval_step: int | None = None
         self._step_epoch = 0  # epoch of the last trained step (for records)
         self.stop_requested: str | None = None  # set by a signal handler
         self._stopping: str | None = None        # the stop all ranks agreed on
@@ -115,20 +116,24 @@ class Trainer(CheckpointingMixin, ReportingMixin, BatchPlanningMixin, DataMixin)
     def fit(self, model: nn.Module, train_data: Dataset | DataLoader | Iterable,
             val_data: Dataset | DataLoader | Iterable | None = None, *,
             optimizer: torch.optim.Optimizer | None = None, scheduler: Any = None,
-            loss_fn: LossFn | None = None, class_names: list[str] | None = None) -> FitResult:
+            loss_fn: LossFn | None = None, class_names: list[str] | None = None,
+            task: Task | None = None) -> FitResult:
         """Train ``model`` on ``train_data``; evaluate on ``val_data`` each epoch and at the end.
 
         Data may be a map-style Dataset (amptrain then owns batching, shuffling, sharding
         and exact resume) or a DataLoader / iterable of batches (each batch is one
-        micro-batch; ``accumulate`` of them make a step).
+        micro-batch; ``accumulate`` of them make a step). The task (loss and metrics) is
+        the ``task`` option (``auto``: regression for float targets, ``lm`` for text data,
+        else classification), or a :class:`~amptrain.tasks.Task` object given here.
         """
         self.setup(model, train_data, val_data, optimizer=optimizer, scheduler=scheduler,
-                   loss_fn=loss_fn, class_names=class_names)
+                   loss_fn=loss_fn, class_names=class_names, task=task)
         return self.run()
 
     def setup(self, model: nn.Module, train_data: Any, val_data: Any = None, *,
               optimizer: torch.optim.Optimizer | None = None, scheduler: Any = None,
-              loss_fn: LossFn | None = None, class_names: list[str] | None = None) -> None:
+              loss_fn: LossFn | None = None, class_names: list[str] | None = None,
+              task: Task | None = None) -> None:
         """Everything :meth:`fit` does before its first step (resume included).
 
         Split out so that tools (``compare``'s interleaved timing) can drive single steps
@@ -137,12 +142,16 @@ class Trainer(CheckpointingMixin, ReportingMixin, BatchPlanningMixin, DataMixin)
         c = self.config
         names = datacheck.check_fit_arguments(model, train_data, val_data, optimizer=optimizer,
                                               loss_fn=loss_fn, class_names=class_names)
-        self.task = ClassificationTask(names)
+        if task is not None and not isinstance(task, Task):
+            raise UserError(f"task must be an amptrain.tasks.Task (got {type(task).__name__}); "
+                            f"name a built-in one with the {flag('task')} option")
+        self.task = task or resolve_task(c.task, train_data, loss=c.loss, class_names=names)
         self.loss_fn = loss_fn or self.task.loss
         if loss_fn is None:  # a caller's own loss may take other targets
             for data, keyword in ((train_data, "train_data"), (val_data, "val_data")):
                 if data is not None:
                     self.task.check_data(data, keyword)
+        self.task.fit(train_data)
         if isinstance(train_data, Dataset) and hasattr(train_data, "__len__"):
             datacheck.check_batch_size(len(train_data), c.batching.batch_size)
         if self.out is not None:
@@ -238,9 +247,11 @@ class Trainer(CheckpointingMixin, ReportingMixin, BatchPlanningMixin, DataMixin)
             result.write(write_dir)
         return result
 
-    def prepare(self, model: nn.Module, class_names: list[str] | None = None) -> nn.Module:
-        """Set a model up for this precision and device without training (for evaluation)."""
-        self.task = ClassificationTask(class_names)
+    def prepare(self, model: nn.Module, class_names: list[str] | None = None,
+                task: Task | None = None) -> nn.Module:
+        """Set a model up for this precision and device without training (for evaluation);
+        ``task`` defaults to classification over ``class_names``."""
+        self.task = task or ClassificationTask(class_names)
         self.loss_fn = self.task.loss
         model = model.to(self.device)
         if self.config.channels_last and is_conv_net(model):

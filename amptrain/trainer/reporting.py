@@ -7,7 +7,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from ..precision import NonFiniteHalt
+from ..precision import NonFiniteHalt, label
 from ..probe import first_nonfinite_module
 from ..steps import forward_batch
 from .base import TrainerBase
@@ -35,6 +35,7 @@ class ReportingMixin(TrainerBase):
             "samples_per_s": self._samples_since_log / elapsed if elapsed > 0 else None,
             "peak_mem_bytes": self.memory.peak(),
         }
+        record.update(self.task.throughput(record["samples_per_s"]))  # an LM's tokens_per_s
         self._loss_sum.zero_()
         self._loss_samples = 0
         self._samples_since_log = 0
@@ -46,8 +47,15 @@ class ReportingMixin(TrainerBase):
         self._resolve_pending()
         started = time.perf_counter()
         write_dir = self.out / "eval" if (final and self.out is not None) else None
+        if final and self.last_eval is not None and self._last_eval_step == self.step:
+            # --eval-every just evaluated this step: the same weights, so write its reports
+            # instead of a second pass (and a second, identical record).
+            if write_dir is not None and self.strategy.is_main:
+                self.last_eval.write(write_dir)
+            return
         result = self.evaluate(self.model, self._val_data, write_dir=write_dir)
         self.last_eval = result
+        self._last_eval_step = self.step
         if record:
             self._record({"step": self.step, "epoch": self._step_epoch, **result.record()})
         # Evaluation time is not training time: keep it out of samples_per_s.
@@ -73,10 +81,12 @@ class ReportingMixin(TrainerBase):
                      if self.strategy.world_size > 1 else "")
         constant = ("; your optimizer keeps its learning rate (no schedule)"
                     if self.constant_lr else "")
-        return (f"amptrain: precision {p.name}{chosen} [{p.spec.summary}] on {self.device}; "
+        task = "" if self.task.name == "classification" else f"; task {self.task.name}"
+        name = label(p.name, p.given)  # the user's spelling beside: 16-mixed (mixed_float16)
+        return (f"amptrain: precision {name}{chosen} [{p.spec.summary}] on {self.device}; "
                 f"{self.total_steps} steps of {self.config.batching.batch_size} samples "
                 f"({self.micro_batch_size} x {self.accumulate} accumulated{processes})"
-                f"{constant}")
+                f"{task}{constant}")
 
     def _explain_halt(self, halt: NonFiniteHalt) -> NonFiniteHalt:
         """Add the first module that produced a non-finite value to a halt message."""
@@ -102,6 +112,7 @@ class ReportingMixin(TrainerBase):
     def _result(self) -> FitResult:
         train = [r for r in self.history if "loss" in r]
         speeds = [r["samples_per_s"] for r in train if r.get("samples_per_s")]
+        tokens = [r["tokens_per_s"] for r in train if r.get("tokens_per_s")]
         return FitResult(
             precision=self.precision.name, steps=self.step, epochs_completed=self.epoch,
             final_loss=train[-1]["loss"] if train else None,
@@ -110,5 +121,6 @@ class ReportingMixin(TrainerBase):
             val_metrics=dict(self.last_eval.metrics) if self.last_eval else {},
             skipped_steps=self.precision.skipped_steps,
             samples_per_s=float(np.median(speeds)) if speeds else None,
+            tokens_per_s=float(np.median(tokens)) if tokens else None,
             peak_mem_bytes=self.memory.peak(),
             out=str(self.out) if self.out else None, history=list(self.history))

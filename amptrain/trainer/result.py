@@ -24,6 +24,8 @@ class FitResult:
     history: list[dict[str, Any]] = field(default_factory=list, repr=False)
     #: The task's final validation metrics by key ({"acc": ...}).
     val_metrics: dict[str, float] = field(default_factory=dict)
+    #: Language models: the median training tokens per second.
+    tokens_per_s: float | None = None
 
     def nonfinite_metrics(self) -> list[str]:
         """Names of the final metrics that are NaN or infinite (a diverged run)."""

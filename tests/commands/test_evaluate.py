@@ -31,4 +31,4 @@ def test_eval_of_a_run_directory_takes_its_last_checkpoint(digits_run, tmp_path)
     result = amptrain("eval", "--checkpoint", out, "--out", tmp_path / "ev", "--no-progress",
                       cwd=tmp_path)
     assert result.returncode == 0, result.stderr
-    assert f"evaluating {out / 'checkpoints' / 'last.pt'}" in result.stderr
+    assert f"is a directory: using {out / 'checkpoints' / 'last.pt'}" in result.stderr

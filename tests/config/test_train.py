@@ -185,7 +185,8 @@ def test_run_config_adds_model_data_and_validation_share():
         ("mlp", "digits", 3, 0.1)
     default = RunConfig()
     assert (default.model, default.data, default.val_fraction) == ("cnn", "digits", 0.2)
-    assert list(config_fields(RunConfig))[-3:] == ["model", "data", "val_fraction"]
+    assert list(config_fields(RunConfig))[-6:] == ["model", "data", "val_fraction", "seq_len",
+                                                   "tokenizer", "text_glob"]
     assert config_fields(RunConfig)["model"].metadata["group"] == "run"
 
 
@@ -243,3 +244,22 @@ def test_batching_errors_list_valid_values():
     with pytest.raises(UserError, match="drop one of the three"):
         build_config(TrainConfig, {"batch_size": 64, "micro_batch_size": 8,
                                    "accumulate": 4}).batching.split()
+
+
+def test_task_options_are_checked_when_built():
+    from amptrain.config import RunConfig, build_config
+
+    config = build_config(RunConfig, {"data": "text:notes.txt", "task": "lm", "seq_len": 64,
+                                      "tokenizer": "hf:tok", "text_glob": "*.py"})
+    assert (config.task, config.seq_len, config.tokenizer, config.text_glob) == \
+        ("lm", 64, "hf:tok", "*.py")
+    assert build_config(RunConfig, {"loss": "huber"}).loss == "huber"
+    for values, fragment in [({"task": "ranking"}, "task must be one of auto, classification, "
+                                                   "regression, lm"),
+                             ({"loss": "hinge"}, "loss must be one of mse, l1, huber"),
+                             ({"data": "text:x", "seq_len": 0}, "seq_len must be an integer >= 1"),
+                             ({"data": "text:x", "tokenizer": "words"},
+                              "tokenizer must be byte or hf:DIR"),
+                             ({"text_glob": "*.py"}, "text_glob applies to text: data")]:
+        with pytest.raises(UserError, match=fragment):
+            build_config(RunConfig, values)

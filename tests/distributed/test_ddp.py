@@ -185,3 +185,26 @@ def test_plain_torchrun_runs_amptrain_train(tmp_path):
 def _flags_to_values(args: list[str]) -> dict:
     parser = build_parser()
     return merged_values(parser.parse_args(["train", *args]))
+
+
+@pytest.mark.slow
+def test_lm_run_under_two_processes_equals_one_process(tmp_path):
+    """A gpt on text: the two ranks' blocks of each global batch are the one process's
+    batch, so the weights after a few steps and the validation perplexity agree."""
+    from tests.tasks.test_lm import write_corpus
+
+    corpus = write_corpus(tmp_path / "corpus.txt", repeats=20)
+    args = ["--model", "gpt:layers=1,heads=2,width=32", "--data", f"text:{corpus}",
+            "--seq-len", "16", "--precision", "32-true", "--batch-size", "16", "--max-steps",
+            "6", "--lr", "3e-3", "--log-every", "3", "--no-progress", "--device", "cpu"]
+    two = torchrun("-m", "amptrain", "train", *args, "--out", str(tmp_path / "two"))
+    assert two.returncode == 0, two.stderr[-6000:]
+    one = run([sys.executable, "-m", "amptrain", "train", *args, "--out", str(tmp_path / "one")],
+              child_env())
+    assert one.returncode == 0, one.stderr[-6000:]
+    states = [checkpoint.load(tmp_path / d / "checkpoints" / "last.pt") for d in ("one", "two")]
+    assert states[1]["config"]["world_size"] == 2 and states[1]["task"]["name"] == "lm"
+    _assert_params_close(states[1]["model"], states[0]["model"], 1e-4, 1e-5)
+    vals = [[json.loads(line) for line in (tmp_path / d / "metrics.jsonl").open()
+             if "val_perplexity" in line][-1] for d in ("one", "two")]
+    assert vals[1]["val_perplexity"] == pytest.approx(vals[0]["val_perplexity"], rel=1e-4)

@@ -46,7 +46,7 @@ def test_method_lines_describe_timing_seeds_and_duration(tiny_study, speed_only_
     assert lines[0].startswith("Speed: 1 warm-up + 3 timed optimizer steps per precision, "
                                "interleaved (round-robin, rotating order)")
     assert lines[1] == "Memory: hand-written numbers"
-    assert "over seeds 0, 1; verdict ok when |Δ acc| ≤ 0.5 pp." in lines[2]
+    assert "over seeds 0, 1; verdict ok when |Δ accuracy| ≤ 0.5 pp." in lines[2]
     assert lines[-1] == "Whole study: 12 s, started 2024-01-02 03:04:05."
     bench = load_study(speed_only_study)
     bench.details["options"]["interleave"] = False

@@ -109,3 +109,19 @@ def test_emulated_precisions_are_marked_and_the_recommendation_says_why():
     assert sentence.startswith("No precision that matched 32-true's accuracy ran faster")
     assert "16-mixed is only emulated on this device" in sentence
     assert recommendation(summary, "32-true", 0.5) == sentence.split(" 16-mixed is only")[0]
+
+
+def test_a_memory_bound_run_is_pointed_at_the_smallest_rung_that_matched(summary):
+    from amptrain.report.tables import memory_rung
+
+    ladder = copy.deepcopy(summary) + [dict(copy.deepcopy(summary[1]),
+                                            precision="bf16-true+kahan", speedup=1.2)]
+    for row, per_param, verdict in zip(ladder, (16.0, 16.0, 10.0), ("ok", "ok", "ok")):
+        row.update(bytes_per_param=per_param, verdict=verdict)
+    sentence = ("If memory-bound: bf16-true+kahan keeps 10.0 bytes of weights, gradients and "
+                "optimizer state per parameter against 16.0 for 32-true with matching accuracy.")
+    assert memory_rung(ladder, "32-true") == sentence
+    assert recommendation(ladder, "32-true", 0.5).endswith(sentence)
+    ladder[2]["verdict"] = "worse"          # a rung that lost accuracy is not recommended
+    assert memory_rung(ladder, "32-true") is None
+    assert memory_rung(summary, "32-true") is None   # a study without the ladder

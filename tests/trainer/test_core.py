@@ -174,8 +174,19 @@ LIBRARY_HOSTILE = [
      "train_data is empty"),
     ("empty-val", {}, lambda d, m: dict(model=m, train_data=d, val_data=TensorData(
         *(t[:0] for t in d.tensors))), "val_data is empty"),
-    ("float-labels", {}, lambda d, m: dict(model=m, train_data=TensorData(
+    ("float-labels", dict(task="classification"), lambda d, m: dict(model=m, train_data=TensorData(
         d.tensors[0], d.tensors[1].float())), "labels are float32"),
+    # task auto: float targets are regression, and 3 outputs do not fit one value
+    ("float-labels-auto", {}, lambda d, m: dict(model=m, train_data=TensorData(
+        d.tensors[0], d.tensors[1].float())), "regression targets have 1"),
+    ("regression-int-labels", dict(task="regression"), lambda d, m: dict(model=m, train_data=d),
+     "integer class labels"),
+    ("lm-class-labels", dict(task="lm"), lambda d, m: dict(model=m, train_data=d),
+     "task lm needs token sequences"),
+    ("loss-classification", dict(loss="l1"), lambda d, m: dict(model=m, train_data=d),
+     "loss l1 applies to regression"),
+    ("task-object", {}, lambda d, m: dict(model=m, train_data=d, task="lm"),
+     "task must be an amptrain.tasks.Task"),
     ("labels-beyond-outputs", {}, lambda d, m: dict(model=m, train_data=TensorData(
         d.tensors[0], d.tensors[1] + 3)), "outside the model's 3 outputs"),
     ("labels-beyond-outputs-in-a-loader", {}, lambda d, m: dict(

@@ -134,3 +134,22 @@ def test_the_result_sums_up_the_records():
     assert result.skipped_steps == 0 and result.peak_mem_bytes == trainer.memory.peak()
     assert result.out is None and result.history == trainer.history
     assert result.history is not trainer.history  # a copy: the caller may keep it
+
+
+def test_final_evaluation_reuses_an_eval_every_pass_of_the_same_step(tmp_path):
+    class Count:
+        def __init__(self) -> None:
+            self.val_records = []
+
+        def on_log(self, trainer, record) -> None:
+            if "val_loss" in record:
+                self.val_records.append(record["step"])
+
+    counter = Count()
+    trainer = Trainer(precision="32-true", batch_size=50, epochs=1, eval_every=2,
+                      no_progress=True, device="cpu", out=str(tmp_path / "run"),
+                      callbacks=[counter])
+    trainer.fit(tiny_mlp(), tiny_classification(n=200), tiny_classification(n=40, seed=1))
+    assert trainer.step == 4 and counter.val_records == [2, 4]  # not [2, 4, 4]
+    report = json.loads((tmp_path / "run" / "eval" / "report.json").read_text())
+    assert report["accuracy"] == trainer.last_eval.accuracy
