@@ -76,6 +76,12 @@ def adamw8bit_class(model: nn.Module) -> Callable[..., torch.optim.Optimizer]:
     except ImportError:
         raise UserError(f"{flag('optimizer')} adamw8bit needs torchao (pip install "
                         f"'amptrain[lowbit]'); or use {flag('optimizer')} adamw") from None
+    if any(type(p).__name__ == "DTensor" or type(p.data).__name__ == "DTensor"
+           for p in model.parameters()):
+        # Untested: torchao's quantised state on FSDP2's sharded parameters, and its
+        # checkpoint through the full-state gather.
+        raise UserError(f"{flag('optimizer')} adamw8bit is not supported with "
+                        f"{flag('strategy')} fsdp; use ddp, or {flag('optimizer')} adamw")
     if not devices <= {"cpu", "cuda"}:
         raise UserError(f"{flag('optimizer')} adamw8bit runs on cpu and cuda only (this model "
                         f"is on {', '.join(sorted(devices))}); use {flag('optimizer')} adamw")

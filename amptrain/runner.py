@@ -176,7 +176,8 @@ def run_evaluation(*, checkpoint_path: str, data: str | None, precision: str, ou
     # training data was.
     bundle = build_data(data_spec,
                         DataOptions(val_fraction=state["config"].get("val_fraction", 0.2),
-                                    fitted=fitted, task=run.get("task"),
+                                    # checkpoints older than tasks were classifiers
+                                    fitted=fitted, task=run.get("task", "classification"),
                                     text_encoder=text_encoder(run["model"],
                                                               fitted.get("tokenizer"))))
     inputs = saved_inputs(run)
@@ -190,7 +191,11 @@ def run_evaluation(*, checkpoint_path: str, data: str | None, precision: str, ou
     trainer = Trainer(precision=precision, device=device, batch_size=batch_size, out=out,
                       no_progress=not progress)
     class_names = run.get("class_names") or bundle.class_names or None
-    trainer.prepare(model, task=saved_task(state, class_names))
+    task = saved_task(state, class_names)
+    if "bytes_per_token" in bundle.fitted and hasattr(task, "bytes_per_token"):
+        # Bits per byte of this text: another corpus has its own bytes per token.
+        task.bytes_per_token = bundle.fitted["bytes_per_token"]
+    trainer.prepare(model, task=task)
     trainer.load_weights(state["model"])
     result = trainer.evaluate(trainer.model, bundle.val, write_dir=Path(out) / "eval")
     return result, state.get("precision_name", "unknown")

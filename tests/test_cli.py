@@ -194,6 +194,8 @@ ERROR_TABLE = [
                                  "--seq-len 64", "--seq-len 64 is longer than the model's "
                                                  "context 32"),
     ("gpt-on-images", "train --model gpt", "is a language model: it needs text"),
+    ("mlp-on-text", "train --model mlp --data text:{long_txt}", "needs --model gpt"),
+    ("cnn-on-text", "train --data text:{long_txt}", "try --model gpt"),
     ("text-for-a-classifier", "train --model mlp --data text:{long_txt} --task classification",
      "--task classification does not fit --data text:"),
     ("generate-corrupt-checkpoint", "generate --checkpoint {checkpoint}",

@@ -161,3 +161,17 @@ def test_adamw8bit_with_kahan_resumes_bitwise_from_a_weights_only_checkpoint(tmp
     assert torch.equal(state.codes, full.optimizer.state[full.model[0].weight]["exp_avg"].codes)
     assert all(torch.equal(a, b) for a, b in zip(full.precision.weight_update.buffers(),
                                                  resumed.precision.weight_update.buffers()))
+
+
+def test_adamw8bit_refuses_fsdp_sharded_parameters():
+    pytest.importorskip("torchao", reason="adamw8bit needs torchao (amptrain[lowbit])")
+    from amptrain.errors import UserError
+    from amptrain.optim import adamw8bit_class
+
+    class DTensor(torch.nn.Parameter):  # what FSDP2 shards parameters into, by name
+        pass
+
+    model = torch.nn.Linear(4, 4)
+    model.weight = DTensor(model.weight.detach())
+    with pytest.raises(UserError, match="adamw8bit is not supported with strategy fsdp"):
+        adamw8bit_class(model)

@@ -51,7 +51,8 @@ def usable_cores() -> int:
 
 def assess_timing(step_times: dict[str, list[float]], baseline: str,
                   control_times: list[float], *, load: float | None = None,
-                  cores: int | None = None) -> dict[str, dict[str, Any]]:
+                  cores: int | None = None, interleaved: bool = True
+                  ) -> dict[str, dict[str, Any]]:
     """The reliability fields of every timed precision, from its per-round step times.
 
     ``step_times[p]`` are precision ``p``'s timed steps in round order (any unit), and
@@ -61,7 +62,7 @@ def assess_timing(step_times: dict[str, list[float]], baseline: str,
     range of the per-round speedups; for the baseline, of the A/A ratios),
     ``timing_reliable`` (None when the precision was not timed) and ``timing_note`` (why
     not reliable; None when reliable). A problem of the whole study (the A/A gap, the
-    load) makes every row unreliable.
+    load, timing without ``interleaved`` rounds) makes every row unreliable.
     """
     base = step_times.get(baseline, [])
     shared: list[str] = []
@@ -72,6 +73,10 @@ def assess_timing(step_times: dict[str, list[float]], baseline: str,
             shared.append(f"A/A gap: {baseline} timed twice measured {aa:.2f}x")
     if load is not None and cores and load > cores:
         shared.append(f"load average {load:.1f} above the {cores} cores")
+    if not interleaved:
+        # Round r of two precisions ran far apart in time: their ratio compares two
+        # moments of the machine, which is what interleaving exists to avoid.
+        shared.append("timed one precision after another (--no-interleave)")
     fields: dict[str, dict[str, Any]] = {}
     for precision, times in step_times.items():
         ratios = control if precision == baseline else round_ratios(base, times)

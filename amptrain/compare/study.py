@@ -65,7 +65,7 @@ def run_compare(config: RunConfig, options: CompareOptions, *, command: str | No
     timing_load = {"load_average": load, "cores": cores}
     reliability = assess_timing({p: s.get("step_times_ms", []) for p, s in speed.items()},
                                 baseline, speed[baseline].get("control_step_times_ms", []),
-                                load=load, cores=cores)
+                                load=load, cores=cores, interleaved=options.interleave)
     for p, fields in reliability.items():
         speed[p].update(fields)
     # Records every few steps for smooth curves, but lines printed as `train` prints them.

@@ -32,6 +32,9 @@ def mlp(argument: str, inputs: ModelInputs) -> nn.Module:
     if inputs.kind == "sequence":
         raise UserError(f"--model {spec} takes images or features; use --model lstm or "
                         "transformer for token sequences")
+    if inputs.kind == "lm":
+        raise UserError(f"--model {spec} takes images or features; text for language "
+                        f"modelling needs --model gpt (or hf:DIR, a causal LM)")
     return MLP(math.prod(inputs.input_shape), inputs.num_classes, o["hidden"])
 
 

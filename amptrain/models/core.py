@@ -125,7 +125,7 @@ def require_positive(values: dict[str, Any], spec: str, *names: str) -> None:
 def image_channels(inputs: ModelInputs, spec: str) -> int:
     """The channel count of image data, or a UserError saying which models fit instead."""
     if inputs.kind != "image" or len(inputs.input_shape) != 3:
-        instead = "lstm or transformer" if inputs.kind == "sequence" else "mlp"
+        instead = "mlp" if inputs.kind == "image" else _FITS.get(inputs.kind, "mlp")
         raise UserError(f"--model {spec} needs images (channels x height x width); this data "
                         f"is {inputs.kind} of shape {tuple(inputs.input_shape)}: try "
                         f"--model {instead}")
@@ -135,8 +135,14 @@ def image_channels(inputs: ModelInputs, spec: str) -> int:
 def sequence_vocab(inputs: ModelInputs, spec: str) -> int:
     """The vocabulary size of token data, or a UserError saying which models fit instead."""
     if inputs.kind != "sequence" or len(inputs.input_shape) != 1 or not inputs.vocab_size:
+        instead = "mlp" if inputs.kind == "sequence" else _FITS.get(inputs.kind, "mlp")
         raise UserError(f"--model {spec} needs token sequences (e.g. --data csv-text:FILE or "
                         f"synthetic-seq); this data is {inputs.kind} of shape "
                         f"{tuple(inputs.input_shape)}: try "
-                        f"--model {'cnn or resnet18' if inputs.kind == 'image' else 'mlp'}")
+                        f"--model {instead}")
     return int(inputs.vocab_size)
+
+
+#: Which built-in models fit a kind of data (for the errors above).
+_FITS = {"image": "cnn or resnet18", "features": "mlp", "sequence": "lstm or transformer",
+         "lm": "gpt"}

@@ -36,8 +36,8 @@ from .islands import (
     install_fp32_islands,
     match_modules,
 )
-from .master import (FP32_NORM_TYPES, MasterWeights, cast_model, is_fsdp_sharded,
-                     modules_kept_fp32)
+from .master import (FP32_NORM_TYPES, MasterWeights, cast_model, check_no_shared_kept,
+                     is_fsdp_sharded, modules_kept_fp32)
 from .maths import set_tf32
 from .modes import ALIASES, MODES, PRECISION_NAMES, ModeSpec, as_given, canonical_name, label
 from .outcome import NonFiniteHalt, StepOutcome
@@ -199,7 +199,8 @@ class Precision:
         if is_fsdp_sharded(model):
             self._setup_sharded()
         elif self.spec.half_weights:
-            kept = modules_kept_fp32(model, [*islands.values(), *fp32_on_cpu])
+            kept = check_no_shared_kept(model, modules_kept_fp32(
+                model, [*islands.values(), *fp32_on_cpu]), self.name)
             if self.spec.master_weights and optimizer is not None:
                 self._master = MasterWeights(model, optimizer, self.spec.param_dtype, kept)
             else:  # no optimizer (evaluation): nothing to keep masters for
@@ -437,10 +438,7 @@ class Precision:
         """The model's state with fp32 weights (the master copies where the mode keeps them)."""
         state = model.state_dict()
         if self._master is not None:
-            for name, param in model.named_parameters():
-                master = self._master.map_params([param])[0]
-                if master is not param:
-                    state[name] = master.detach()
+            state.update(self._master.masters_by_name(model))
         return {k: v.float() if v.is_floating_point() else v for k, v in state.items()}
 
     def load_fp32_state_dict(self, model: nn.Module, state: dict[str, torch.Tensor]) -> None:

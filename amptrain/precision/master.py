@@ -11,7 +11,7 @@ from typing import Iterable
 import torch
 from torch import nn
 
-from ..errors import UserError
+from ..errors import UserError, flag
 
 #: Norm layers whose statistics stay fp32 in half-weight modes (Apex O2's
 #: keep_batchnorm_fp32): their running variance is where fp16 loses first.
@@ -35,6 +35,25 @@ def modules_kept_fp32(model: nn.Module, islands: Iterable[nn.Module]) -> set[nn.
         kept.update(root.modules())
     kept.update(m for m in model.modules() if isinstance(m, FP32_NORM_TYPES))
     return kept
+
+
+def check_no_shared_kept(model: nn.Module, kept_fp32: set[nn.Module], mode: str
+                         ) -> set[nn.Module]:
+    """``kept_fp32``, after refusing an fp32 module whose parameter another, half module
+    shares (tied weights): one tensor cannot be fp32 in one place and half in the other."""
+    owners = {id(p): name for name, m in model.named_modules() if m not in kept_fp32
+              for p in m.parameters(recurse=False)}
+    for name, module in model.named_modules():
+        if module not in kept_fp32:
+            continue
+        for param in module.parameters(recurse=False):
+            if id(param) in owners:
+                raise UserError(
+                    f"{flag('keep_fp32')}: '{name}' shares its weight with "
+                    f"'{owners[id(param)]}' (tied weights), which {mode} stores in half "
+                    f"precision; use a mode with fp32 weights (bf16-mixed) or keep "
+                    f"another module in fp32")
+    return kept_fp32
 
 
 def cast_model(model: nn.Module, dtype: torch.dtype, kept_fp32: set[nn.Module]) -> None:
@@ -81,6 +100,11 @@ class MasterWeights:
                     new_params.append(p)
             group["params"] = new_params
         cast_model(model, dtype, kept_fp32)
+
+    def masters_by_name(self, model: nn.Module) -> dict[str, torch.Tensor]:
+        """The fp32 masters under their parameters' names in ``model``."""
+        return {name: self._master_of[id(p)].detach() for name, p in model.named_parameters()
+                if id(p) in self._master_of}
 
     def map_params(self, params: Iterable[torch.Tensor]) -> list[torch.Tensor]:
         """Replace model parameters by their masters (others pass through)."""

@@ -178,10 +178,12 @@ class WeightUpdate:
             if rule == "kahan":
                 p = chunk.params[0]
                 chunk.buffer = torch.zeros(chunk.numel, dtype=p.dtype, device=p.device)
+        # Keyed by device type, not "cuda:N": every DDP rank draws the same stream (the
+        # replicas stay identical), and a resumed rank N finds rank 0's saved state.
         self.generators: dict[str, torch.Generator] = {}
         if rule == "stochastic":
-            for device in sorted({str(c.params[0].device) for c in self.chunks}):
-                self.generators[device] = torch.Generator(device=device).manual_seed(seed)
+            for device in {c.params[0].device for c in self.chunks}:
+                self.generators[device.type] = torch.Generator(device=device).manual_seed(seed)
         self._saved_decay: dict[int, Any] = {}
         self._decay: list[tuple[_Chunk, int, int, Any]] = []
         self._keep: torch.Tensor | None = None
@@ -291,7 +293,7 @@ class WeightUpdate:
         for a, b, factor in decay:
             exact[a:b].add_(exact[a:b] * factor)
         exact.add_(delta.float())            # on a skip: +0 everywhere, exact stays old
-        generator = self.generators[str(old.device)]
+        generator = self.generators[old.device.type]
         return stochastic_round(exact, old.dtype, generator)
 
     # ------------------------------------------------------------- checkpoints
@@ -315,8 +317,9 @@ class WeightUpdate:
         for buffer, value in zip(buffers, saved):
             buffer.copy_(value)
         for device, gen_state in (state.get("generators") or {}).items():
-            if device in self.generators:
-                self.generators[device].set_state(gen_state)
+            kind = device.split(":")[0]  # "cuda:1" in checkpoints written per device index
+            if kind in self.generators:
+                self.generators[kind].set_state(gen_state)
 
 
 def stochastic_round(exact: torch.Tensor, dtype: torch.dtype,

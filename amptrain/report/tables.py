@@ -57,7 +57,7 @@ def memory_rung(summary: list[dict[str, Any]], baseline: str) -> str | None:
     return (f"If memory-bound: {best['precision']} keeps {best['bytes_per_param']:.1f} bytes "
             f"of weights, gradients and optimizer state per parameter against "
             f"{base['bytes_per_param']:.1f} for {baseline}"
-            f"{' with matching accuracy' if trained else ''}.")
+            f"{f' with matching {task_of(summary).primary.label}' if trained else ''}.")
 
 
 def _recommendation(summary: list[dict[str, Any]], baseline: str, tolerance_pp: float) -> str:

@@ -67,6 +67,13 @@ def test_a_load_above_the_core_count_makes_every_row_unreliable():
                          cores=2)["32-true"]["timing_reliable"] is True
 
 
+def test_rounds_timed_one_precision_after_another_are_not_trusted():
+    fields = assess_timing({"32-true": STEADY, "bf16-mixed": [5.0] * 10}, "32-true", STEADY,
+                           interleaved=False)
+    assert all(f["timing_reliable"] is False for f in fields.values())
+    assert "--no-interleave" in fields["bf16-mixed"]["timing_note"]
+
+
 def test_too_few_rounds_and_untimed_precisions():
     fields = assess_timing({"32-true": STEADY[:3], "bf16-mixed": [5.0] * 3, "16-mixed": []},
                            "32-true", STEADY[:3])

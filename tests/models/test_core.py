@@ -79,6 +79,10 @@ def test_data_kind_checks_name_the_models_that_fit():
         sequence_vocab(ModelInputs(2, (12,), "sequence"), "lstm")  # no vocabulary size
     with pytest.raises(UserError, match="try --model cnn or resnet18"):
         sequence_vocab(IMAGES, "lstm")
+    text = ModelInputs(256, (16,), "lm", 256)  # language-model blocks
+    for check in (image_channels, sequence_vocab):
+        with pytest.raises(UserError, match="try --model gpt"):
+            check(text, "x")
 
 
 def test_is_conv_net_and_text_encoder_lookup(monkeypatch):

@@ -187,3 +187,42 @@ def test_masters_must_be_made_before_the_first_step():
     with pytest.raises(UserError, match="before the optimizer's first step"):
         MasterWeights(model, optimizer, torch.float16, set())
     assert model.weight.dtype == torch.float32  # nothing was cast
+
+
+class _Tied(nn.Module):
+    """An embedding and an output layer sharing one weight (a language model's head)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.token = nn.Embedding(10, 4)
+        self.head = nn.Linear(4, 10, bias=False)
+        self.head.weight = self.token.weight
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        return self.head(self.token(ids))
+
+
+@pytest.mark.parametrize("precision", ["bf16-true", "bf16-master"])
+def test_an_fp32_island_with_a_tied_half_weight_is_refused(precision):
+    from amptrain.precision import Precision
+
+    model = _Tied()
+    optimizer = torch.optim.AdamW(model.parameters())
+    with pytest.raises(UserError, match="keep_fp32: 'head' shares its weight with 'token'"):
+        Precision(precision, keep_fp32=["head"], device="cpu").setup(model, optimizer)
+    # fp32 weights: nothing to refuse, and the tie holds
+    model, _ = Precision("bf16-mixed", keep_fp32=["head"], device="cpu").setup(
+        _Tied(), torch.optim.AdamW(_Tied().parameters()))
+    assert model.head.weight is model.token.weight
+
+
+def test_masters_by_name_are_the_fp32_copies():
+    from amptrain.precision import Precision
+
+    model = nn.Sequential(nn.Linear(3, 3))
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    precision = Precision("bf16-master", device="cpu")
+    model, optimizer = precision.setup(model, optimizer)
+    state = precision.fp32_state_dict(model)
+    assert model[0].weight.dtype == torch.bfloat16 and state["0.weight"].dtype == torch.float32
+    assert torch.equal(state["0.weight"], precision._master.masters[0].detach())
