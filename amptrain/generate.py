@@ -6,6 +6,7 @@ keep the ``top_k`` most likely, sample. A seeded generator makes a continuation 
 """
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass
 from typing import Any
 
@@ -47,12 +48,8 @@ def sample(model: nn.Module, prompt: list[int], sampling: Sampling, *, context: 
     ids = torch.tensor([prompt], dtype=torch.long, device=device)
     new: list[int] = []
     for _ in range(sampling.tokens):
-        window = ids[:, -context:]
-        if autocast is not None:
-            with autocast():
-                logits, _ = split_outputs(model(window))
-        else:
-            logits, _ = split_outputs(model(window))
+        with (autocast or contextlib.nullcontext)():
+            logits, _ = split_outputs(model(ids[:, -context:]))
         assert logits is not None
         last = logits[0, -1].float()
         if sampling.temperature == 0:

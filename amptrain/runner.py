@@ -192,9 +192,7 @@ def run_evaluation(*, checkpoint_path: str, data: str | None, precision: str, ou
                       no_progress=not progress)
     class_names = run.get("class_names") or bundle.class_names or None
     task = saved_task(state, class_names)
-    if "bytes_per_token" in bundle.fitted and hasattr(task, "bytes_per_token"):
-        # Bits per byte of this text: another corpus has its own bytes per token.
-        task.bytes_per_token = bundle.fitted["bytes_per_token"]
+    task.fit(bundle.val)  # facts of this data (an LM's bytes per token); learnt ones are kept
     trainer.prepare(model, task=task)
     trainer.load_weights(state["model"])
     result = trainer.evaluate(trainer.model, bundle.val, write_dir=Path(out) / "eval")

@@ -92,7 +92,9 @@ class Task(ABC):
     # ------------------------------------------------------- learnt from data
     def fit(self, train_data: Any) -> None:  # noqa: B027  (optional hook)
         """Learn what the task needs from the training data (once, before the first step):
-        regression's target statistics, the LM's tokens per sample. Nothing by default."""
+        regression's target statistics, the LM's tokens per sample. Statistics already
+        learnt (restored from a checkpoint) are kept, so ``eval`` may call it on other data
+        for that data's own facts (an LM's bytes per token). Nothing by default."""
 
     def state(self) -> dict[str, Any]:
         """What :meth:`fit` learnt, JSON-able, for checkpoints (``eval`` rebuilds the task

@@ -47,8 +47,9 @@ class LanguageModelTask(Task):
         targets = targets_of(train_data)
         if targets is not None and targets.ndim == 2:
             self.seq_len = int(targets.shape[1])
-        if self.bytes_per_token is None:
-            self.bytes_per_token = getattr(train_data, "bytes_per_token", None)
+        # A fact of the text, not something learnt: evaluation on another corpus uses its own.
+        self.bytes_per_token = getattr(train_data, "bytes_per_token", None) \
+            or self.bytes_per_token
 
     def state(self) -> dict[str, Any]:
         return {"bytes_per_token": self.bytes_per_token, "seq_len": self.seq_len}
