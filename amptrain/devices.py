@@ -43,6 +43,42 @@ def cpu_flags(path: str = "/proc/cpuinfo") -> dict[str, bool | None]:
     return {name: (None if flags is None else name in flags) for name in CPU_FLAGS}
 
 
+#: oneDNN's x86 instruction-set levels (the names ``ONEDNN_MAX_CPU_ISA`` takes), lowest
+#: first, with the /proc/cpuinfo flags each needs on top of the level before it.
+CPU_ISA_LEVELS: tuple[tuple[str, tuple[str, ...]], ...] = (
+    ("SSE41", ("sse4_1",)), ("AVX", ("avx",)), ("AVX2", ("avx2", "fma")),
+    ("AVX512_CORE", ("avx512f", "avx512bw", "avx512vl", "avx512dq")),
+    ("AVX512_CORE_BF16", ("avx512_bf16",)), ("AVX512_CORE_FP16", ("avx512_fp16",)),
+    ("AVX512_CORE_AMX", ("amx_tile", "amx_bf16")))
+
+
+def cpu_isa(path: str = "/proc/cpuinfo") -> str | None:
+    """The highest of :data:`CPU_ISA_LEVELS` this CPU's own flags reach, or None when the
+    flags are unknown (not Linux x86). ``ONEDNN_MAX_CPU_ISA`` can make oneDNN use less than
+    this, never more, so anything that needs AVX512 or AMX must ask here."""
+    flags = read_cpu_flags(path)
+    if flags is None:
+        return None
+    reached = "none"
+    for level, needs in CPU_ISA_LEVELS:
+        if not set(needs) <= flags:
+            break
+        reached = level
+    return reached
+
+
+def cpu_reaches(level: str, path: str = "/proc/cpuinfo") -> bool | None:
+    """True when the real CPU has the instructions of oneDNN ISA ``level`` (e.g.
+    ``AVX512_CORE``), None when its flags are unknown."""
+    names = [name for name, _ in CPU_ISA_LEVELS]
+    if level not in names:
+        raise ValueError(f"unknown ISA level {level!r} (one of {', '.join(names)})")
+    have = cpu_isa(path)
+    if have is None:
+        return None
+    return have in names and names.index(have) >= names.index(level)
+
+
 def gpu_info(index: int) -> dict[str, Any]:
     """Name, compute capability and memory of one CUDA device."""
     props = torch.cuda.get_device_properties(index)

@@ -114,3 +114,26 @@ def test_cpu_flags_are_parsed_from_cpuinfo(tmp_path):
     assert devices.cpu_flags(str(fake)) == {"amx_bf16": True, "amx_fp16": False, "amx_tile": True,
                                         "avx512_bf16": True, "avx512_fp16": False}
     assert set(devices.cpu_flags(str(tmp_path / "missing")).values()) == {None}
+
+
+_AVX2 = "fpu sse4_1 avx avx2 fma"                                     # AMD EPYC (Zen 2/3)
+_AVX512 = _AVX2 + " avx512f avx512bw avx512vl avx512dq"               # Skylake-SP
+_ZEN4 = _AVX512 + " avx512_bf16"                                      # AMD EPYC (Zen 4)
+_SPR = _ZEN4 + " avx512_fp16 amx_tile amx_bf16"                       # Sapphire Rapids
+
+
+@pytest.mark.parametrize("flags,isa,avx512,amx", [
+    (_AVX2, "AVX2", False, False), (_AVX512, "AVX512_CORE", True, False),
+    (_ZEN4, "AVX512_CORE_BF16", True, False), (_SPR, "AVX512_CORE_AMX", True, True),
+    ("fp asimd bf16", "none", False, False),                          # ARM
+])
+def test_cpu_isa_is_what_the_real_cpu_reaches(tmp_path, monkeypatch, flags, isa, avx512, amx):
+    fake = tmp_path / "cpuinfo"
+    fake.write_text(f"processor\t: 0\nflags\t\t: {flags}\n\n")
+    monkeypatch.setenv("ONEDNN_MAX_CPU_ISA", "AVX512_CORE_AMX")  # a cap never raises it
+    assert devices.cpu_isa(str(fake)) == isa
+    assert devices.cpu_reaches("AVX512_CORE", str(fake)) is avx512
+    assert devices.cpu_reaches("AVX512_CORE_AMX", str(fake)) is amx
+    assert devices.cpu_reaches("AVX2", str(tmp_path / "missing")) is None
+    with pytest.raises(ValueError, match="unknown ISA level"):
+        devices.cpu_reaches("AVX1024")
