@@ -81,31 +81,37 @@ def run_training(config: RunConfig, **trainer_options: Any) -> FitResult:
     if owned:
         strategy = build_strategy(config.distributed.strategy, config.device)
     try:
-        # Under plain torchrun each process picked its own default --out: use rank 0's.
-        config = replace_options(config, out=strategy.broadcast_object(config.out))
-        if config.out is not None:  # without one nothing is written (as in the Trainer)
-            outdir.check_on_main(config.out, resume=bool(config.checkpointing.resume),
-                                 is_main=strategy.is_main, broadcast=strategy.broadcast_object)
-        # The Trainer first: a precision the hardware lacks (fp8 on a CPU) is refused before
-        # the data and the model are loaded.
-        trainer = Trainer(config, strategy=strategy, **trainer_options)
-        data, model = prepare_run(config)
-        trainer.run_info = run_info(config, data)
-        # The Trainer resolves --task from the data as check_task() did (auto: lm for
-        # text blocks, regression for float targets); library callers get the same.
-        result = trainer.fit(model, data.train, data.val, class_names=data.class_names or None)
-        export = exporter_of(model)  # a model from another framework, written back in its format
-        if export is not None and config.out is not None:
-            state = strategy.model_state_dict(model, trainer.precision)  # on every rank
-            if strategy.is_main:
-                export(Path(config.out), state)
-        # Every rank finishes (rank 0 writes the last checkpoint and reports) before any
-        # tears the process group down: a rank leaving early made gloo abort the other.
-        strategy.barrier()
-        return result
+        return _train(config, strategy, trainer_options)
     finally:
+        # The Trainer (and the DDP wrapper it holds) is unreachable once _train() has
+        # returned, so the teardown can free it before it destroys the process group.
         if owned:
             strategy.teardown()
+
+
+def _train(config: RunConfig, strategy: Any, trainer_options: dict[str, Any]) -> FitResult:
+    # Under plain torchrun each process picked its own default --out: use rank 0's.
+    config = replace_options(config, out=strategy.broadcast_object(config.out))
+    if config.out is not None:  # without one nothing is written (as in the Trainer)
+        outdir.check_on_main(config.out, resume=bool(config.checkpointing.resume),
+                             is_main=strategy.is_main, broadcast=strategy.broadcast_object)
+    # The Trainer first: a precision the hardware lacks (fp8 on a CPU) is refused before
+    # the data and the model are loaded.
+    trainer = Trainer(config, strategy=strategy, **trainer_options)
+    data, model = prepare_run(config)
+    trainer.run_info = run_info(config, data)
+    # The Trainer resolves --task from the data as check_task() did (auto: lm for
+    # text blocks, regression for float targets); library callers get the same.
+    result = trainer.fit(model, data.train, data.val, class_names=data.class_names or None)
+    export = exporter_of(model)  # a model from another framework, written back in its format
+    if export is not None and config.out is not None:
+        state = strategy.model_state_dict(model, trainer.precision)  # on every rank
+        if strategy.is_main:
+            export(Path(config.out), state)
+    # Every rank finishes (rank 0 writes the last checkpoint and reports) before any
+    # tears the process group down: a rank leaving early made gloo abort the other.
+    strategy.barrier()
+    return result
 
 
 @contextlib.contextmanager

@@ -7,7 +7,9 @@ rank's device and join the process group.
 """
 from __future__ import annotations
 
+import atexit
 import contextlib
+import gc
 import logging
 import os
 from dataclasses import dataclass
@@ -166,7 +168,30 @@ def init_process_group(device: torch.device) -> bool:
     if device.type == "cuda":
         torch.cuda.set_device(device)
     dist.init_process_group(backend, device_id=device if device.type == "cuda" else None)
+    # Whatever path the process leaves by (an error, a library caller that never tears
+    # down), the group must be gone while the interpreter still runs: see release_group().
+    atexit.register(release_group)
     return True
+
+
+def release_group() -> None:
+    """Destroy the default process group so that its C++ backend really goes, now.
+
+    ``destroy_process_group`` only drops torch's own reference: a DDP/FSDP wrapper that is
+    still alive (the Trainer sits in reference cycles, freed whenever the garbage collector
+    runs, often only while the interpreter shuts down) keeps the gloo group and its worker
+    threads running. A worker thread that then releases its last work's tensors after
+    Python has begun finalising must take the GIL, which ends the thread with a forced
+    unwind through a noexcept C++ frame: ``terminate called without an active exception``
+    and an abort, at random (pytorch#190489). Collecting first frees those wrappers while
+    the interpreter is alive, so the group's threads are joined here.
+    """
+    import torch.distributed as dist
+
+    gc.collect()
+    if dist.is_available() and dist.is_initialized():
+        dist.destroy_process_group()
+    gc.collect()  # a wrapper made unreachable only by the destroy above
 
 
 class _MainRankOnly(logging.Filter):

@@ -10,7 +10,7 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader, DistributedSampler, RandomSampler, Sampler
 
-from .base import Strategy, _MainRankOnly
+from .base import Strategy, _MainRankOnly, release_group
 
 log = logging.getLogger("amptrain")
 
@@ -118,9 +118,13 @@ class ProcessGroupStrategy(Strategy):
         if self._log_filter is not None:
             log.removeFilter(self._log_filter)
             self._log_filter = None
+        self._release_wrappers()
         if self._owns_group and self._dist.is_initialized():
-            self._dist.destroy_process_group()
+            release_group()  # the wrappers that hold the group are collected first
             self._owns_group = False
+
+    def _release_wrappers(self) -> None:
+        """Drop the strategy's own references to wrappers that hold the process group."""
 
 
 class DDPStrategy(ProcessGroupStrategy):
@@ -133,6 +137,9 @@ class DDPStrategy(ProcessGroupStrategy):
     def __init__(self, device: torch.device, *, owns_group: bool = False) -> None:
         super().__init__(device, owns_group=owns_group)
         self.ddp: nn.parallel.DistributedDataParallel | None = None
+
+    def _release_wrappers(self) -> None:
+        self.ddp = None
 
     def wrap(self, model: nn.Module) -> nn.Module:
         device_ids = [self.device.index] if self.device.type == "cuda" else None

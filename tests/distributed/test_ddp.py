@@ -182,6 +182,34 @@ def test_plain_torchrun_runs_amptrain_train(tmp_path):
     assert state["step"] == 6 and state["config"]["world_size"] == 2
 
 
+_RELEASED = """
+import gc, sys
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel
+from amptrain.config import RunConfig
+from amptrain.runner import run_training
+
+run_training(RunConfig.from_options(model="mlp", data="digits", max_steps=2, batch_size=32,
+                                    no_progress=True, out=sys.argv[1]))
+# Nothing may be left for the interpreter's shutdown to free: a DDP wrapper collected then
+# still holds the gloo group, whose threads abort the process (see release_group).
+left = [o for o in gc.get_objects() if isinstance(o, DistributedDataParallel)]
+print("left", len(left), "initialized", dist.is_initialized(), flush=True)
+"""
+
+
+@pytest.mark.slow
+def test_the_process_group_and_its_ddp_wrapper_are_gone_when_training_returns(tmp_path):
+    """The cause of the teardown abort (rank 1: terminate called without an active
+    exception): the DDP wrapper outlived destroy_process_group in the Trainer's reference
+    cycles, so the gloo group's threads were still running when Python shut down."""
+    script = tmp_path / "released.py"
+    script.write_text(_RELEASED)
+    result = torchrun(str(script), str(tmp_path / "run"))
+    assert result.returncode == 0, result.stderr[-6000:]
+    assert result.stdout.count("left 0 initialized False") == 2, result.stdout[-2000:]
+
+
 def _flags_to_values(args: list[str]) -> dict:
     parser = build_parser()
     return merged_values(parser.parse_args(["train", *args]))
