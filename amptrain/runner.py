@@ -14,6 +14,7 @@ from typing import Any, Iterator
 from torch import nn
 
 from . import checkpoint, outdir
+from .checkpoint.sections import check_finite_weights
 from .config import RunConfig, replace_options
 from .data import DataBundle, DataOptions, build_data
 from .distributed import build_strategy
@@ -143,9 +144,16 @@ def load_run(checkpoint_path: str) -> tuple[dict[str, Any], dict[str, Any]]:
     """(checkpoint state, its run info) of a checkpoint written by a command-line run."""
     state = checkpoint.load(checkpoint_path)
     run = state.get("run") or {}
-    if "model" not in run or "inputs" not in run:
+    if not isinstance(run, dict) or "model" not in run or "inputs" not in run:
         raise UserError(f"checkpoint {checkpoint_path} was not written by `amptrain train` "
                         f"(no model name inside); use it with the library API")
+    try:
+        saved_inputs(run)
+    except (TypeError, ValueError, KeyError):
+        raise UserError(f"checkpoint {checkpoint_path}: its 'run' section does not describe "
+                        f"the model's inputs (a damaged or hand-edited file)") from None
+    # NaN weights evaluate to NaN and generate NUL bytes: garbage must not exit 0.
+    check_finite_weights(state["model"], checkpoint_path)
     return state, run
 
 
@@ -173,6 +181,7 @@ def run_evaluation(*, checkpoint_path: str, data: str | None, precision: str, ou
                    batch_size: int = 256, device: str = "auto",
                    progress: bool = True) -> tuple[EvalResult, str]:
     """Evaluate a checkpoint as ``amptrain eval`` does; returns (result, trained precision)."""
+    outdir.claim(out, outdir.EVAL_OUTPUTS)  # before anything is read: one line, no report lost
     checkpoint_path = str(checkpoint_file(checkpoint_path))
     state, run = load_run(checkpoint_path)
     data_spec: str = data or run["data"]  # "data" is written with "model" (run_info)

@@ -4,6 +4,7 @@ from __future__ import annotations
 import argparse
 import logging
 
+from .. import outdir
 from ..config import RunConfig, build_config, config_fields, replace_options
 from ..errors import flag
 from .common import add_config_flags, default_out, merged_values
@@ -40,6 +41,7 @@ def run(args: argparse.Namespace) -> int:
     config = build_config(RunConfig, values, source="option")
     if not config.out:
         config = replace_options(config, out=default_out(config))
+    outdir.claim(config.out, outdir.DIAGNOSE_OUTPUTS)  # refused before the runs, not after
     report = diagnose(config, args.steps)
     json_path, md_path = write_reports(report, config.out)
     print("\n".join(summary_lines(report)))

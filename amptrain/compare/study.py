@@ -8,6 +8,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from .. import outdir
 from ..config import RunConfig, replace_options, to_dict
 from ..devices import resolve_device
 from ..env import collect_env
@@ -23,9 +24,11 @@ log = logging.getLogger("amptrain")
 
 
 def check_out(out: Path) -> None:
-    """Refuse to mix a new study into a directory that already holds one."""
+    """Refuse to mix a new study into a directory that already holds one, or to replace
+    any report file there (the rule of :mod:`amptrain.outdir`)."""
     if (out / "compare.json").exists() or (out / "runs").exists():
         raise UserError(f"--out {out} already holds a compare study; choose another --out")
+    outdir.claim(out, outdir.COMPARE_OUTPUTS)
 
 
 def run_compare(config: RunConfig, options: CompareOptions, *, command: str | None = None,
