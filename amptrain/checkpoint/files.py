@@ -23,6 +23,7 @@ from typing import Any, BinaryIO
 import torch
 
 from ..errors import AmptrainError, UserError
+from .sections import check_sections
 
 log = logging.getLogger("amptrain")
 
@@ -229,6 +230,7 @@ def load(path: str | Path, map_location: str | torch.device = "cpu") -> dict[str
     if state.get("format_version", 0) > FORMAT_VERSION:
         raise UserError(f"checkpoint {path}: written by a newer amptrain "
                         f"(format {state.get('format_version')}); upgrade amptrain")
+    check_sections(state, path)
     return state
 
 

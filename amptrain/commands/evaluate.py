@@ -2,7 +2,10 @@
 from __future__ import annotations
 
 import argparse
+import math
 from pathlib import Path
+
+from ..errors import TrainingHalted
 
 HELP = "evaluate a checkpoint"
 
@@ -28,6 +31,13 @@ def run(args: argparse.Namespace) -> int:
         checkpoint_path=args.checkpoint, data=args.data, precision=args.precision, out=args.out,
         batch_size=args.batch_size, device=args.device, progress=not args.no_progress)
     assert result.task is not None  # results of a pass carry their task
+    bad = [name for name, value in (("loss", result.loss), *result.metrics.items())
+           if isinstance(value, float) and not math.isfinite(value)]
+    if bad:  # finite weights, yet non-finite outputs: the precision overflowed on this data
+        raise TrainingHalted(f"evaluation of {args.checkpoint} gave a non-finite "
+                             f"{' and '.join(bad)} on {result.samples} samples in --precision "
+                             f"{args.precision}: the model's outputs overflow; evaluate with "
+                             f"--precision 32-true")
     metrics = "  ".join(f"{m.label} {result.metrics[m.key]:.4f}" for m in result.task.metrics
                         if m.key in result.metrics)
     print(f"{metrics}  loss {result.loss:.4f} on {result.samples} samples "
