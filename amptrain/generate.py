@@ -7,18 +7,25 @@ keep the ``top_k`` most likely, sample. A seeded generator makes a continuation 
 from __future__ import annotations
 
 import contextlib
+import math
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 from torch import nn
 
+from .config.train import MAX_SEED
 from .data import ByteTokenizer
 from .errors import UserError
 from .runner import (build_saved_model, checkpoint_file, load_run, saved_task,
                      text_encoder)
 from .steps import split_outputs
 from .trainer import Trainer
+
+
+#: The most tokens one ``generate`` call draws: each token is a forward pass, and a
+#: mistyped count (10^12) would run silently until killed. Longer texts: continue the output.
+MAX_TOKENS = 10_000
 
 
 @dataclass(frozen=True)
@@ -33,9 +40,15 @@ class Sampling:
     def __post_init__(self) -> None:
         if not isinstance(self.tokens, int) or self.tokens < 1:
             raise UserError(f"--tokens must be a positive integer (got {self.tokens!r})")
-        if not self.temperature >= 0:  # also refuses NaN
-            raise UserError(f"--temperature must be >= 0 (got {self.temperature!r}); 0 always "
-                            f"takes the most likely token")
+        if self.tokens > MAX_TOKENS:
+            raise UserError(f"--tokens {self.tokens} is over the limit of {MAX_TOKENS} per call "
+                            f"(one forward pass each); continue a longer text in pieces")
+        if not 0 <= self.temperature < math.inf:  # also refuses NaN
+            raise UserError(f"--temperature must be a finite number >= 0 (got "
+                            f"{self.temperature!r}); 0 always takes the most likely token")
+        if not isinstance(self.seed, int) or not 0 <= self.seed <= MAX_SEED:
+            raise UserError(f"--seed must be an integer from 0 to {MAX_SEED} "
+                            f"(got {self.seed!r})")
         if self.top_k is not None and self.top_k < 1:
             raise UserError(f"--top-k must be a positive integer (got {self.top_k!r})")
 
@@ -52,6 +65,10 @@ def sample(model: nn.Module, prompt: list[int], sampling: Sampling, *, context: 
             logits, _ = split_outputs(model(ids[:, -context:]))
         assert logits is not None
         last = logits[0, -1].float()
+        if not bool(torch.isfinite(last).all()):  # read anyway to pick the token
+            raise UserError("the model's outputs are not finite for this prompt (NaN or "
+                            "infinity, e.g. an fp16 overflow); generate with --precision "
+                            "32-true")
         if sampling.temperature == 0:
             token = int(last.argmax())
         else:
@@ -93,4 +110,4 @@ def generate_text(checkpoint_path: str, prompt: str, sampling: Sampling | None =
     return str(tokenizer.decode(new))
 
 
-__all__ = ["Sampling", "generate_text", "sample"]
+__all__ = ["MAX_TOKENS", "Sampling", "generate_text", "sample"]

@@ -27,6 +27,9 @@ SUMMARY_FIELDS = ("precision", "samples_per_s", "speedup", "step_time_ms", "peak
                   "timing_note", "verdict")
 #: A run logs about this many training records, so every loss curve has enough points.
 CURVE_POINTS = 100
+#: The most timed (or warm-up) steps per precision: a median settles within tens of steps,
+#: and a mistyped count (10^12) would run silently until killed.
+MAX_TIMED_STEPS = 10_000
 #: Training steps measured for peak memory (after the timing steps warmed everything up).
 MEMORY_STEPS = 2
 
@@ -59,6 +62,12 @@ class CompareOptions:
         require_positive(self, "seeds", "timing_steps")
         require_positive(self, "bench_steps", optional=True)
         require_non_negative(self, "timing_warmup")
+        for name in ("bench_steps", "timing_steps", "timing_warmup", "seeds"):
+            value = getattr(self, name)
+            limit = 100 if name == "seeds" else MAX_TIMED_STEPS
+            if isinstance(value, int) and value > limit:
+                raise UserError(f"{flag(name)} {value} is over the limit of {limit} (medians "
+                                f"settle within tens of steps; the study would run for hours)")
         for name in ("tolerance_pp", "tolerance_rel"):
             value = getattr(self, name)
             if not (isinstance(value, (int, float)) and math.isfinite(value) and value >= 0):

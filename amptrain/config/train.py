@@ -27,6 +27,9 @@ STRATEGIES = ("auto", "ddp", "fsdp", "dp")
 DEFAULT_LR = {"adamw": 1e-3, "adamw8bit": 1e-3, "sgd": 0.05}
 #: Lightning's bound: numpy seeds take 32 bits, and a seed is a name, not a size.
 MAX_SEED = 2 ** 32 - 1
+#: The longest --seq-len: attention costs seq_len^2 per block, so a mistyped length (a
+#: million, one long line of text) would run silently until killed.
+MAX_SEQ_LEN = 16_384
 
 
 def _positive_numbers(section_: object, *names: str) -> None:
@@ -300,6 +303,9 @@ class RunConfig(TrainConfig):
     def __post_init__(self) -> None:
         super().__post_init__()
         require_positive(self, "seq_len", optional=True)
+        if self.seq_len is not None and self.seq_len > MAX_SEQ_LEN:
+            raise UserError(f"{flag('seq_len')} {self.seq_len} is over the limit of "
+                            f"{MAX_SEQ_LEN} tokens (attention costs seq_len^2 per block)")
         if self.tokenizer is not None and self.tokenizer != "byte" \
                 and not self.tokenizer.startswith("hf:"):
             raise UserError(f"{flag('tokenizer')} must be byte or hf:DIR (got "

@@ -99,6 +99,11 @@ def run_steps(config: TrainConfig, data: DataBundle, model: nn.Module, steps: in
     return summary, attached
 
 
+#: The most steps per diagnosis run: overflow shows within tens of steps, and a mistyped
+#: count would run silently until killed.
+MAX_STEPS = 10_000
+
+
 def diagnose(config: TrainConfig, steps: int = 20, *, data: DataBundle | None = None,
              model: nn.Module | None = None) -> dict[str, Any]:
     """Run the four diagnosis runs and build the report (a JSON-ready dict).
@@ -110,6 +115,9 @@ def diagnose(config: TrainConfig, steps: int = 20, *, data: DataBundle | None = 
     """
     if steps < 1:
         raise UserError(f"--steps must be an integer >= 1 (got {steps})")
+    if steps > MAX_STEPS:  # four runs of it, with every module's ranges recorded
+        raise UserError(f"--steps {steps} is over the limit of {MAX_STEPS} (a diagnosis "
+                        f"needs tens of steps; it records every module's ranges)")
     if data is None or model is None:
         if not isinstance(config, RunConfig):
             raise UserError("diagnose needs a model and data, or a RunConfig naming them")
