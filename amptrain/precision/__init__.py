@@ -433,6 +433,10 @@ class Precision:
         self.consecutive_skips = int(state.get("consecutive_skips", 0))
         if self.weight_update is not None and state.get("weight_update"):
             self.weight_update.load_state_dict(state["weight_update"])
+        elif state.get("weight_update"):  # a kahan/stochastic run resumed with plain
+            log.warning("warning: the checkpoint's --weight-update %s state is dropped: this "
+                        "run updates its weights with plain rounding",
+                        state["weight_update"].get("rule"))
 
     def fp32_state_dict(self, model: nn.Module) -> dict[str, torch.Tensor]:
         """The model's state with fp32 weights (the master copies where the mode keeps them)."""

@@ -311,8 +311,8 @@ class WeightUpdate:
         saved = state.get("buffers") or []
         if state.get("rule") != self.rule or len(saved) != len(buffers) \
                 or any(s.shape != b.shape for s, b in zip(saved, buffers)):
-            log.info("the checkpoint's weight-update state (%s) does not fit --weight-update "
-                     "%s: it starts afresh", state.get("rule"), self.rule)
+            log.warning("warning: the checkpoint's weight-update state (%s) does not fit "
+                        "--weight-update %s: it starts afresh", state.get("rule"), self.rule)
             return
         for buffer, value in zip(buffers, saved):
             buffer.copy_(value)

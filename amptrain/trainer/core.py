@@ -24,6 +24,7 @@ from ..config import TrainConfig, build_config, to_dict, write_yaml
 from ..distributed import Strategy, build_strategy
 from ..errors import UserError, flag
 from ..evaluation import evaluate as evaluate_pass
+from ..inapplicable import warn_inapplicable
 from ..logs import RunLogger
 from ..lrscale import LrPlan, plan_lr
 from ..memory import MemoryMeter
@@ -158,6 +159,8 @@ class Trainer(CheckpointingMixin, ReportingMixin, BatchPlanningMixin, DataMixin)
             outdir.check_on_main(self.out, resume=bool(c.checkpointing.resume),
                                  is_main=self.strategy.is_main,
                                  broadcast=self.strategy.broadcast_object)
+        warn_inapplicable(c, self.given_options, loss_scaling=self.precision.spec.loss_scaling,
+                          precision=self.precision.name, own_optimizer=optimizer is not None)
         seed_everything(c.seed, c.deterministic)
         tune_backends(self.device, c.deterministic)
         self._prepare_model(model, optimizer)

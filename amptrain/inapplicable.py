@@ -1,0 +1,48 @@
+"""Options that do nothing in the chosen setting: one warning line naming each.
+
+The rule for every option (README, "Options that do not apply"): an option that cannot
+change anything in the chosen setting is accepted with one warning line naming it (the
+run is what it would be without it); an option whose absence would make the run train
+something other than what was asked (``--loss huber`` on a classifier, ``--seq-len``
+without text) is refused with exit 2 where it is validated. Nothing is silently ignored.
+"""
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable
+
+from .config import TrainConfig
+from .errors import flag
+
+log = logging.getLogger("amptrain")
+
+#: The dynamic loss scaler's options: they only act in modes that scale the loss.
+SCALER_OPTIONS = ("init_scale", "growth_factor", "backoff_factor", "growth_interval",
+                  "min_scale")
+
+
+def inapplicable(config: TrainConfig, given: Iterable[str], *, loss_scaling: bool,
+                 precision: str, own_optimizer: bool) -> list[str]:
+    """One sentence per given option that does nothing here (empty when all apply)."""
+    given = set(given)
+    notes = []
+    optimizer = config.schedule.optimizer
+    if "momentum" in given and (own_optimizer or optimizer != "sgd"):
+        whose = "your own optimizer" if own_optimizer else f"{flag('optimizer')} {optimizer}"
+        notes.append(f"{flag('momentum')} applies to {flag('optimizer')} sgd only; "
+                     f"{whose} ignores it")
+    scaler = [name for name in SCALER_OPTIONS if name in given]
+    if scaler and not loss_scaling:
+        names = ", ".join(flag(name) for name in scaler)
+        notes.append(f"{names} {'sets' if len(scaler) == 1 else 'set'} the loss scaler, which "
+                     f"{flag('precision')} {precision} does not use (only fp16 modes scale "
+                     f"the loss)")
+    return notes
+
+
+def warn_inapplicable(config: TrainConfig, given: Iterable[str], *, loss_scaling: bool,
+                      precision: str, own_optimizer: bool) -> None:
+    """Log :func:`inapplicable`'s sentences, one warning line each."""
+    for note in inapplicable(config, given, loss_scaling=loss_scaling, precision=precision,
+                             own_optimizer=own_optimizer):
+        log.warning("warning: %s", note)
