@@ -69,7 +69,23 @@ def check_fit_arguments(model: Any, train_data: Any, val_data: Any, *, optimizer
     check_dataset(train_data, "train_data")
     if val_data is not None:
         check_dataset(val_data, "val_data")
+        check_same_inputs(train_data, val_data)
     return list(class_names) if class_names is not None else None
+
+
+def check_same_inputs(train_data: Any, val_data: Any) -> None:
+    """In-memory validation inputs must have the training inputs' per-sample shape: else
+    the mismatch surfaces only at the first evaluation, after training."""
+    train, val = getattr(train_data, "tensors", None), getattr(val_data, "tensors", None)
+    if not (isinstance(train, (tuple, list)) and isinstance(val, (tuple, list))) \
+            or len(train) != len(val):
+        return
+    for i, (a, b) in enumerate(zip(train[:-1], val[:-1])):
+        if isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor) \
+                and a.shape[1:] != b.shape[1:]:
+            raise UserError(f"val_data: input {i} has shape {tuple(b.shape[1:])} per sample, "
+                            f"but train_data's has {tuple(a.shape[1:])}: the model cannot "
+                            f"evaluate it")
 
 
 def first_samples(data: Any, device: torch.device, count: int = 2) -> tuple | None:

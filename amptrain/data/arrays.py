@@ -99,19 +99,31 @@ def _regression(data: dict[str, np.ndarray], kind: str, spec: str,
                 options: DataOptions) -> DataBundle:
     """Float targets, one value (N) or a row of k values (N x k) per sample."""
     def targets(name: str) -> torch.Tensor:
-        y = data[name].astype(np.float32)
-        rows = ~np.isfinite(y.reshape(len(y), -1)).all(axis=1)
+        given = data[name]
+        rows = ~np.isfinite(given.reshape(len(given), -1)).all(axis=1)
         if rows.any():
             row = int(np.argmax(rows))
             raise UserError(f"--data {spec}: {name} of row {row} is not a finite number "
-                            f"({y.reshape(len(y), -1)[row].tolist()}); regression targets must "
-                            f"be finite: drop or fill those samples")
+                            f"({given.reshape(len(given), -1)[row].tolist()}); regression "
+                            f"targets must be finite: drop or fill those samples")
+        with np.errstate(over="ignore"):
+            y = given.astype(np.float32)
+        rows = ~np.isfinite(y.reshape(len(y), -1)).all(axis=1)
+        if rows.any():  # finite in the file, but beyond what training computes in
+            row = int(np.argmax(rows))
+            raise UserError(f"--data {spec}: {name} of row {row} "
+                            f"({given.reshape(len(given), -1)[row].tolist()}) is beyond "
+                            f"float32's range (about ±3.4e38), in which amptrain trains: "
+                            f"rescale the targets (e.g. divide by a power of ten)")
         return torch.as_tensor(y if y.ndim == 1 else y.reshape(len(y), -1))
 
     x, y = _inputs(data["x"], kind, spec, "x"), targets("y")
     if "x_val" in data:
-        train, val = TensorData(x, y), TensorData(_inputs(data["x_val"], kind, spec, "x_val"),
-                                                 targets("y_val"))
+        x_val = _inputs(data["x_val"], kind, spec, "x_val")
+        if x_val.shape[1:] != x.shape[1:]:  # else found only at the final evaluation
+            raise UserError(f"--data {spec}: x_val rows have shape {tuple(x_val.shape[1:])}, "
+                            f"x rows {tuple(x.shape[1:])}")
+        train, val = TensorData(x, y), TensorData(x_val, targets("y_val"))
     else:
         train_idx, val_idx = split_indices(len(x), options.val_fraction)
         train, val = TensorData(x[train_idx], y[train_idx]), TensorData(x[val_idx], y[val_idx])

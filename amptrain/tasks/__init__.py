@@ -42,10 +42,32 @@ def infer_task(data: Any) -> str:
     return "classification"
 
 
+#: From this many samples up, integer targets that are all different are not classes.
+DISTINCT_LABELS_MIN = 20
+
+
+def _check_labels_are_classes(train_data: Any) -> None:
+    """``auto`` reads integer targets as classes; but when every one differs (ids, counts,
+    prices in cents) there is nothing to classify, and a many-class classifier of one
+    sample per class would train without a word."""
+    targets = targets_of(train_data)
+    if targets is None or targets.is_floating_point() or targets.ndim != 1 \
+            or len(targets) < DISTINCT_LABELS_MIN:
+        return
+    if len(targets.unique()) == len(targets):
+        raise UserError(f"every one of the {len(targets)} training labels is distinct (one "
+                        f"sample per class): these look like measurements or ids, not "
+                        f"classes; did you mean {flag('task')} regression (with float "
+                        f"targets)? To train a classifier anyway, set {flag('task')} "
+                        f"classification")
+
+
 def resolve_task(name: str, train_data: Any, *, loss: str | None = None,
                  **facts: Any) -> Task:
     """The task a run trains: ``name`` (``auto`` asks the data), with ``--loss`` checked."""
     chosen = infer_task(train_data) if name == "auto" else name
+    if name == "auto" and chosen == "classification":
+        _check_labels_are_classes(train_data)
     if loss is not None and chosen != "regression":
         raise UserError(f"{flag('loss')} {loss} applies to regression; this run's task is "
                         f"{chosen} ({flag('task')} {name})")

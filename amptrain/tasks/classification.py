@@ -2,6 +2,7 @@
 verdict in percentage points of accuracy (``--tolerance-pp``)."""
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 import torch
@@ -9,6 +10,8 @@ from torch.nn import functional as F
 
 from ..errors import UserError, flag
 from .base import EvalResult, EvalSums, Metric, Task, targets_of
+
+log = logging.getLogger("amptrain")
 
 
 class _Predictions(EvalSums):
@@ -43,6 +46,27 @@ class ClassificationTask(Task):
                 raise UserError(f"{keyword} holds next-token sequences (language-model data); "
                                 f"train it with {flag('task')} lm")
             check_labels(labels, keyword, self.class_names)
+            self._check_unseen(labels, keyword)
+
+    def _check_unseen(self, labels: torch.Tensor, keyword: str) -> None:
+        """Say once when validation classes never occur in training: they are counted as
+        errors in val_acc, and nothing else would tell why the accuracy is low."""
+        if labels.is_floating_point() or labels.ndim != 1:
+            return
+        if keyword == "train_data":
+            self._train_classes = set(labels.unique().tolist())
+            return
+        seen = getattr(self, "_train_classes", None)
+        if keyword != "val_data" or seen is None:
+            return
+        unseen = sorted(set(labels.unique().tolist()) - seen)
+        if unseen:
+            count = int(sum(int((labels == c).sum()) for c in unseen))
+            names = [self.class_names[c] if self.class_names and 0 <= c < len(self.class_names)
+                     else str(c) for c in unseen]
+            log.warning("warning: %d validation sample(s) are of %d class(es) that never occur "
+                        "in the training data (e.g. %r): the model cannot learn them, so they "
+                        "count as errors in val_acc", count, len(unseen), names[0])
 
     def check_outputs(self, outputs: torch.Tensor | None, targets: Any, *,
                       model_name: str | None, all_targets: torch.Tensor | None) -> None:
