@@ -59,13 +59,22 @@ def model_dir(argument: str) -> Path:
     return path
 
 
-def tokenizer_dir(argument: str) -> Path:
-    """A local directory holding a Hugging Face tokenizer (with or without its model)."""
+def tokenizer_dir(argument: str, option: str = "model") -> Path:
+    """A local directory holding a Hugging Face tokenizer (with or without its model);
+    errors name ``--option hf:ARGUMENT``."""
     path = Path(argument).expanduser()
     names = ("config.json", "tokenizer_config.json", "tokenizer.json")
     if path.is_dir() and any((path / name).is_file() for name in names):
         return path
-    return model_dir(argument)  # its errors say what is missing
+    if option == "model":
+        return model_dir(argument)  # its errors say what is missing
+    where = f"--{option} hf:{argument}"
+    if not argument or not path.exists():
+        raise UserError(f"{where}: no such directory {argument!r} (a tokenizer directory "
+                        f"written by tokenizer.save_pretrained(PATH); or --{option} byte)")
+    raise UserError(f"{where}: {argument!r} holds no Hugging Face tokenizer (no "
+                    f"tokenizer.json or tokenizer_config.json); write one with "
+                    f"tokenizer.save_pretrained(PATH), or use --{option} byte")
 
 
 #: Loggers whose import-time warnings _quiet() holds back (torchao, imported by transformers).
@@ -106,9 +115,10 @@ class HFTextEncoder:
     tokenizer (``synthetic-seq``) work from directories that hold none.
     """
 
-    def __init__(self, argument: str) -> None:
-        self.path = tokenizer_dir(argument)
+    def __init__(self, argument: str, option: str = "model") -> None:
+        self.path = tokenizer_dir(argument, option)
         self.name = f"hf:{argument}"
+        self.option = option
         self._tokenizer: Any = None
 
     @property
@@ -120,12 +130,14 @@ class HFTextEncoder:
                     self._tokenizer = transformers.AutoTokenizer.from_pretrained(
                         str(self.path), local_files_only=True)
             except (OSError, ValueError, TypeError, KeyError) as exc:
+                instead = "train the built-in --model transformer on this text" \
+                    if self.option == "model" else f"use --{self.option} byte"
                 raise UserError(
-                    f"--model {self.name}: cannot load a tokenizer from {self.path} "
+                    f"--{self.option} {self.name}: cannot load a tokenizer from {self.path} "
                     f"({_first_line(exc)}); save it there with tokenizer.save_pretrained(PATH), "
-                    f"or train the built-in --model transformer on this text") from None
+                    f"or {instead}") from None
             if _pad_id(self._tokenizer) is None:
-                raise UserError(f"--model {self.name}: the tokenizer has no padding or "
+                raise UserError(f"--{self.option} {self.name}: the tokenizer has no padding or "
                                 f"end-of-sequence token to pad batches with")
         return self._tokenizer
 

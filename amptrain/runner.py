@@ -44,7 +44,8 @@ def text_encoder(model: str, tokenizer: str | None) -> Any:
     (``hf:PATH``), else None (the data's built-in one; ``--tokenizer byte`` asks for it)."""
     if tokenizer == "byte":
         return None
-    return text_encoder_for(tokenizer or model)
+    return text_encoder_for(tokenizer, option="tokenizer") if tokenizer \
+        else text_encoder_for(model)
 
 
 def check_task(config: RunConfig, data: DataBundle) -> str:

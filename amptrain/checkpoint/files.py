@@ -23,6 +23,7 @@ from typing import Any, BinaryIO
 import torch
 
 from ..errors import AmptrainError, UserError
+from ..pathkind import not_regular_reason
 from .sections import check_sections
 
 log = logging.getLogger("amptrain")
@@ -216,6 +217,9 @@ def remove_unfinished(directory: str | Path) -> list[Path]:
 def load(path: str | Path, map_location: str | torch.device = "cpu") -> dict[str, Any]:
     """Read and validate an amptrain checkpoint; any problem is a one-line UserError."""
     path = Path(path)
+    special = not_regular_reason(path)
+    if special:
+        raise UserError(f"checkpoint {special}")
     if not path.is_file():
         raise UserError(f"checkpoint {path}: no such file")
     try:

@@ -84,16 +84,16 @@ def check_compatible(state: dict[str, Any], config: dict[str, Any], run_info: di
         raise UserError(f"--model {config['model']} does not match checkpoint {path}, which was "
                         f"trained with --model {saved['model']}; resume with --model "
                         f"{saved['model']} or start a new run with another --out")
+    _check_same_task(state, config, run_info, path)
     saved_inputs = (state.get("run") or {}).get("inputs") or {}
     inputs = run_info.get("inputs") or {}
-    for key, what in (("num_classes", "{} classes"), ("input_shape", "inputs of shape {}")):
+    task = run_info.get("task") or "classification"
+    for key in ("num_classes", "input_shape"):
         if key not in saved_inputs or key not in inputs:
             continue
         now, then = _plain(inputs[key]), _plain(saved_inputs[key])
         if now != then:
-            raise UserError(f"--data {config.get('data')} has {what.format(now)}, but checkpoint "
-                            f"{path} was trained on {what.format(then)} (--data "
-                            f"{saved.get('data')}); resume with the same data")
+            raise UserError(_inputs_differ(task, key, now, then, config, saved, path))
     if "batch_size" in saved and saved["batch_size"] != config.get("batch_size"):
         raise UserError(f"--batch-size {config.get('batch_size')} differs from checkpoint {path}'s "
                         f"{saved['batch_size']}: its data position and learning-rate schedule "
@@ -108,6 +108,45 @@ def check_compatible(state: dict[str, Any], config: dict[str, Any], run_info: di
                if key in saved and key in config and saved[key] != config[key]]
     if changed:
         log.warning("resume is not exact: %s", ", ".join(changed))
+
+
+#: What a model's output count is called, per task.
+_OUTPUTS = {"classification": "classes", "regression": "target values per sample",
+            "lm": "vocabulary entries"}
+_TASK_DATA = {"classification": "class labels", "regression": "regression targets",
+              "lm": "text for language modelling"}
+
+
+def _check_same_task(state: dict[str, Any], config: dict[str, Any], run_info: dict[str, Any],
+                     path: str | Path) -> None:
+    """A checkpoint continues only the task it trained (checkpoints older than tasks were
+    classifiers)."""
+    then = (state.get("task") or {}).get("name") or (state.get("run") or {}).get("task") \
+        or "classification"
+    now = run_info.get("task") or config.get("task")
+    if now in _OUTPUTS and then in _OUTPUTS and now != then:
+        raise UserError(f"--data {config.get('data')} holds {_TASK_DATA[now]} ({now}), but "
+                        f"checkpoint {path} trained a {then} model; resume on the data it was "
+                        f"trained on (--data {(state.get('config') or {}).get('data')}) or "
+                        f"start a new run with another --out")
+
+
+def _inputs_differ(task: str, key: str, now: Any, then: Any, config: dict[str, Any],
+                   saved: dict[str, Any], path: str | Path) -> str:
+    """The message for a resume whose model facts differ, naming the flag that differs."""
+    if task == "lm" and key == "input_shape":
+        return (f"--seq-len {now[0]} differs from checkpoint {path}'s {then[0]}: its model "
+                f"reads blocks of {then[0]} tokens; resume with --seq-len {then[0]}")
+    if task == "lm":
+        return (f"--tokenizer {config.get('tokenizer') or 'byte'} gives a vocabulary of {now} "
+                f"tokens, but checkpoint {path} was trained with {then} (--tokenizer "
+                f"{saved.get('tokenizer') or 'byte'}); resume with that tokenizer")
+    what = f"{now} {_OUTPUTS.get(task, 'outputs')}" if key == "num_classes" \
+        else f"inputs of shape {now}"
+    was = f"{then} {_OUTPUTS.get(task, 'outputs')}" if key == "num_classes" \
+        else f"inputs of shape {then}"
+    return (f"--data {config.get('data')} has {what}, but checkpoint {path} was trained on "
+            f"{was} (--data {saved.get('data')}); resume on data of the same shape")
 
 
 def _plain(value: Any) -> Any:

@@ -19,6 +19,7 @@ from typing import Any, Iterable, Iterator
 import yaml
 
 from ..errors import UserError, flag
+from ..pathkind import not_regular_reason
 
 
 def option(default: Any = None, help: str = "", *, choices: Iterable[str] | None = None,
@@ -241,6 +242,9 @@ RESOLVED_ONLY_KEYS = frozenset({"world_size", "lr_schedule", "micro_batch_search
 def load_yaml(path: str | Path) -> dict[str, Any]:
     """Read a --config YAML file into a dict with underscore keys."""
     path = Path(path)
+    special = not_regular_reason(path)
+    if special:  # reading a FIFO blocks, /dev/zero never ends
+        raise UserError(f"--config {special}; give the YAML file")
     if path.is_dir():
         raise UserError(f"--config {path} is a directory; give the YAML file")
     if not path.is_file():

@@ -17,6 +17,7 @@ import torch
 from torch.utils.data import Dataset
 
 from ..errors import UserError
+from ..pathkind import special_kind
 
 #: Seed of the train/validation split of sources that have none. Fixed (not --seed) so
 #: that every run, and ``amptrain eval`` later, validates on exactly the same samples.
@@ -177,7 +178,9 @@ def path_and_options(argument: str, defaults: dict[str, Any], spec: str, *, what
         raise UserError(f"--data {spec}: give a {what} path, e.g. --data {spec.split(':')[0]}:PATH")
     is_right_kind = path.is_dir() if what == "directory" else path.is_file()
     if not is_right_kind:
-        problem = f"not a {what}" if path.exists() else f"no such {what}"
+        special = special_kind(path)
+        problem = f"{special}, not a {what}:" if special else \
+            f"not a {what}" if path.exists() else f"no such {what}"
         raise UserError(f"--data {spec}: {problem} {raw_path!r}")
     return path, parse_options(option_text, defaults, spec)
 

@@ -26,6 +26,7 @@ import numpy as np
 import torch
 
 from ..errors import UserError, flag
+from ..pathkind import not_regular_reason
 from .core import DataBundle, DataOptions, TensorData, register
 
 log = logging.getLogger("amptrain")
@@ -93,6 +94,9 @@ class TokenBlocks(TensorData):
 
 def read_texts(path: Path, glob: str | None, spec: str) -> list[str]:
     """The UTF-8 texts under ``path`` (a file, or a directory read recursively)."""
+    special = not_regular_reason(path)
+    if special:  # reading a FIFO blocks, /dev/zero never ends
+        raise UserError(f"--data {spec}: {special} (amptrain reads text files or directories)")
     if path.is_file():
         files = [path]
     else:

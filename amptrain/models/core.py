@@ -62,7 +62,7 @@ def register_text_encoder(name: str) -> Callable[[TextEncoderFactory], TextEncod
     return decorate
 
 
-def text_encoder_for(spec: str) -> Any:
+def text_encoder_for(spec: str, option: str = "model") -> Any:
     """The tokenizer the model ``spec`` brings for text data, or None (the built-in one).
 
     The runner hands it to the data as ``DataOptions.text_encoder``, so the data never
@@ -70,7 +70,10 @@ def text_encoder_for(spec: str) -> Any:
     """
     name, _, argument = spec.partition(":")
     factory = TEXT_ENCODERS.get(name)
-    return factory(argument) if factory is not None else None
+    if factory is None:
+        return None
+    # Errors name the option that named the tokenizer (--tokenizer hf:DIR or --model hf:DIR).
+    return factory(argument, option=option) if option != "model" else factory(argument)
 
 
 def build_model(spec: str, inputs: ModelInputs) -> nn.Module:

@@ -106,9 +106,9 @@ def hf_model(argument: str, inputs: ModelInputs) -> nn.Module:
 
 
 @register_text_encoder("hf")
-def hf_text_encoder(argument: str) -> Any:
-    """The tokenizer saved with an ``hf:PATH`` model, for ``csv-text`` data."""
-    return _hf(f"hf:{argument}").HFTextEncoder(argument)
+def hf_text_encoder(argument: str, option: str = "model") -> Any:
+    """The tokenizer saved with an ``hf:PATH`` model (or named by ``--tokenizer hf:DIR``)."""
+    return _hf(f"hf:{argument}").HFTextEncoder(argument, option=option)
 
 
 def _hf(spec: str) -> Any:

@@ -1,0 +1,33 @@
+"""What a path given as a file really is, so that errors name it.
+
+A FIFO, ``/dev/zero`` or a socket exists but is no regular file: reading one blocks or
+never ends. Every place that reads a user's file refuses these up front, saying what
+the path is (not "no such file" or "an empty directory").
+"""
+from __future__ import annotations
+
+import os
+import stat
+from pathlib import Path
+
+_KINDS = ((stat.S_ISFIFO, "a FIFO (named pipe)"), (stat.S_ISCHR, "a character device"),
+          (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket"))
+
+
+def special_kind(path: str | os.PathLike[str]) -> str | None:
+    """``"a FIFO (named pipe)"``, ``"a character device"``, ... for a path that exists but is
+    neither a regular file nor a directory; None otherwise (missing paths included)."""
+    try:
+        mode = os.stat(path).st_mode
+    except OSError:
+        return None
+    for test, name in _KINDS:
+        if test(mode):
+            return name
+    return None
+
+
+def not_regular_reason(path: str | os.PathLike[str]) -> str | None:
+    """``"PATH is a FIFO (named pipe), not a regular file"``, or None."""
+    kind = special_kind(path)
+    return None if kind is None else f"{Path(path)} is {kind}, not a regular file"
