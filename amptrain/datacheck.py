@@ -32,6 +32,20 @@ def dataset_length(data: Any, keyword: str) -> int | None:
     return len(data)
 
 
+def check_model(model: nn.Module) -> None:
+    """A model with something to train, whose weights hold data."""
+    params = list(model.parameters())
+    if any(p.is_meta for p in params) or any(b.is_meta for b in model.buffers()):
+        raise UserError("model has weights on the 'meta' device (shapes without data, e.g. "
+                        "built under torch.device('meta')): materialise them first, e.g. "
+                        "model.to_empty(device='cpu') and load or initialise the weights")
+    if not any(p.requires_grad for p in params):
+        what = "no parameters" if not params else \
+            f"{len(params)} parameters, none with requires_grad=True"
+        raise UserError(f"model has nothing to train ({what}): unfreeze some parameters "
+                        f"(requires_grad_(True)) or give a model with weights")
+
+
 def check_dataset(data: Any, keyword: str) -> None:
     """Refuse an empty ``data`` and, for in-memory tensors, inputs that are garbage
     (NaN/inf, no values per sample). What the targets must be is the task's to check."""
@@ -43,6 +57,9 @@ def check_dataset(data: Any, keyword: str) -> None:
     if not isinstance(tensors, (tuple, list)) or not tensors \
             or not all(isinstance(t, torch.Tensor) for t in tensors):
         return
+    if any(t.is_meta for t in tensors):
+        raise UserError(f"{keyword} holds tensors on the 'meta' device (shapes without "
+                        f"data): give tensors with values, on the CPU or the training device")
     for i, x in enumerate(tensors[:-1]):
         if x.ndim >= 2 and 0 in x.shape[1:]:
             raise UserError(f"{keyword}: input {i} has no values per sample "
@@ -57,6 +74,7 @@ def check_fit_arguments(model: Any, train_data: Any, val_data: Any, *, optimizer
     returns the class names as a list (or None)."""
     if not isinstance(model, nn.Module):
         raise UserError(f"model must be a torch.nn.Module (got {type(model).__name__})")
+    check_model(model)
     if optimizer is not None and not isinstance(optimizer, torch.optim.Optimizer):
         raise UserError(f"optimizer must be a torch.optim.Optimizer (got "
                         f"{type(optimizer).__name__})")

@@ -2,6 +2,7 @@
 loop, micro-batch probing, evaluation, compare and diagnose all run batches through here."""
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable
 from typing import Any
 
@@ -24,6 +25,32 @@ def split_outputs(output: Any) -> tuple[torch.Tensor | None, torch.Tensor | None
     return getattr(output, "logits", None), getattr(output, "loss", None)
 
 
+def check_dict_batch(model: Any, batch: dict[Any, Any]) -> None:
+    """The dict-batch convention (Hugging Face's): every key is a keyword of the model's
+    ``forward``, ``labels`` holds the targets. A key that is not one (``label``, ``input``)
+    is named here instead of torch's "unexpected keyword argument" deep in the forward."""
+    module = getattr(model, "_orig_mod", model)  # torch.compile's wrapper
+    module = getattr(module, "module", module)   # DDP/DataParallel's wrapper
+    keys = [k for k in batch if not isinstance(k, str)]
+    if keys:
+        raise UserError(f"a dict batch's keys must be the model's forward() keyword names "
+                        f"(got the key {keys[0]!r})")
+    try:
+        parameters = inspect.signature(module.forward).parameters.values()
+    except (TypeError, ValueError):  # a builtin or C forward: nothing to compare with
+        return
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters):
+        return
+    names = [p.name for p in parameters
+             if p.kind in (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)]
+    unknown = [k for k in batch if k not in names]
+    if unknown:
+        raise UserError(f"dict batches are passed to forward() as keywords (the Hugging Face "
+                        f"convention; targets under 'labels'), but the model's forward("
+                        f"{', '.join(names)}) has no parameter {unknown[0]!r}: rename the key "
+                        f"or give (inputs, targets) tuples")
+
+
 def forward_batch(model: nn.Module | Callable[..., Any], batch: Any, loss_fn: LossFn,
                   check: Callable[[Any, Any], None] | None = None
                   ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
@@ -34,6 +61,8 @@ def forward_batch(model: nn.Module | Callable[..., Any], batch: Any, loss_fn: Lo
     targets)``, when given, sees the outputs before the loss is computed from them.
     """
     if isinstance(batch, dict):
+        if check is not None:  # the run's first batch: the convention is checked once
+            check_dict_batch(model, batch)
         output = model(**batch)
         targets = batch.get("labels")
     else:
@@ -43,6 +72,9 @@ def forward_batch(model: nn.Module | Callable[..., Any], batch: Any, loss_fn: Lo
     if check is not None and loss is None:
         check(logits, targets)
     if loss is None:
+        if isinstance(batch, dict) and targets is None:
+            raise UserError("a dict batch carries its targets under 'labels' (or the model "
+                            "returns .loss itself); this batch has no 'labels' key")
         if logits is None or targets is None:
             raise UserError("the model returned no loss and no logits with targets: return logits "
                             "(a tensor) or an object with .loss")

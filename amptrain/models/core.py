@@ -42,7 +42,7 @@ def exporter_of(model: nn.Module) -> Exporter | None:
 
 #: Models that bring their own tokenizer for text data: name -> factory(argument) of a
 #: :class:`~amptrain.data.text.TextEncoder` (``hf`` registers one).
-TextEncoderFactory = Callable[[str], Any]
+TextEncoderFactory = Callable[..., Any]  # (argument, option="model") -> a TextEncoder
 TEXT_ENCODERS: dict[str, TextEncoderFactory] = {}
 
 
@@ -73,7 +73,7 @@ def text_encoder_for(spec: str, option: str = "model") -> Any:
     if factory is None:
         return None
     # Errors name the option that named the tokenizer (--tokenizer hf:DIR or --model hf:DIR).
-    return factory(argument, option=option) if option != "model" else factory(argument)
+    return factory(argument, option=option)
 
 
 def build_model(spec: str, inputs: ModelInputs) -> nn.Module:

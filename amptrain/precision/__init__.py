@@ -39,6 +39,7 @@ from .islands import (
 from .master import (FP32_NORM_TYPES, MasterWeights, cast_model, check_no_shared_kept,
                      is_fsdp_sharded, modules_kept_fp32)
 from .maths import set_tf32
+from .misuse import CallOrder
 from .modes import ALIASES, MODES, PRECISION_NAMES, ModeSpec, as_given, canonical_name, label
 from .outcome import NonFiniteHalt, StepOutcome
 from .scaling import DynamicLossScaler, FoundInfAgreement, NonFiniteGuard
@@ -119,6 +120,7 @@ class Precision:
         self._first_bad_step: int | None = None
         self._master: MasterWeights | None = None
         self._patches = ForwardPatches()
+        self._order = CallOrder()
         self._optimizers: list[torch.optim.Optimizer] = []
         self._grads_moved: set[int] = set()
         self._host_flags: list[torch.Tensor] = []
@@ -177,6 +179,7 @@ class Precision:
         Linear layers for float8 ones in ``fp8`` (in place, parameters kept; teardown does
         not undo it), and sets the TF32 switches. The model must already be on its device.
         """
+        self._order.setup(self.name, self.spec.master_weights, optimizer is not None)
         param = next(model.parameters(), None)
         if param is not None and param.device.type != self.device.type:
             self.device = param.device
@@ -287,6 +290,10 @@ class Precision:
         if self.weight_update is not None:
             self.weight_update.remove()
 
+    def installed(self) -> ContextManager:
+        """The forward wrappers of :meth:`setup` back in place for a block (after teardown)."""
+        return self._patches.reinstated()
+
     # --------------------------------------------------------------- forward
     def autocast(self) -> ContextManager:
         """The autocast context for forward passes (and the loss) in this mode."""
@@ -297,6 +304,7 @@ class Precision:
     # -------------------------------------------------------------- backward
     def backward(self, loss: torch.Tensor) -> None:
         """Backpropagate ``loss``, scaled where the mode uses loss scaling."""
+        self._order.backward(loss)
         self.guard.scale(loss).backward()
 
     def _optimizer(self, optimizer: torch.optim.Optimizer | None) -> torch.optim.Optimizer:
@@ -349,6 +357,7 @@ class Precision:
         :meth:`confirm` when the answer is needed.
         """
         optimizer = self._optimizer(optimizer)
+        self._order.step()
         self.unscale_(optimizer)
         try:
             found_inf = self.guard.step(optimizer)
@@ -433,10 +442,6 @@ class Precision:
         self.consecutive_skips = int(state.get("consecutive_skips", 0))
         if self.weight_update is not None and state.get("weight_update"):
             self.weight_update.load_state_dict(state["weight_update"])
-        elif state.get("weight_update"):  # a kahan/stochastic run resumed with plain
-            log.warning("warning: the checkpoint's --weight-update %s state is dropped: this "
-                        "run updates its weights with plain rounding",
-                        state["weight_update"].get("rule"))
 
     def fp32_state_dict(self, model: nn.Module) -> dict[str, torch.Tensor]:
         """The model's state with fp32 weights (the master copies where the mode keeps them)."""

@@ -16,9 +16,10 @@ untouched, so checkpoints do not depend on the precision.
 """
 from __future__ import annotations
 
+import contextlib
 import fnmatch
 import functools
-from typing import Any, Callable, Iterable
+from typing import Any, Callable, Iterable, Iterator
 
 import torch
 from torch import nn
@@ -69,6 +70,7 @@ class ForwardPatches:
 
     def __init__(self) -> None:
         self._patched: list[nn.Module] = []
+        self._removed: list[tuple[nn.Module, Callable]] = []  # what remove() took off
 
     def wrap(self, module: nn.Module, make_forward: Callable[[Callable], Callable]) -> None:
         original = module.forward
@@ -77,8 +79,21 @@ class ForwardPatches:
 
     def remove(self) -> None:
         for module in self._patched:
-            module.__dict__.pop("forward", None)
+            forward = module.__dict__.pop("forward", None)
+            if forward is not None:
+                self._removed.append((module, forward))
         self._patched.clear()
+
+    @contextlib.contextmanager
+    def reinstated(self) -> Iterator[None]:
+        """The removed wrappers back for a block (evaluating after training), then off."""
+        for module, forward in self._removed:
+            module.forward = forward
+        try:
+            yield
+        finally:
+            for module, _ in self._removed:
+                module.__dict__.pop("forward", None)
 
 
 def install_fp32_islands(patches: ForwardPatches, modules: Iterable[nn.Module],

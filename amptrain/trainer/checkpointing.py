@@ -78,6 +78,11 @@ class CheckpointingMixin(TrainerBase):
         if self.scheduler is not None and state.get("scheduler") is not None:
             self.scheduler.load_state_dict(state["scheduler"])
         self.precision.load_state_dict(state.get("precision", {}))
+        saved_rule = ((state.get("precision") or {}).get("weight_update") or {}).get("rule")
+        if saved_rule and self.precision.weight_update is None:  # resumed with plain
+            log.warning("warning: the checkpoint's %s weight-update state is dropped: "
+                        "%s plain rounds the updates (resume with %s %s to keep it)",
+                        saved_rule, flag("weight_update"), flag("weight_update"), saved_rule)
         checkpoint.restore_rng(state.get("rng", {}))
         self.step, self.epoch = int(state["step"]), int(state["epoch"])
         self.window_in_epoch = int(state["window_in_epoch"])

@@ -7,6 +7,7 @@ One optimizer step ("step") is one global batch: ``accumulate`` micro-batches pe
 """
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
 from collections.abc import Callable, Iterable
@@ -68,11 +69,17 @@ class Trainer(CheckpointingMixin, ReportingMixin, BatchPlanningMixin, DataMixin)
         self.strategy = strategy or build_strategy(c.distributed.strategy, c.device)
         self.device = self.strategy.device
         self.memory = MemoryMeter(self.device, "running")
-        self.precision = Precision.from_config(c.precision, device=self.device)
         self.callbacks = list(callbacks)
         self.print_every = print_every  # console lines (without a bar): every N steps
         self.run_info = dict(run_info or {})
         self.out = Path(c.out) if c.out else None
+        self._reset()
+
+    def _reset(self) -> None:
+        """A fresh precision and loop state: each fit trains its model from step 0."""
+        c = self.config
+        self.precision = Precision.from_config(c.precision, device=self.device)
+        self._torn_down = False
         self.logger = RunLogger(None, enabled=False)
         # Loop position: optimizer steps done, current epoch, windows done in that epoch.
         self.step = 0
@@ -143,6 +150,8 @@ class Trainer(CheckpointingMixin, ReportingMixin, BatchPlanningMixin, DataMixin)
         c = self.config
         names = datacheck.check_fit_arguments(model, train_data, val_data, optimizer=optimizer,
                                               loss_fn=loss_fn, class_names=class_names)
+        if self.model is not None:  # a second fit: a new model, trained from step 0
+            self._reset()
         if task is not None and not isinstance(task, Task):
             raise UserError(f"task must be an amptrain.tasks.Task (got {type(task).__name__}); "
                             f"name a built-in one with the {flag('task')} option")
@@ -213,6 +222,10 @@ class Trainer(CheckpointingMixin, ReportingMixin, BatchPlanningMixin, DataMixin)
             raise self._explain_halt(halt) from None
         finally:
             self.logger.close()
+            # The user's model gets its own forward back (islands, fp16 convs): it must
+            # behave as before fit, also after an error. evaluate() reinstates them.
+            self.precision.teardown()
+            self._torn_down = True
         self._emit("on_fit_end")
         result = self._result()
         bad = result.nonfinite_metrics()
@@ -244,8 +257,10 @@ class Trainer(CheckpointingMixin, ReportingMixin, BatchPlanningMixin, DataMixin)
         micro, accumulate = self.config.batching.split(self.strategy.world_size)
         # No gradients to hold: one pass per per-device batch.
         windows = self._windows(data, micro * accumulate, 1, shuffle=False)
-        result = evaluate_pass(model, windows, precision=self.precision, task=self.task,
-                               strategy=self.strategy, logger=self.logger, loss_fn=self.loss_fn)
+        with self.precision.installed() if self._torn_down else contextlib.nullcontext():
+            result = evaluate_pass(model, windows, precision=self.precision, task=self.task,
+                                   strategy=self.strategy, logger=self.logger,
+                                   loss_fn=self.loss_fn)
         if write_dir is not None and self.strategy.is_main:
             result.write(write_dir)
         return result

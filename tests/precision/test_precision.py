@@ -221,3 +221,44 @@ def test_state_dict_round_trip_restores_scale():
     other.load_state_dict(state)
     _backward(other, tiny_mlp(), data)  # scale is created lazily on first use
     assert other.loss_scale == 256.0 and other.skipped_steps == 1
+
+
+# ------------------------------------------- misuse by a library caller (issue 28, class 4)
+def _pair(precision: Precision):
+    model = nn.Linear(4, 2)
+    return precision.setup(model, torch.optim.SGD(model.parameters(), lr=0.1))
+
+
+@pytest.mark.parametrize("name", ["32-true", "16-mixed", "bf16-master"])
+def test_step_without_backward_is_amptrains_error(name):
+    precision = Precision(name, device="cpu")
+    model, optimizer = _pair(precision)
+    with pytest.raises(UserError, match=r"step\(\) came without a backward\(\)"):
+        precision.step(optimizer)
+    with precision.autocast():
+        loss = model(torch.randn(3, 4)).float().mean()
+    precision.backward(loss)
+    precision.step(optimizer)  # the right order works, and a second step needs a backward
+    with pytest.raises(UserError, match="without a backward"):
+        precision.step(optimizer)
+
+
+def test_a_loss_that_is_not_one_number_is_refused():
+    precision = Precision("16-mixed", device="cpu")
+    model, _ = _pair(precision)
+    with pytest.raises(UserError, match=r"scalar loss \(one number\), got shape \(3,\)"):
+        precision.backward(model(torch.randn(3, 4)).sum(1))
+    with pytest.raises(UserError, match="needs the loss as a torch.Tensor"):
+        precision.backward(1.5)
+
+
+@pytest.mark.parametrize("name,refused", [("bf16-master", True), ("16-master", True),
+                                          ("bf16-mixed", False)])
+def test_a_second_model_and_optimizer_in_a_master_weight_mode_is_refused(name, refused):
+    precision = Precision(name, device="cpu")
+    _pair(precision)
+    if refused:
+        with pytest.raises(UserError, match="already keeps fp32 master weights"):
+            _pair(precision)
+    else:
+        _pair(precision)  # no masters: one Precision may serve two pairs

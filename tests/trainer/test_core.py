@@ -203,7 +203,43 @@ LIBRARY_HOSTILE = [
      "optimizer must be a torch.optim.Optimizer"),
     ("class-names-string", {}, lambda d, m: dict(model=m, train_data=d, class_names="abc"),
      "class_names must be a list of strings"),
+    # Issue 28, class 4: foreign exceptions become amptrain's, naming the argument.
+    ("model-frozen", {}, lambda d, m: dict(model=m.requires_grad_(False), train_data=d),
+     "model has nothing to train (4 parameters, none with requires_grad=True)"),
+    ("model-without-parameters", {}, lambda d, m: dict(model=nn.Flatten(), train_data=d),
+     "model has nothing to train (no parameters)"),
+    ("model-on-meta", {}, lambda d, m: dict(model=m.to("meta"), train_data=d),
+     "model has weights on the 'meta' device"),
+    ("data-on-meta", {}, lambda d, m: dict(model=m, train_data=TensorData(
+        d.tensors[0].to("meta"), d.tensors[1].to("meta"))), "train_data holds tensors on the "
+                                                           "'meta' device"),
+    ("val-inputs-of-another-shape", {}, lambda d, m: dict(model=m, train_data=d,
+                                                          val_data=TensorData(
+        torch.zeros(20, 5), torch.zeros(20, dtype=torch.long))),
+     "val_data: input 0 has shape (5,) per sample, but train_data's has (8,)"),
+    ("labels-all-distinct", {}, lambda d, m: dict(model=m, train_data=TensorData(
+        d.tensors[0], torch.arange(200))), "every one of the 200 training labels is distinct"),
+    ("dict-batch-unknown-key", {}, lambda d, m: dict(model=m, train_data=torch.utils.data.DataLoader(
+        [{"inputs": x, "labels": y} for x, y in zip(*d.tensors)], batch_size=16)),
+     "has no parameter 'inputs'"),
+    ("dict-batch-without-labels", {}, lambda d, m: dict(model=_Keyword(), train_data=torch.utils.data.DataLoader(
+        [{"x": x} for x in d.tensors[0]], batch_size=16)),
+     "a dict batch carries its targets under 'labels'"),
+    ("loss-not-scalar", {}, lambda d, m: dict(model=m, train_data=d,
+                                              loss_fn=lambda out, y: (out - out.detach()).sum(1)),
+     "backward() needs a scalar loss (one number), got shape (16,)"),
 ]
+
+
+class _Keyword(nn.Module):
+    """A model whose forward takes its input as a keyword (dict batches)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.linear = nn.Linear(8, 3)
+
+    def forward(self, x: torch.Tensor, labels: torch.Tensor | None = None) -> torch.Tensor:
+        return self.linear(x)
 
 
 @pytest.mark.parametrize("name,options,arguments,fragment", LIBRARY_HOSTILE,
@@ -217,7 +253,7 @@ def test_library_errors_name_the_keyword(name, options, arguments, fragment, tmp
                              "out": str(tmp_path / "run"), **options})
         trainer.fit(**arguments(data, _mlp3()))
     assert fragment in str(error.value) and "--" not in str(error.value)
-    if "loader" not in name:  # a loader's labels are only seen with its first batch
+    if not any(word in name for word in ("loader", "dict", "loss")):  # seen with a batch
         assert not (tmp_path / "run").exists()  # refused before anything was written
 
 
@@ -237,3 +273,42 @@ def test_own_optimizer_keeps_its_learning_rate_unless_a_schedule_is_asked_for(ca
     Trainer(no_progress=True, epochs=2, batch_size=32, scheduler="cosine").fit(
         model, data, optimizer=optimizer)
     assert optimizer.param_groups[0]["lr"] == pytest.approx(0.0)
+
+
+# ------------------------------------------------ a Trainer used twice, and teardown
+def test_a_second_fit_trains_the_second_model():
+    data = tiny_classification(n=200)
+    trainer = Trainer(precision="32-true", device="cpu", no_progress=True, max_steps=3,
+                      batch_size=32, log_every=1)
+    first_model, second_model = tiny_mlp(classes=3), tiny_mlp(classes=3, seed=1)
+    first = trainer.fit(first_model, data)
+    before = [p.detach().clone() for p in second_model.parameters()]
+    second = trainer.fit(second_model, data)
+    assert first.steps == second.steps == 3 and trainer.step == 3
+    assert [r["step"] for r in trainer.history if "loss" in r] == [1, 2, 3]  # not 1..6
+    assert trainer.model is second_model
+    assert any(not torch.equal(a, b) for a, b in zip(before, second_model.parameters()))
+
+
+@pytest.mark.parametrize("fails", [False, True])
+def test_fit_gives_the_users_model_its_own_forward_back(fails):
+    """16-mixed on a CPU wraps the forward of kept-fp32 modules (and norms); after fit,
+    also one that raised, the user's modules have no patched forward left."""
+    model = nn.Sequential(nn.Linear(8, 16), nn.LayerNorm(16), nn.Linear(16, 3))
+    trainer = Trainer(precision="16-mixed", device="cpu", no_progress=True, max_steps=2,
+                      batch_size=32, keep_fp32=["2"])
+
+    class Boom:
+        def on_step_end(self, trainer):
+            raise RuntimeError("a callback failed")
+
+    if fails:
+        trainer.callbacks.append(Boom())
+        with pytest.raises(RuntimeError, match="a callback failed"):
+            trainer.fit(model, tiny_classification(n=64))
+    else:
+        trainer.fit(model, tiny_classification(n=64))
+    assert all("forward" not in m.__dict__ for m in model.modules())
+    if not fails:  # evaluating afterwards puts the islands back for the pass only
+        assert trainer.evaluate(model, tiny_classification(n=64)).loss > 0
+        assert all("forward" not in m.__dict__ for m in model.modules())
