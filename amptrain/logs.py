@@ -14,6 +14,8 @@ from typing import Any, TextIO
 
 from tqdm import tqdm
 
+from .errors import AmptrainError, flag
+
 log = logging.getLogger("amptrain")
 
 #: metrics.jsonl field -> TensorBoard tag (DESIGN.md's contract).
@@ -39,6 +41,18 @@ def _fmt(value: Any) -> str:
     if isinstance(value, float):
         return f"{value:.3g}" if abs(value) < 1e-2 or abs(value) >= 1e4 else f"{value:.4f}"
     return str(value)
+
+
+class LogWriteError(AmptrainError):
+    """metrics.jsonl could not be written (a full disk, a lost mount): the run stops with
+    one line (exit 1); the last checkpoint is intact and ``--resume auto`` continues."""
+
+    exit_code = 1
+
+    def __init__(self, path: Path, exc: OSError) -> None:
+        super().__init__(f"cannot write {path} ({exc.strerror or type(exc).__name__}); the "
+                         f"run stopped, its last checkpoint is intact: free space and continue "
+                         f"with {flag('resume')} auto")
 
 
 class RunLogger:
@@ -68,8 +82,12 @@ class RunLogger:
         self._tb = None
         if enabled and out is not None:
             out = Path(out)
-            out.mkdir(parents=True, exist_ok=True)
-            self._jsonl = open(out / "metrics.jsonl", "a", buffering=1)
+            self._path = out / "metrics.jsonl"
+            try:
+                out.mkdir(parents=True, exist_ok=True)
+                self._jsonl = open(self._path, "a", buffering=1)
+            except OSError as exc:
+                raise LogWriteError(self._path, exc) from None
             from torch.utils.tensorboard import SummaryWriter
 
             # A resumed run logs the steps after its checkpoint again: purge what a killed
@@ -104,7 +122,10 @@ class RunLogger:
         record = {k: (None if isinstance(v, float) and not math.isfinite(v) else v)
                   for k, v in record.items()}
         if self._jsonl is not None:
-            self._jsonl.write(json.dumps(record) + "\n")
+            try:
+                self._jsonl.write(json.dumps(record) + "\n")
+            except OSError as exc:  # a full disk: one line, the checkpoints are intact
+                raise LogWriteError(self._path, exc) from None
         if self._tb is not None:
             step = record["step"]
             for key, value in record.items():
@@ -138,8 +159,11 @@ class RunLogger:
     def close(self) -> None:
         self.close_bar()
         if self._jsonl is not None:
-            self._jsonl.close()
-            self._jsonl = None
+            jsonl, self._jsonl = self._jsonl, None
+            try:
+                jsonl.close()
+            except OSError:  # the write that failed already said so (LogWriteError)
+                pass
         if self._tb is not None:
             self._tb.flush()
             self._tb.close()

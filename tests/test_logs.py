@@ -163,3 +163,19 @@ def test_print_every_thins_the_console_lines_but_not_the_files(tmp_path):
     assert [line.split()[3] for line in lines] == ["10", "20", "25"]
     assert "val_acc 0.9" in lines[-1]
     assert len((tmp_path / "metrics.jsonl").read_text().splitlines()) == 26
+
+
+def test_a_full_disk_while_logging_is_one_error_naming_the_file(tmp_path):
+    """/dev/full answers every write with ENOSPC, as a full disk does: the run stops with
+    amptrain's error (exit 1 under the CLI) naming metrics.jsonl, not an OSError traceback."""
+    import os
+
+    from amptrain.logs import LogWriteError
+
+    os.symlink("/dev/full", tmp_path / "metrics.jsonl")
+    logger = RunLogger(tmp_path, progress=False)
+    with pytest.raises(LogWriteError, match=r"cannot write .*metrics.jsonl \(No space left") \
+            as error:
+        logger.log({"step": 1, "loss": 0.5})
+    assert error.value.exit_code == 1 and "resume auto" in str(error.value)
+    logger.close()  # the failed write does not fail again on close
