@@ -1,0 +1,68 @@
+"""inapplicable.py: an option that does nothing in the chosen setting says so in one
+warning line (issue 28, class 6), and one that applies says nothing."""
+from __future__ import annotations
+
+import logging
+
+import pytest
+import torch
+
+from amptrain import cli
+from amptrain.trainer import Trainer
+from tests.conftest import tiny_classification, tiny_mlp
+
+# (id, Trainer options, a fragment of the one warning line, or None: no warning)
+CASES = [
+    ("momentum-with-adamw", dict(optimizer="adamw", momentum=0.5),
+     "momentum applies to optimizer sgd only; optimizer adamw ignores it"),
+    ("init-scale-with-bf16", dict(precision="bf16-mixed", init_scale=1024.0),
+     "init_scale sets the loss scaler, which precision bf16-mixed does not use"),
+    ("two-scaler-options-in-fp32", dict(precision="32-true", growth_interval=10,
+                                        backoff_factor=0.25),
+     "backoff_factor, growth_interval set the loss scaler, which precision 32-true"),
+    ("momentum-with-sgd", dict(optimizer="sgd", momentum=0.5), None),
+    ("init-scale-with-fp16", dict(precision="16-mixed", init_scale=1024.0), None),
+]
+
+
+@pytest.mark.parametrize("name,options,fragment", CASES, ids=[c[0] for c in CASES])
+def test_an_option_that_does_nothing_is_one_warning(caplog, name, options, fragment):
+    trainer = Trainer(device="cpu", no_progress=True, max_steps=1, batch_size=32, **options)
+    with caplog.at_level(logging.WARNING, logger="amptrain"):
+        trainer.fit(tiny_mlp(), tiny_classification(n=64))
+    said = [r.getMessage() for r in caplog.records if "does not use" in r.getMessage()
+            or "ignores it" in r.getMessage()]
+    if fragment is None:
+        assert said == []
+    else:
+        assert len(said) == 1 and fragment in said[0] and said[0].startswith("warning: ")
+
+
+def test_momentum_with_your_own_optimizer_is_warned(caplog):
+    model = tiny_mlp()
+    with caplog.at_level(logging.WARNING, logger="amptrain"):
+        Trainer(device="cpu", no_progress=True, max_steps=1, batch_size=32, momentum=0.5).fit(
+            model, tiny_classification(n=64), optimizer=torch.optim.Adam(model.parameters()))
+    assert any("your own optimizer ignores it" in r.getMessage() for r in caplog.records)
+
+
+def test_resuming_a_kahan_run_with_plain_says_the_compensation_is_dropped(tmp_path, caplog):
+    data = tiny_classification(n=64)
+    common = dict(device="cpu", no_progress=True, batch_size=32, precision="bf16-true",
+                  out=str(tmp_path / "run"))
+    Trainer(max_steps=2, weight_update="kahan", **common).fit(tiny_mlp(), data)
+    with caplog.at_level(logging.WARNING, logger="amptrain"):
+        Trainer(max_steps=3, resume="auto", **common).fit(tiny_mlp(), data)
+    said = [r.getMessage() for r in caplog.records if "weight-update state" in r.getMessage()
+            or "weight_update" in r.getMessage()]
+    assert len(said) == 1 and "kahan" in said[0] and "dropped" in said[0], said
+
+
+def test_the_command_line_names_the_flag(capsys, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    code = cli.main(["train", "--model", "mlp", "--optimizer", "adamw", "--momentum", "0.5",
+                     "--max-steps", "1", "--no-progress", "--out", str(tmp_path / "run")])
+    assert code == 0
+    lines = [line for line in capsys.readouterr().err.splitlines() if "warning:" in line]
+    assert lines == ["amptrain: warning: --momentum applies to --optimizer sgd only; "
+                     "--optimizer adamw ignores it"]
