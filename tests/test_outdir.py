@@ -42,3 +42,39 @@ def test_an_unwritable_place(tmp_path, monkeypatch):
     monkeypatch.undo()
     with pytest.raises(UserError, match="cannot create it"):
         outdir.prepare("/proc/amptrain-run", resume=False)
+
+
+# ----------------------------------------- one rule for every command (issue 28, class 3)
+@pytest.mark.parametrize("outputs,entry", [
+    (outdir.TRAIN_OUTPUTS, "config.yaml"), (outdir.EVAL_OUTPUTS, "eval/report.json"),
+    (outdir.DIAGNOSE_OUTPUTS, "diagnose.md"), (outdir.COMPARE_OUTPUTS, "compare.png"),
+])
+def test_no_command_replaces_what_it_did_not_write(tmp_path, outputs, entry):
+    target = tmp_path / entry
+    target.parent.mkdir(parents=True, exist_ok=True)
+    target.write_text("the user's")
+    first = entry.split("/")[0] + ("/" if "/" in entry else "")
+    with cli_spelling(), pytest.raises(UserError, match=f"already holds {first}, which this"):
+        if outputs is outdir.TRAIN_OUTPUTS:
+            outdir.check(tmp_path, resume=False)
+        else:
+            outdir.claim(tmp_path, outputs)
+    assert target.read_text() == "the user's"
+
+
+def test_empty_directories_and_other_files_are_no_obstacle(tmp_path):
+    (tmp_path / "eval").mkdir()
+    (tmp_path / "notes.txt").write_text("mine")
+    assert outdir.claim(tmp_path, outdir.EVAL_OUTPUTS) == tmp_path
+    outdir.check(tmp_path, resume=False)
+
+
+def test_an_entry_of_the_wrong_kind_is_refused_even_on_resume(tmp_path):
+    (tmp_path / "tb").write_text("a file where TensorBoard's directory goes")
+    with pytest.raises(UserError, match="tb is a file, but amptrain writes a directory there"):
+        outdir.check(tmp_path, resume=True)
+    (tmp_path / "tb").unlink()
+    (tmp_path / "config.yaml").mkdir()
+    with pytest.raises(UserError, match="config.yaml is a directory, but amptrain writes a "
+                                        "file there"):
+        outdir.check(tmp_path, resume=True)

@@ -1,0 +1,45 @@
+"""checkpoint/sections.py: a checkpoint that passes the format check but lacks a section,
+has one of the wrong type, or holds non-finite weights is one line naming file and section."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from amptrain.checkpoint.sections import check_finite_weights, check_sections, nonfinite_weights
+from amptrain.errors import UserError
+
+GOOD = {"model": {"w": torch.ones(2)}, "step": 3, "epoch": 0, "window_in_epoch": 3,
+        "config": {}, "scheduler": None, "log_window": None, "precision_name": "32-true"}
+
+
+@pytest.mark.parametrize("change,fragment", [
+    (lambda s: s.pop("config"), "its 'config' section is missing"),
+    (lambda s: s.update(step=True), "its 'step' section is a bool, not a int"),
+    (lambda s: s.update(epoch=1.5), "its 'epoch' section is a float"),
+    (lambda s: s.update(optimizer=[1]), "its 'optimizer' section is a list, not a dict"),
+    (lambda s: s.update(scheduler="cosine"), "its 'scheduler' section is a str, not a dict "
+                                             "or None"),
+    (lambda s: s["model"].update(w="weights"), "model entry 'w' is a str, not a tensor"),
+])
+def test_a_damaged_section_is_named(change, fragment):
+    state = {**GOOD, "model": dict(GOOD["model"])}
+    change(state)
+    with pytest.raises(UserError, match="^checkpoint ck.pt: ") as error:
+        check_sections(state, "ck.pt")
+    assert fragment in str(error.value)
+
+
+def test_a_whole_checkpoint_and_older_ones_without_optional_sections_pass():
+    check_sections(dict(GOOD), "ck.pt")
+    check_sections({k: GOOD[k] for k in ("model", "step", "epoch", "window_in_epoch",
+                                         "config")}, "old.pt")
+
+
+def test_non_finite_weights_are_found_and_refused():
+    weights = {"a": torch.ones(3), "b": torch.tensor([1.0, float("inf")]),
+               "steps": torch.tensor([7])}
+    assert nonfinite_weights(weights) == ["b"]
+    with pytest.raises(UserError, match=r"--checkpoint ck.pt holds non-finite weights "
+                                        r"\(1 of 3 tensors, e.g. 'b'\)"):
+        check_finite_weights(weights, "ck.pt")
+    check_finite_weights({"a": torch.ones(1)}, "ck.pt")
