@@ -128,10 +128,13 @@ class RunLogger:
                 raise LogWriteError(self._path, exc) from None
         if self._tb is not None:
             step = record["step"]
-            for key, value in record.items():
-                tag = tb_tag(key)
-                if tag and isinstance(value, (int, float)) and not isinstance(value, bool):
-                    self._tb.add_scalar(tag, value, step)
+            try:
+                for key, value in record.items():
+                    tag = tb_tag(key)
+                    if tag and isinstance(value, (int, float)) and not isinstance(value, bool):
+                        self._tb.add_scalar(tag, value, step)
+            except OSError as exc:
+                raise LogWriteError(self._path.with_name("tb"), exc) from None
         shown = {k: v for k, v in record.items() if v is not None and (
             k in ("loss", "lr", "loss_scale") or k.startswith("val_"))}
         if self._bar is not None:
@@ -165,6 +168,9 @@ class RunLogger:
             except OSError:  # the write that failed already said so (LogWriteError)
                 pass
         if self._tb is not None:
-            self._tb.flush()
-            self._tb.close()
-            self._tb = None
+            tb, self._tb = self._tb, None
+            try:
+                tb.flush()
+                tb.close()
+            except OSError:  # reported by the write that failed
+                pass
