@@ -91,6 +91,75 @@ def hostile_inputs(root: Path) -> dict[str, Path]:
     paths["short_txt"].write_text("a few words only\n")
     paths["long_txt"] = root / "long.txt"
     paths["long_txt"].write_text("the quick brown fox jumps over the lazy dog\n" * 100)
+    paths.update(round_two_inputs(root, x, rng))
+    return paths
+
+
+def round_two_inputs(root: Path, x: np.ndarray, rng: np.random.Generator) -> dict[str, Path]:
+    """Issue 28's hostile round: entries where --out expects others, files of the user's a
+    command must not replace, special files, checkpoints damaged inside, labels that are
+    ids, targets beyond float32 (the checkpoints come from real runs, in-process)."""
+    import os
+
+    import torch
+
+    from amptrain.config import RunConfig
+    from amptrain.runner import run_training
+
+    paths: dict[str, Path] = {}
+    arrays = {
+        "ids_y": dict(x=x, y=np.arange(60)),
+        "huge_y": dict(x=x, y=np.where(np.arange(60) == 3, 1e300, rng.normal(size=60))),
+        "val_shape": dict(x=x, y=rng.normal(size=60), x_val=rng.normal(size=(10, 5)),
+                          y_val=rng.normal(size=10)),
+    }
+    for name, values in arrays.items():
+        paths[name] = root / f"{name}.npz"
+        np.savez(paths[name], **values)
+    for name, entry, is_dir in (("out_ckpt_file", "checkpoints", False),
+                                ("out_metrics_dir", "metrics.jsonl", True),
+                                ("out_eval_file", "eval", False),
+                                ("out_tb_used", "tb/events.out", False),
+                                ("out_eval_used", "eval/report.json", False),
+                                ("out_diagnose", "diagnose.json", False),
+                                ("out_report", "report.md", False)):
+        target = root / name / entry
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.mkdir() if is_dir else target.write_text("the user's own file\n")
+        paths[name] = root / name
+    paths["config_dir"] = root / "config_dir"
+    paths["config_dir"].mkdir()
+    (paths["config_dir"] / "config.yaml").write_text("model: mlp\nmax_steps: 1\n")
+    paths["fifo"] = root / "fifo"
+    os.mkfifo(paths["fifo"])
+    paths["no_tokenizer"] = root / "no_tokenizer"
+    paths["no_tokenizer"].mkdir()
+    (paths["no_tokenizer"] / "vocab.txt").write_text("a\nb\n")
+    # Real checkpoints: a classifier on features, a tiny language model on text.
+    np.savez(root / "classes.npz", x=x, y=rng.integers(0, 3, 60))
+    common = dict(max_steps=1, batch_size=16, no_progress=True, device="cpu")
+    run_training(RunConfig.from_options(model="mlp", data=f"npz:{root / 'classes.npz'}",
+                                        out=str(root / "cls_run"), **common))
+    paths["cls_ckpt"] = root / "cls_run" / "checkpoints" / "last.pt"
+    run_training(RunConfig.from_options(model="gpt:layers=1,heads=2,width=32",
+                                        data=f"text:{paths.get('long_txt', root / 'long.txt')}",
+                                        seq_len=16, out=str(root / "lm_run"), **common))
+    paths["lm_ckpt"] = root / "lm_run" / "checkpoints" / "last.pt"
+    state = torch.load(paths["lm_ckpt"], weights_only=True)
+
+    def damaged(name: str, change) -> None:
+        copy = {**state, "model": dict(state["model"]), "run": dict(state["run"])}
+        change(copy)
+        paths[name] = root / f"{name}.pt"
+        torch.save(copy, paths[name])
+
+    damaged("ckpt_no_model", lambda s: s.pop("model"))
+    damaged("ckpt_step_text", lambda s: s.update(step="six"))
+    damaged("ckpt_entry_not_tensor", lambda s: s["model"].update({"extra": [1, 2]}))
+    damaged("ckpt_bad_inputs", lambda s: s["run"].update(inputs={"colour": "blue"}))
+    damaged("ckpt_nan", lambda s: s["model"].update(
+        {k: torch.full_like(v, float("nan")) for k, v in s["model"].items()
+         if v.is_floating_point()}))
     return paths
 
 
@@ -220,6 +289,81 @@ ERROR_TABLE = [
     ("eval-checkpoint-is-a-directory", "eval --checkpoint {empty_dir} --out {root}/e2",
      "is a directory with no checkpoint in it"),
     ("compare-unknown-precision", "compare --precisions 32-true,fp12", "fp12"),
+    # Issue 28: a new hostile round; each class fixed at its root (see round_two_inputs).
+    # 1. tracebacks: entries of the wrong kind in --out, damaged checkpoints, late checks
+    ("out-checkpoints-is-a-file", "train --max-steps 1 --out {out_ckpt_file}",
+     "checkpoints is a file, but amptrain writes a directory there"),
+    ("out-metrics-is-a-directory", "train --max-steps 1 --out {out_metrics_dir}",
+     "metrics.jsonl is a directory, but amptrain writes a file there"),
+    ("eval-out-eval-is-a-file", "eval --checkpoint {cls_ckpt} --out {out_eval_file}",
+     "eval is a file, but amptrain writes a directory there"),
+    ("checkpoint-without-model", "eval --checkpoint {ckpt_no_model} --out {root}/e3",
+     "its 'model' section is missing"),
+    ("checkpoint-step-is-text", "generate --checkpoint {ckpt_step_text}",
+     "its 'step' section is a str, not a int"),
+    ("checkpoint-weight-not-a-tensor", "eval --checkpoint {ckpt_entry_not_tensor} --out {root}/e4",
+     "model entry 'extra' is a list, not a tensor"),
+    ("checkpoint-run-inputs-damaged", "generate --checkpoint {ckpt_bad_inputs}",
+     "its 'run' section does not describe the model's inputs"),
+    ("generate-nan-weights", "generate --checkpoint {ckpt_nan}", "holds non-finite weights"),
+    ("generate-seed-negative", "generate --checkpoint {lm_ckpt} --seed -1",
+     "--seed must be an integer from 0 to 4294967295"),
+    ("generate-temperature-infinite", "generate --checkpoint {lm_ckpt} --temperature inf",
+     "--temperature must be a finite number >= 0"),
+    ("regression-val-inputs-differ", "train --model mlp --data npz:{val_shape}",
+     "x_val rows have shape (5,), x rows (8,)"),
+    # 2. garbage with exit 0
+    ("eval-nan-weights", "eval --checkpoint {ckpt_nan} --out {root}/e5",
+     "holds non-finite weights (17 of 17 tensors"),
+    ("labels-all-distinct", "train --model mlp --data npz:{ids_y} --batch-size 16",
+     "every one of the 48 training labels is distinct"),
+    # 3. a user's files overwritten: one rule for every command
+    ("train-config-inside-out", "train --config {config_dir}/config.yaml --out {config_dir}",
+     "already holds config.yaml, which this command would replace"),
+    ("train-out-with-tb-files", "train --max-steps 1 --out {out_tb_used}", "already holds tb/"),
+    ("eval-into-earlier-reports", "eval --checkpoint {cls_ckpt} --out {out_eval_used}",
+     "already holds eval/, which this command would replace"),
+    ("eval-into-the-training-run", "eval --checkpoint {cls_ckpt} --out {root}/cls_run",
+     "already holds eval/"),
+    ("diagnose-replaces-its-report", "diagnose --steps 2 --out {out_diagnose}",
+     "already holds diagnose.json"),
+    ("compare-replaces-a-report", "compare --bench-steps 2 --out {out_report}",
+     "already holds report.md"),
+    # 5. errors that name the wrong thing
+    ("tokenizer-no-such-directory", "train --model gpt --data text:{long_txt} "
+                                    "--tokenizer hf:{root}/nothing",
+     "--tokenizer hf:"),
+    ("tokenizer-directory-without-one", "train --model gpt --data text:{long_txt} "
+                                        "--tokenizer hf:{no_tokenizer}",
+     "holds no Hugging Face tokenizer"),
+    ("text-is-a-fifo", "train --model gpt --data text:{fifo}", "is a FIFO (named pipe)"),
+    ("text-is-dev-zero", "train --model gpt --data text:/dev/zero", "is a character device"),
+    ("config-is-a-fifo", "train --config {fifo}", "is a FIFO (named pipe), not a regular file"),
+    ("config-is-dev-zero", "train --config /dev/zero", "is a character device"),
+    ("npz-is-a-fifo", "train --data npz:{fifo}", "a FIFO (named pipe), not a file"),
+    ("checkpoint-is-dev-zero", "eval --checkpoint /dev/zero --out {root}/e6",
+     "is a character device, not a regular file"),
+    ("regression-target-beyond-float32", "train --model mlp --data npz:{huge_y}",
+     "is beyond float32's range"),
+    ("resume-lm-with-another-seq-len", "train --model gpt:layers=1,heads=2,width=32 "
+                                       "--data text:{long_txt} --seq-len 32 --max-steps 2 "
+                                       "--resume {lm_ckpt} --out {root}/r1",
+     "--seq-len 32 differs from checkpoint"),
+    ("resume-classifier-on-regression-data", "train --model mlp --data npz:{float_y} "
+                                             "--batch-size 16 --max-steps 2 --resume "
+                                             "{cls_ckpt} --out {root}/r2",
+     "holds regression targets (regression), but checkpoint"),
+    # 7. unbounded work: bounded up front, naming the limit
+    ("seq-len-over-the-limit", "train --model gpt --data text:{long_txt} --seq-len 1000000",
+     "--seq-len 1000000 is over the limit of 16384"),
+    ("generate-tokens-over-the-limit", "generate --checkpoint {lm_ckpt} --tokens 1000000000000",
+     "--tokens 1000000000000 is over the limit of 10000"),
+    ("compare-bench-steps-over-the-limit", "compare --bench-steps 1000000000000",
+     "--bench-steps 1000000000000 is over the limit of 10000"),
+    ("compare-seeds-over-the-limit", "compare --seeds 1000000", "--seeds 1000000 is over the "
+                                                               "limit of 100"),
+    ("diagnose-steps-over-the-limit", "diagnose --steps 1000000000",
+     "--steps 1000000000 is over the limit of 10000"),
 ]
 
 
@@ -236,8 +380,8 @@ def error_runs(tmp_path_factory) -> dict[str, subprocess.CompletedProcess]:
     def run(case):
         name, args, _ = case
         argv = [a.format(root=root, **paths) for a in args.split()]
-        return name, amptrain(*argv, "--no-progress",
-                              cwd=work)
+        quiet = [] if argv[0] == "diagnose" else ["--no-progress"]  # diagnose shows no bar
+        return name, amptrain(*argv, *quiet, cwd=work)
 
     with ThreadPoolExecutor(max_workers=4) as pool:
         runs = dict(pool.map(run, ERROR_TABLE))
@@ -251,10 +395,11 @@ def _snapshot(root: Path) -> dict[str, bytes]:
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(1200)  # the whole table's processes start in this test's fixture
 def test_no_bad_invocation_changed_a_file(error_runs):
     # The earlier run in {existing} and every input file are exactly as they were.
     assert error_runs["files-unchanged"] is True
-    assert len(ERROR_TABLE) >= 60
+    assert len(ERROR_TABLE) >= 115
 
 
 @pytest.mark.slow
