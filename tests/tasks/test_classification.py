@@ -65,3 +65,24 @@ def test_verdict_in_percentage_points():
     assert task.judge(None, 0.965, tolerance=0.5) == (None, None)
     with pytest.raises(UserError, match="unknown task 'vision'"):
         build_task("vision")
+
+
+def test_validation_classes_never_seen_in_training_are_said_once(caplog):
+    """Issue 28, class 2: accuracy 0 on a class the model never saw, without a word, looks
+    like a broken model; the run says why instead."""
+    import logging
+
+    from amptrain.trainer import Trainer
+    from tests.conftest import tiny_classification, tiny_mlp
+
+    train = tiny_classification(n=64)
+    x, y = train.tensors
+    keep = y != 2  # class 2 only in validation
+    val = TensorData(x[:16], torch.full((16,), 2))
+    with caplog.at_level(logging.WARNING, logger="amptrain"):
+        Trainer(device="cpu", no_progress=True, max_steps=1, batch_size=16).fit(
+            tiny_mlp(), TensorData(x[keep], y[keep]), val, class_names=["a", "b", "c"])
+    said = [r.getMessage() for r in caplog.records if "never occur" in r.getMessage()]
+    assert said == ["warning: 16 validation sample(s) are of 1 class(es) that never occur in "
+                    "the training data (e.g. 'c'): the model cannot learn them, so they count "
+                    "as errors in val_acc"]
