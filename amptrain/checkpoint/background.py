@@ -92,6 +92,9 @@ class _Write:
         self.state, self.ready, self.write, self.directory = state, ready, write, directory
         self.result: Path | None = None
         self.error: BaseException | None = None
+        # Not Thread.is_alive(): a signal that interrupts Thread.join() on Python 3.11 can
+        # leave a running thread marked as stopped.
+        self.done = threading.Event()
         self.thread = threading.Thread(target=self.run, name="amptrain-checkpoint",
                                        daemon=True)
 
@@ -104,6 +107,7 @@ class _Write:
             self.error = exc
         finally:
             self.state = None
+            self.done.set()
 
 
 class BackgroundWriter:
@@ -140,7 +144,7 @@ class BackgroundWriter:
         if job is None:
             return None
         try:
-            job.thread.join()
+            job.done.wait()
         except BaseException:
             self.abandon()
             raise
@@ -153,7 +157,7 @@ class BackgroundWriter:
         """Stop caring about the write in flight and delete its temporary files, for a
         process that exits without waiting (the previous checkpoint stays)."""
         job, self._write = self._write, None
-        if job is not None and job.thread.is_alive():
+        if job is not None and not job.done.is_set():
             removed = remove_unfinished(job.directory)
             if removed:
                 log.info("abandoned the checkpoint write in flight (removed %s)",
