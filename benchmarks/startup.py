@@ -28,7 +28,8 @@ def run(tree: Path, args: list[str], importtime: bool = False) -> tuple[float, s
     env = {**os.environ, "PYTHONPATH": str(tree)}
     flags = ["-X", "importtime"] if importtime else []
     started = time.perf_counter()
-    done = subprocess.run([sys.executable, *flags, "-m", "amptrain", *args], env=env,
+    # In the tree: `python -m` puts the working directory first on sys.path.
+    done = subprocess.run([sys.executable, *flags, "-m", "amptrain", *args], env=env, cwd=tree,
                           capture_output=True, text=True, timeout=300)
     return time.perf_counter() - started, done.stderr
 
@@ -53,9 +54,13 @@ def main() -> None:
     trees = [t.resolve() for t in (args.tree or [ROOT])]
     rng = random.Random(0)
     times: dict[tuple[Path, str], list[float]] = {(t, c): [] for t in trees for c in CASES}
+    bare: list[float] = []  # the interpreter alone, the floor under every case
     for tree in trees:  # warm the file cache, not timed
         run(tree, ["--version"])
     for _ in range(args.rounds):
+        started = time.perf_counter()
+        subprocess.run([sys.executable, "-c", "pass"], check=True)
+        bare.append(time.perf_counter() - started)
         for case, argv in CASES.items():
             order = list(trees)
             rng.shuffle(order)
@@ -63,6 +68,7 @@ def main() -> None:
                 times[(tree, case)].append(run(tree, argv)[0])
     print(f"load average {' '.join(f'{v:.2f}' for v in os.getloadavg())}, "
           f"{args.rounds} rounds, median (min-max) wall seconds")
+    print(f"python -c pass: {statistics.median(bare):.2f} s ({min(bare):.2f}-{max(bare):.2f})")
     for tree in trees:
         for case in CASES:
             values = times[(tree, case)]
