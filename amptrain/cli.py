@@ -9,7 +9,7 @@ import argparse
 import logging
 import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from typing import Any, NoReturn
 
 from . import __version__
@@ -30,8 +30,13 @@ class _Parser(argparse.ArgumentParser):
         self.exit(2, f"amptrain: error: {message} (see `{self.prog} --help`)\n")
 
 
-def build_parser() -> argparse.ArgumentParser:
-    """The ``amptrain`` parser: one sub-command per entry of :data:`~amptrain.commands.COMMANDS`."""
+def build_parser(flags_of: Collection[str] | None = None) -> argparse.ArgumentParser:
+    """The ``amptrain`` parser: one sub-command per entry of :data:`~amptrain.commands.COMMANDS`.
+
+    ``flags_of``: the commands whose flags are added (None: all). :func:`main` adds only
+    the command on the command line: a command's ``add_arguments`` may import what its
+    flags need (torch, for some), while its module, and so ``amptrain --help``, does not.
+    """
     parser = _Parser(prog="amptrain", description="Fast, safe and measurable mixed-precision "
                                                   "training for PyTorch.")
     parser.add_argument("--version", action="version", version=f"amptrain {__version__}")
@@ -39,9 +44,17 @@ def build_parser() -> argparse.ArgumentParser:
     for name in COMMANDS:
         command = load_command(name)
         parser_of_command = sub.add_parser(name, help=command.HELP, description=command.HELP)
-        command.add_arguments(parser_of_command)
+        if flags_of is None or name in flags_of:
+            command.add_arguments(parser_of_command)
         parser_of_command.set_defaults(handler=command.run)
     return parser
+
+
+def named_command(argv: Sequence[str]) -> str | None:
+    """The command ``argv`` names: its first word that is not an option (the top level
+    takes only --help and --version, which have no values)."""
+    first = next((arg for arg in argv if not arg.startswith("-")), None)
+    return first if first in COMMANDS else None
 
 
 class _CurrentStderrHandler(logging.StreamHandler):
@@ -85,7 +98,8 @@ def _say(text: str) -> None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``amptrain`` console script and ``python -m amptrain``."""
-    parser = build_parser()
+    argv = sys.argv[1:] if argv is None else list(argv)
+    parser = build_parser(flags_of=[name for name in [named_command(argv)] if name])
     args = parser.parse_args(argv)
     if not getattr(args, "handler", None):
         parser.print_help(sys.stderr)

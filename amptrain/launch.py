@@ -16,7 +16,6 @@ import signal
 import sys
 
 from .config import RunConfig, cli_flag, replace_options, to_dict
-from .distributed import LaunchEnv
 from .errors import UserError
 
 log = logging.getLogger("amptrain")
@@ -49,6 +48,8 @@ def launch_requested(args: argparse.Namespace) -> bool:
              if getattr(args, _dest(name), None) is not None]
     if not given:
         return False
+    from .distributed import LaunchEnv  # imports torch: not while the parser is built
+
     if LaunchEnv.from_environ() is not None:
         raise UserError(f"{given[0]} starts torchrun, but this process was already started by "
                         f"torchrun: drop the launcher flags ({', '.join(given)})")
@@ -140,6 +141,8 @@ def launch(args: argparse.Namespace, config: RunConfig) -> int:
 
 def resume_after_restart(config: RunConfig) -> RunConfig:
     """A worker that torchrun restarted continues from the last checkpoint in --out."""
+    from .distributed import LaunchEnv
+
     env = LaunchEnv.from_environ()
     if env is None or env.restart_count == 0 or config.checkpointing.resume:
         return config

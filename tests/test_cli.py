@@ -6,15 +6,17 @@ own end-to-end runs are in tests/commands/.
 """
 from __future__ import annotations
 
+import os
 import pickle
 import subprocess
+import sys
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-from tests.commands.helpers import amptrain
+from tests.commands.helpers import REPO, amptrain
 
 
 # ------------------------------------------------------------------- (a) errors
@@ -455,3 +457,21 @@ def test_user_errors_of_other_ranks_say_which_rank(monkeypatch, capsys):
     monkeypatch.setenv("RANK", "0")
     assert cli.main(["train", "--accumulate", "0", "--no-progress"]) == 2
     assert capsys.readouterr().err.startswith("amptrain: error: --accumulate")
+
+
+# ------------------------------------------------------------------ (c) start-up
+# What `python -m amptrain ARGS` imported by the time it exited, from `-X importtime` (the
+# interpreter's own record of every import, written to stderr).
+@pytest.mark.parametrize("args", [["--help"], ["--version"], ["train", "--epoch", "3"],
+                                  ["train", "--help"], ["trian"]],
+                         ids=["help", "version", "mistyped-flag", "train-help", "mistyped-command"])
+def test_help_version_and_flag_errors_do_not_import_torch(args):
+    env = {**os.environ, "PYTHONPATH": str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    done = subprocess.run([sys.executable, "-X", "importtime", "-m", "amptrain", *args],
+                          env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode in (0, 2), done.stderr
+    imported = {line.split("|")[-1].strip() for line in done.stderr.splitlines()
+                if line.startswith("import time:")}
+    assert "amptrain.cli" in imported  # the record is there
+    heavy = sorted(name for name in imported if name.split(".")[0] in ("torch", "numpy"))
+    assert heavy == [], f"amptrain {' '.join(args)} imported {heavy[:5]}"

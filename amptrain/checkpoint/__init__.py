@@ -7,12 +7,14 @@ tensor or a plain Python value, so it is read with ``weights_only=True``: openin
 never runs code from it.
 
 The Trainer decides *what* goes into a checkpoint (``Trainer.state_dict``); this package
-decides how it reaches the disk and is read back (:mod:`.files`), how its parts are
+decides how it reaches the disk and is read back (:mod:`.files`; off the training thread:
+:mod:`.background`), how its parts are
 captured and restored (:mod:`.state`), and which file ``--resume`` continues from
 (:mod:`.resume`).
 """
 from __future__ import annotations
 
+from .background import BackgroundWriter
 from .files import (
     CHECKPOINT_DIR,
     FORMAT,
@@ -44,7 +46,7 @@ from .state import (
 )
 
 __all__ = [
-    "CHECKPOINT_DIR", "FORMAT", "FORMAT_VERSION", "INEXACT_IF_CHANGED", "LAST",
+    "BackgroundWriter", "CHECKPOINT_DIR", "FORMAT", "FORMAT_VERSION", "INEXACT_IF_CHANGED", "LAST",
     "RUNTIME_GROUP_KEYS", "SLOW_SAVE_ENV", "CheckpointWriteError", "atomic_save", "capture_rng",
     "check_compatible", "find_resume", "latest_valid", "load", "load_optimizer_state", "prune",
     "remove_unfinished", "restore_rng", "resume_message", "save_run_checkpoint",

@@ -6,10 +6,8 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
+from ..choices import LOSSES, PRECISION_NAMES, TASK_CHOICES, WEIGHT_UPDATES
 from ..errors import UserError, flag
-from ..precision.modes import PRECISION_NAMES
-from ..precision.weight_update import WEIGHT_UPDATES
-from ..tasks import LOSSES, TASK_CHOICES
 from .options import (
     build_config,
     option,

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 
 import torch
 
+from ..choices import MODE_NAMES, PRECISION_NAMES, check_table
 from ..errors import UserError, flag
 
 
@@ -70,7 +71,9 @@ ALIASES = {"32": "32-true", "fp32": "32-true", "16": "16-mixed", "fp16": "16-mix
            "bf16": "bf16-mixed", "16-mixed-master": "16-master",
            "float32": "32-true", "mixed_float16": "16-mixed", "mixed_bfloat16": "bf16-mixed"}
 
-PRECISION_NAMES = tuple(MODES) + ("auto",)
+# The names live in amptrain.choices (torch-free, for the CLI parser); this table must
+# give each of them a spec.
+check_table("precision modes", MODES, MODE_NAMES)
 
 
 def as_given(names: Iterable[str]) -> dict[str, str]:

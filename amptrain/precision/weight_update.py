@@ -41,13 +41,12 @@ from typing import Any
 
 import torch
 
+from ..choices import WEIGHT_UPDATES
 from ..errors import UserError, flag
 from .modes import ModeSpec
 
 log = logging.getLogger("amptrain")
 
-#: The rules ``--weight-update`` takes (``plain``: none).
-WEIGHT_UPDATES = ("plain", "kahan", "stochastic")
 #: Flat chunks hold at most this many elements, which bounds the rule's transient memory
 #: (a few bytes per element of one chunk) however large the model.
 CHUNK_ELEMENTS = 1 << 26

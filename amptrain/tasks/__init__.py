@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from ..choices import TASK_CHOICES, TASK_NAMES, check_table
 from ..errors import UserError, flag
 from .base import EvalResult, EvalSums, Metric, Task, targets_of
 from .classification import ClassificationTask
@@ -17,8 +18,9 @@ from .regression import LOSSES, RegressionTask
 TASKS: dict[str, type[Task]] = {"classification": ClassificationTask,
                                 "regression": RegressionTask,
                                 "lm": LanguageModelTask}
-#: What --task takes: a task, or auto (see :func:`infer_task`).
-TASK_CHOICES = ("auto", *TASKS)
+# The names live in amptrain.choices (torch-free, for the CLI parser); --task auto: see
+# infer_task.
+check_table("tasks", TASKS, TASK_NAMES)
 
 
 def build_task(name: str, **facts: Any) -> Task:

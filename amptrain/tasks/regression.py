@@ -15,10 +15,9 @@ from typing import Any
 import torch
 from torch.nn import functional as F
 
+from ..choices import LOSSES
 from ..errors import UserError, flag
 from .base import EvalResult, EvalSums, Metric, Task, targets_of
-
-LOSSES = ("mse", "l1", "huber")
 
 
 class _Values(EvalSums):

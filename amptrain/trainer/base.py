@@ -13,6 +13,7 @@ from torch import nn
 
 from ..autobatch import BatchPlan, MicroBatchPlanner
 from ..batches import Window
+from ..checkpoint import BackgroundWriter
 from ..config import TrainConfig
 from ..distributed import Strategy
 from ..logs import RunLogger
@@ -74,6 +75,7 @@ class TrainerBase:
     _stopping: str | None
     _check_outputs: Callable[[Any, Any], None] | None
     _resumed_finished: bool
+    _writes: BackgroundWriter     # the checkpoint write in flight, if any
 
     @property
     def micro_batch_size(self) -> int:
@@ -103,6 +105,9 @@ class TrainerBase:
 
     # Implemented by the parts; declared here for the Trainer and the other parts.
     def save_checkpoint(self, path: str | Path | None = None) -> Path | None:
+        raise NotImplementedError
+
+    def _save(self, path: str | Path | None = None, *, background: bool) -> Path | None:
         raise NotImplementedError
 
     def resolved_config(self) -> dict[str, Any]:

@@ -20,7 +20,13 @@ class CheckpointingMixin(TrainerBase):
     """Checkpoints of a :class:`~amptrain.trainer.Trainer` (mixed into it)."""
 
     def save_checkpoint(self, path: str | Path | None = None) -> Path | None:
-        """Write the full training state (rank 0) to ``path`` or ``OUT/checkpoints/last.pt``."""
+        """Write the full training state (rank 0) to ``path`` or ``OUT/checkpoints/last.pt``;
+        returns once the file is complete (a background write in flight is waited for first)."""
+        return self._save(path, background=False)
+
+    def _save(self, path: str | Path | None = None, *, background: bool) -> Path | None:
+        """:meth:`save_checkpoint`; ``background``: copy the state and return, the run's
+        checkpoint is written on a thread (:class:`~amptrain.checkpoint.BackgroundWriter`)."""
         self._resolve_pending()
         state = self.state_dict()
         if path is None and self.out is not None:
@@ -30,14 +36,39 @@ class CheckpointingMixin(TrainerBase):
         if not self.strategy.is_main:
             return None
         if path is not None:
+            self._writes.wait()
             checkpoint.atomic_save(state, path)
             return Path(path)
         if self.out is None:
             return None
-        path = checkpoint.save_run_checkpoint(state, self.out / "checkpoints", self.step,
-                                              self.config.checkpointing.keep_last)
-        self._last_saved_step = self.step
-        return path
+        directory, step = self.out / checkpoint.CHECKPOINT_DIR, self.step
+        keep_last = self.config.checkpointing.keep_last
+
+        def write(state: dict[str, Any]) -> Path:
+            return checkpoint.save_run_checkpoint(state, directory, step, keep_last)
+
+        if background:
+            self._writes.submit(state, write, directory)
+            return directory / checkpoint.LAST
+        self._writes.wait()
+        return write(state)
+
+    def _wait_for_writes(self, failing: BaseException | None = None) -> None:
+        """Wait for the checkpoint write in flight (the end of :meth:`run`).
+
+        ``failing``: the exception ending the run. A second signal (SystemExit,
+        KeyboardInterrupt) abandons the write: the process exits at once. Another
+        exception stays the one raised, and a failed write is only logged beside it.
+        """
+        if isinstance(failing, (SystemExit, KeyboardInterrupt)):
+            self._writes.abandon()
+            return
+        try:
+            self._writes.wait()
+        except Exception as exc:
+            if failing is None:
+                raise
+            log.error("%s", exc)
 
     def state_dict(self) -> dict[str, Any]:
         """Everything needed to continue exactly: weights (fp32), optimizer, scaler, RNG,

@@ -119,6 +119,7 @@ class Trainer(CheckpointingMixin, ReportingMixin, BatchPlanningMixin, DataMixin)
         self._check_outputs: Callable[[Any, Any], None] | None = None  # first batch only
         self._resumed_finished = False
         self.constant_lr = False  # the caller's optimizer without a schedule (set up in fit)
+        self._writes = checkpoint.BackgroundWriter()
 
     # ---------------------------------------------------------------- public
     def fit(self, model: nn.Module, train_data: Dataset | DataLoader | Iterable,
@@ -217,7 +218,13 @@ class Trainer(CheckpointingMixin, ReportingMixin, BatchPlanningMixin, DataMixin)
         self._emit("on_fit_start")
         try:
             with preemption.stop_on_signals(self):
-                self._loop()
+                # Inside: a second signal while the last checkpoint is written still exits.
+                try:
+                    self._loop()
+                except BaseException as exc:
+                    self._wait_for_writes(failing=exc)
+                    raise
+                self._wait_for_writes()
         except NonFiniteHalt as halt:
             raise self._explain_halt(halt) from None
         finally:
@@ -444,7 +451,7 @@ class Trainer(CheckpointingMixin, ReportingMixin, BatchPlanningMixin, DataMixin)
             self._evaluate_and_log()
         if c.checkpointing.save_every and self.step % c.checkpointing.save_every == 0 \
                 and self.out is not None:
-            self.save_checkpoint()
+            self._save(background=True)
 
     def _end_of_epoch(self) -> None:
         if self._done() or self.epoch >= self.config.schedule.epochs:
@@ -452,4 +459,4 @@ class Trainer(CheckpointingMixin, ReportingMixin, BatchPlanningMixin, DataMixin)
         if not self.config.logging.eval_every and self._val_data is not None:
             self._evaluate_and_log()
         if self.out is not None and not self._saved_at_current_step():
-            self.save_checkpoint()
+            self._save(background=True)
