@@ -6,6 +6,9 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import os
+import sys
+import warnings
 from typing import Iterator
 
 #: True while the command line runs: errors then name flags (``--micro-batch-size``);
@@ -60,3 +63,26 @@ class Preempted(AmptrainError):
     def __init__(self, message: str, exit_code: int) -> None:
         super().__init__(message)
         self.exit_code = exit_code
+
+
+class AmptrainWarning(UserWarning):
+    """Something a library user should know although nothing failed: a precision this
+    device only emulates, modules kept in fp32 that were not asked for, an option that does
+    nothing here. Issued with :func:`warn`; filter it with ``warnings.filterwarnings``.
+    The command line prints each one once as ``amptrain: warning: ...``."""
+
+
+def _caller_stacklevel() -> int:
+    """The stacklevel of the first frame outside amptrain, so that Python's warning
+    registry (shown once per message and place) points at the user's line."""
+    package = os.path.dirname(os.path.abspath(__file__)) + os.sep
+    frame, level = sys._getframe(2), 2  # 2: warn()'s caller's caller
+    while frame is not None and os.path.abspath(frame.f_code.co_filename).startswith(package):
+        frame, level = frame.f_back, level + 1
+    return level
+
+
+def warn(message: str) -> None:
+    """Issue ``message`` as an :class:`AmptrainWarning` (``warnings.warn``: shown once per
+    message and calling line by Python's default filter, visible without ``logging``)."""
+    warnings.warn(message, AmptrainWarning, stacklevel=_caller_stacklevel())

@@ -192,9 +192,6 @@ class Trainer(CheckpointingMixin, ReportingMixin, BatchPlanningMixin, DataMixin)
                                 progress=not c.logging.no_progress,
                                 resumed_at=self.step if self.step > 0 else None,
                                 print_every=self.print_every)
-        emulated = self.precision.emulation_note()
-        if emulated:  # first, so that nobody reads past it
-            log.warning("%s", emulated)
         self.logger.message(self._banner())
         lr_note = self.lr_plan.describe(c)
         if lr_note:
