@@ -24,7 +24,7 @@ from .support import auto_mode, device_features, emulated_precisions, onednn_has
 
 #: Where bf16 runs in hardware, for "bf16-mixed on ..." advice on a device without it.
 BF16_HARDWARE = "a GPU with bf16 (compute capability 8.0+) or a CPU with AVX512-BF16 or AMX"
-FP16_HARDWARE = "a GPU (fp16 Tensor Cores: compute capability 7.0+) or a CPU with AVX512-FP16"
+FP16_HARDWARE = "a GPU with Tensor Cores (compute capability 7.0+) or a CPU with AVX512-FP16"
 
 Flags = Mapping[str, "bool | None"]
 
@@ -67,7 +67,7 @@ def _here_then_elsewhere(device: torch.device, fmt: str) -> str:
     fastest = fastest_native(device)
     where = BF16_HARDWARE if fmt == "bf16" else FP16_HARDWARE
     if fastest == "32-true":
-        return f"{flag('precision')} 32-true here ({fmt} pays on {where})"
+        return f"{flag('precision')} 32-true here; {fmt} pays on {where}"
     return f"{flag('precision')} {fastest} (native here)"
 
 
@@ -100,7 +100,7 @@ def range_safe_choice(device: torch.device, flags: Flags | None = None) -> str:
 def bf16_where(device: torch.device, flags: Flags | None = None) -> str:
     """How bf16-mixed stands on ``device``, for diagnose's bf16 verdict."""
     if is_emulated("bf16-mixed", device, flags):
-        return (f"but only emulated on this {device.type}: to train faster here use "
+        return (f"but only emulated on this {device.type}: for speed use "
                 f"{_here_then_elsewhere(device, 'bf16')}")
     features = device_features(device, dict(flags) if flags is not None else None)
     if features["bf16"]:
