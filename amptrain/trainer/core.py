@@ -297,8 +297,9 @@ class Trainer(CheckpointingMixin, ReportingMixin, BatchPlanningMixin, DataMixin)
         self._last_log_step = self.step
         while self.epoch < c.schedule.epochs and not self._done():
             start = self.window_in_epoch
-            self.logger.bar(len(self.train_windows), f"epoch {self.epoch + 1}/{c.schedule.epochs}",
-                            start)
+            # Epochs count from 0, as in metrics.jsonl and the log lines: "epoch 0 (0-2)".
+            self.logger.bar(len(self.train_windows),
+                            f"epoch {self.epoch} (0-{c.schedule.epochs - 1})", start)
             for window in self.train_windows.epoch(self.epoch, start):
                 self._train_step(window)
                 self._step_epoch = self.epoch
