@@ -17,7 +17,7 @@ from typing import Any, NoReturn
 from . import __version__
 from .commands import COMMANDS
 from .commands import load as load_command
-from .errors import AmptrainError, AmptrainWarning, Preempted, cli_spelling
+from .errors import AmptrainError, AmptrainWarning, Preempted, cli_spelling, forget_warnings
 
 
 class _Parser(argparse.ArgumentParser):
@@ -127,6 +127,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         with cli_spelling(), warnings.catch_warnings():
             warnings.showwarning = _print_warnings(warnings.showwarning)
+            forget_warnings()  # each invocation says its warnings once
             return args.handler(args)
     except Preempted as exc:  # not an error: the run stopped on request, with a checkpoint
         _say(f"{exc}")

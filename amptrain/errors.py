@@ -82,7 +82,22 @@ def _caller_stacklevel() -> int:
     return level
 
 
+#: Messages :func:`warn` has issued in this process. Python's own "once per place" registry
+#: is not enough: every ``warnings.catch_warnings`` block (torch's and ours) resets it, and
+#: ``compare`` sets up many Trainers, so the same warning would come back per run.
+_ISSUED: set[str] = set()
+
+
 def warn(message: str) -> None:
-    """Issue ``message`` as an :class:`AmptrainWarning` (``warnings.warn``: shown once per
-    message and calling line by Python's default filter, visible without ``logging``)."""
+    """Issue ``message`` as an :class:`AmptrainWarning` through ``warnings.warn`` (visible
+    without ``logging``, filterable), once per process; the command line starts each
+    invocation afresh (:func:`forget_warnings`)."""
+    if message in _ISSUED:
+        return
+    _ISSUED.add(message)
     warnings.warn(message, AmptrainWarning, stacklevel=_caller_stacklevel())
+
+
+def forget_warnings() -> None:
+    """Let every warning be issued once more (a new command-line invocation, a new test)."""
+    _ISSUED.clear()

@@ -84,7 +84,8 @@ def run(args: argparse.Namespace) -> int:
     if marked:
         print(f"(emulated): {', '.join(marked)} {'has' if len(marked) == 1 else 'have'} no "
               f"hardware on this device: for studying that format's numerics here, never "
-              f"faster than 32-true here; its speed says nothing about hardware that has it")
+              f"faster than 32-true here; {'its' if len(marked) == 1 else 'their'} speed says "
+              f"nothing about hardware that has it")
     warning = timing_warning(result["summary"])
     if warning:
         print(f"warning: {warning}")
