@@ -9,6 +9,7 @@ import contextvars
 import os
 import sys
 import warnings
+from types import FrameType
 from typing import Iterator
 
 #: True while the command line runs: errors then name flags (``--micro-batch-size``);
@@ -73,10 +74,11 @@ class AmptrainWarning(UserWarning):
 
 
 def _caller_stacklevel() -> int:
-    """The stacklevel of the first frame outside amptrain, so that Python's warning
-    registry (shown once per message and place) points at the user's line."""
+    """The stacklevel of the first frame outside amptrain, so that a warning names the
+    user's line (where ``Trainer.fit`` or ``Precision.setup`` was called), not ours."""
     package = os.path.dirname(os.path.abspath(__file__)) + os.sep
-    frame, level = sys._getframe(2), 2  # 2: warn()'s caller's caller
+    frame: FrameType | None = sys._getframe(2)  # warn()'s caller's caller: stacklevel 2
+    level = 2
     while frame is not None and os.path.abspath(frame.f_code.co_filename).startswith(package):
         frame, level = frame.f_back, level + 1
     return level
