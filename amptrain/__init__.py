@@ -5,6 +5,8 @@ from typing import TYPE_CHECKING, Any
 
 __version__ = "0.1.0"
 
+from .errors import AmptrainWarning  # noqa: E402  (torch-free)
+
 if TYPE_CHECKING:
     from .precision import Precision
     from .trainer import EvalResult, FitResult, Trainer
@@ -25,4 +27,4 @@ def __getattr__(name: str) -> Any:
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
-__all__ = ["EvalResult", "FitResult", "Precision", "Trainer", "__version__"]
+__all__ = ["AmptrainWarning", "EvalResult", "FitResult", "Precision", "Trainer", "__version__"]

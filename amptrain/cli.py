@@ -6,16 +6,18 @@ dispatches. User errors print one line on stderr and exit 2; no traceback.
 from __future__ import annotations
 
 import argparse
+import difflib
 import logging
 import os
 import sys
-from collections.abc import Collection, Sequence
+import warnings
+from collections.abc import Callable, Collection, Sequence
 from typing import Any, NoReturn
 
 from . import __version__
 from .commands import COMMANDS
 from .commands import load as load_command
-from .errors import AmptrainError, Preempted, cli_spelling
+from .errors import AmptrainError, AmptrainWarning, Preempted, cli_spelling, forget_warnings
 
 
 class _Parser(argparse.ArgumentParser):
@@ -96,17 +98,50 @@ def _say(text: str) -> None:
     sys.stderr.flush()
 
 
+def _refuse_unknown(parser: argparse.ArgumentParser, command: str | None,
+                    extras: list[str]) -> NoReturn:
+    """The usage error for flags no parser took, naming the closest flag of the command
+    (``--epoch 3``: did you mean --epochs?), as the library's keywords do."""
+    chosen = parser
+    for action in parser._actions:  # the sub-command's own parser knows its flags
+        if isinstance(action, argparse._SubParsersAction) and command in action.choices:
+            chosen = action.choices[command]
+    known = [s for s in chosen._option_string_actions if s.startswith("--")]
+    hints = [f"did you mean {close[0]}?" for token in extras if token.startswith("--")
+             for close in [difflib.get_close_matches(token.split("=", 1)[0], known, 1, 0.75)]
+             if close]
+    hint = f" ({'; '.join(hints)})" if hints else ""
+    chosen.error(f"unrecognized arguments: {' '.join(extras)}{hint}")
+
+
+def _print_warnings(shown_before: Callable[..., None]) -> Callable[..., None]:
+    """A ``warnings.showwarning`` that prints amptrain's own warnings as ``amptrain:
+    warning: ...`` lines (once each, as the library issues them) and passes anything else
+    to ``shown_before``."""
+    def show(message: Warning | str, category: type[Warning], *args: Any, **kwargs: Any
+             ) -> None:
+        if issubclass(category, AmptrainWarning):
+            logging.getLogger("amptrain").warning("warning: %s", message)
+        else:
+            shown_before(message, category, *args, **kwargs)
+    return show
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``amptrain`` console script and ``python -m amptrain``."""
     argv = sys.argv[1:] if argv is None else list(argv)
     parser = build_parser(flags_of=[name for name in [named_command(argv)] if name])
-    args = parser.parse_args(argv)
+    args, extras = parser.parse_known_args(argv)
+    if extras:
+        _refuse_unknown(parser, getattr(args, "command", None), extras)
     if not getattr(args, "handler", None):
         parser.print_help(sys.stderr)
         return 2
     configure_logging()
     try:
-        with cli_spelling():
+        with cli_spelling(), warnings.catch_warnings():
+            warnings.showwarning = _print_warnings(warnings.showwarning)
+            forget_warnings()  # each invocation says its warnings once
             return args.handler(args)
     except Preempted as exc:  # not an error: the run stopped on request, with a checkpoint
         _say(f"{exc}")

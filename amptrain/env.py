@@ -21,6 +21,7 @@ from torch.nn import functional as F
 
 from .devices import CPU_FLAGS, cpu_flags, cpu_model, gpu_info, resolve_device
 from .precision import fp8
+from .precision.advice import cpu_notes, memory_note, recommended_line
 from .precision.support import gpu_features, support_table
 
 
@@ -51,18 +52,7 @@ def env_notes(device: torch.device, flags: dict[str, bool | None], features: dic
             notes.append("this torch is a CPU build: no CUDA GPU can be used")
         elif not gpus:
             notes.append("no CUDA GPU visible: training runs on the CPU")
-        if features["bf16"]:
-            engine = "AMX-BF16 tiles" if flags.get("amx_bf16") else "AVX512-BF16"
-            notes.append(f"bf16 is native on this CPU ({engine}): bf16-mixed is the fastest "
-                         f"safe choice and needs no loss scaling")
-        else:
-            notes.append("this CPU has no native bf16 (no AVX512-BF16/AMX-BF16): bf16 is "
-                         "emulated and slower than fp32; train in 32-true")
-        if not flags.get("amx_fp16"):
-            fp16_math = "AVX512-FP16" if flags.get("avx512_fp16") else "no native fp16 maths"
-            notes.append(f"fp16 has no AMX-FP16 here ({fp16_math}): 16-mixed is slower than "
-                         f"bf16-mixed, and PyTorch's fp16 convolution backward is a slow "
-                         f"reference kernel (amptrain computes it in fp32 instead)")
+        notes += cpu_notes(flags, features)
         notes.append("tf32 is a CUDA feature: on this device --precision tf32 trains as 32-true")
     else:
         gpu = gpus[device.index or 0]
@@ -83,11 +73,9 @@ def env_notes(device: torch.device, flags: dict[str, bool | None], features: dic
         notes.append("fp8 needs torchao (pip install torchao); it is not installed")
     elif not features["fp8"]:
         notes.append("fp8 needs an NVIDIA GPU with compute capability 8.9+ (Ada/Hopper)")
-    if features["bf16"]:
-        notes.append("memory-bound: --precision bf16-true --weight-update kahan keeps 10 bytes "
-                     "per parameter of weights, gradients and Adam state (fp32 training: 16) "
-                     "and learns like fp32; with --optimizer adamw8bit 8, --weight-update "
-                     "stochastic 6 (README: The memory ladder)")
+    memory = memory_note(device, features)
+    if memory:
+        notes.append(memory)
     if recommended != "32-true":
         notes.append("for conv nets under AMP add --channels-last (NHWC is what Tensor Cores "
                      "and oneDNN's reduced-precision kernels want)")
@@ -118,6 +106,8 @@ def collect_env() -> dict[str, Any]:
         **support,
         "channels_last": recommended != "32-true",
         "notes": env_notes(device, flags, features, gpus, recommended),
+        # the verdict as format_env prints it: where bf16 would pay when it is not native
+        "recommended_line": recommended_line(device, recommended != "32-true"),
     }
 
 
@@ -248,10 +238,10 @@ def format_env(info: dict[str, Any]) -> str:
     lines.append(f"  {'precision':<{width}}  {'supported':<16}  needs")
     for name, native in info["supported"].items():
         mark = "  <- recommended" if name == info["recommended_precision"] else ""
-        support = "emulated (slow)" if info["emulated"].get(name) else _yes(native)
+        support = "emulated" if info["emulated"].get(name) else _yes(native)
         lines.append(f"  {name:<{width}}  {support:<16}  {info['needs'][name]}{mark}")
-    extra = " (+ --channels-last for conv nets)" if info["channels_last"] else ""
-    lines += ["", f"recommended: --precision {info['recommended_precision']}{extra}"]
+    lines += ["", info.get("recommended_line") or
+              f"recommended: --precision {info['recommended_precision']}"]
     if info["notes"]:
         lines += ["", "notes:"] + [f"  - {note}" for note in info["notes"]]
     if info.get("bench"):

@@ -6,6 +6,10 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import os
+import sys
+import warnings
+from types import FrameType
 from typing import Iterator
 
 #: True while the command line runs: errors then name flags (``--micro-batch-size``);
@@ -60,3 +64,42 @@ class Preempted(AmptrainError):
     def __init__(self, message: str, exit_code: int) -> None:
         super().__init__(message)
         self.exit_code = exit_code
+
+
+class AmptrainWarning(UserWarning):
+    """Something a library user should know although nothing failed: a precision this
+    device only emulates, modules kept in fp32 that were not asked for, an option that does
+    nothing here. Issued with :func:`warn`; filter it with ``warnings.filterwarnings``.
+    The command line prints each one once as ``amptrain: warning: ...``."""
+
+
+def _caller_stacklevel() -> int:
+    """The stacklevel of the first frame outside amptrain, so that a warning names the
+    user's line (where ``Trainer.fit`` or ``Precision.setup`` was called), not ours."""
+    package = os.path.dirname(os.path.abspath(__file__)) + os.sep
+    frame: FrameType | None = sys._getframe(2)  # warn()'s caller's caller: stacklevel 2
+    level = 2
+    while frame is not None and os.path.abspath(frame.f_code.co_filename).startswith(package):
+        frame, level = frame.f_back, level + 1
+    return level
+
+
+#: Messages :func:`warn` has issued in this process. Python's own "once per place" registry
+#: is not enough: every ``warnings.catch_warnings`` block (torch's and ours) resets it, and
+#: ``compare`` sets up many Trainers, so the same warning would come back per run.
+_ISSUED: set[str] = set()
+
+
+def warn(message: str) -> None:
+    """Issue ``message`` as an :class:`AmptrainWarning` through ``warnings.warn`` (visible
+    without ``logging``, filterable), once per process; the command line starts each
+    invocation afresh (:func:`forget_warnings`)."""
+    if message in _ISSUED:
+        return
+    _ISSUED.add(message)
+    warnings.warn(message, AmptrainWarning, stacklevel=_caller_stacklevel())
+
+
+def forget_warnings() -> None:
+    """Let every warning be issued once more (a new command-line invocation, a new test)."""
+    _ISSUED.clear()

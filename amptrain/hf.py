@@ -35,6 +35,7 @@ from torch import nn  # noqa: E402
 
 from .errors import UserError  # noqa: E402
 from .models.core import ModelInputs  # noqa: E402
+from .quiet import quiet_torchao  # noqa: E402
 
 log = logging.getLogger("amptrain")
 
@@ -77,10 +78,6 @@ def tokenizer_dir(argument: str, option: str = "model") -> Path:
                     f"tokenizer.save_pretrained(PATH), or use --{option} byte")
 
 
-#: Loggers whose import-time warnings _quiet() holds back (torchao, imported by transformers).
-_NOISY_IMPORT_LOGGERS = ("torchao", "torch.utils._pytree")
-
-
 @contextlib.contextmanager
 def _quiet() -> Iterator[None]:
     """transformers' load reports and progress bars off; amptrain says what matters.
@@ -94,18 +91,13 @@ def _quiet() -> Iterator[None]:
     bars = hf_logging.is_progress_bar_enabled()
     hf_logging.set_verbosity_error()
     hf_logging.disable_progress_bar()
-    noisy = [logging.getLogger(name) for name in _NOISY_IMPORT_LOGGERS]
-    levels = [logger.level for logger in noisy]
-    for logger in noisy:
-        logger.setLevel(logging.ERROR)
     try:
-        yield
+        with quiet_torchao():
+            yield
     finally:
         hf_logging.set_verbosity(verbosity)
         if bars:
             hf_logging.enable_progress_bar()
-        for logger, level in zip(noisy, levels):
-            logger.setLevel(level)
 
 
 class HFTextEncoder:

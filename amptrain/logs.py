@@ -18,7 +18,7 @@ from .errors import AmptrainError, flag
 
 log = logging.getLogger("amptrain")
 
-#: metrics.jsonl field -> TensorBoard tag (DESIGN.md's contract).
+#: metrics.jsonl field -> TensorBoard tag (the contract: docs/design.md).
 TB_TAGS = {
     "loss": "train/loss", "lr": "train/lr", "loss_scale": "train/loss_scale",
     "grad_norm": "train/grad_norm", "skipped_steps": "train/skipped_steps",

@@ -11,6 +11,7 @@ from torch.optim.lr_scheduler import LambdaLR, LRScheduler, OneCycleLR
 
 from .config import TrainConfig
 from .errors import UserError, flag
+from .quiet import quiet_torchao
 
 
 def scaled_lr(config: TrainConfig) -> float:
@@ -72,7 +73,8 @@ def adamw8bit_class(model: nn.Module) -> Callable[..., torch.optim.Optimizer]:
     """
     devices = {p.device.type for p in model.parameters()}
     try:
-        from torchao.optim import AdamW8bit
+        with quiet_torchao():
+            from torchao.optim import AdamW8bit
     except ImportError:
         raise UserError(f"{flag('optimizer')} adamw8bit needs torchao (pip install "
                         f"'amptrain[lowbit]'); or use {flag('optimizer')} adamw") from None

@@ -90,9 +90,10 @@ def main() -> None:
         result = study(name, args, out)
         table += rows(name, result)
         (out / f"{name}.json").write_text(json.dumps(result["summary"], indent=2))
+    seeds = f"{args.seeds} seed{'s' if args.seeds != 1 else ''}"  # as asked, not always 2
     headers = ["model", "rung", "bytes/param", "weights MiB", "grads MiB", "masters/Kahan MiB",
                "opt state MiB", "opt state / 32-true", "step ms (median)",
-               "step / bf16-true", "val acc % (2 seeds)", "Δ acc pp", "val loss (mean)"]
+               "step / bf16-true", f"val acc % ({seeds})", "Δ acc pp", "val loss (mean)"]
     notes = [f"Each model: one `amptrain compare` study of the rungs (Trainers "
              f"timed interleaved in one process, median of {args.timing_steps} steps after "
              f"{args.warmup} warm-up); cnn: digits, {args.epochs} epochs of batch 64, "

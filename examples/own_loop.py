@@ -1,4 +1,4 @@
-"""Your own training loop with amptrain's precision layer (the library API of DESIGN.md).
+"""Your own training loop with amptrain's precision layer (the library API of docs/design.md).
 
     python examples/own_loop.py [PRECISION]        # default 16-mixed
 

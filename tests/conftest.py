@@ -19,6 +19,15 @@ def _threads():
 
 
 @pytest.fixture(autouse=True)
+def _fresh_amptrain_warnings():
+    # amptrain says each AmptrainWarning once per process: every test starts afresh.
+    from amptrain.errors import forget_warnings
+
+    forget_warnings()
+    yield
+
+
+@pytest.fixture(autouse=True)
 def _fresh_amptrain_logger():
     # cli.main() installs a stderr handler and stops propagation; a test that ran it must
     # not hide later tests' notices from caplog.

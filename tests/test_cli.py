@@ -475,3 +475,34 @@ def test_help_version_and_flag_errors_do_not_import_torch(args):
     assert "amptrain.cli" in imported  # the record is there
     heavy = sorted(name for name in imported if name.split(".")[0] in ("torch", "numpy"))
     assert heavy == [], f"amptrain {' '.join(args)} imported {heavy[:5]}"
+
+# ------------------------------------------------- (c) near misses, warnings, aliases
+@pytest.mark.parametrize("argv,hint", [
+    (["train", "--epoch", "3"], "unrecognized arguments: --epoch 3 (did you mean --epochs?)"),
+    (["compare", "--precision=bf16"], "(did you mean --precisions?)"),
+    (["train", "--no-such-flag"], "unrecognized arguments: --no-such-flag (see"),
+])
+def test_an_unknown_flag_names_the_closest_one(capsys, argv, hint):
+    from amptrain import cli
+
+    with pytest.raises(SystemExit) as exit_:
+        cli.main(argv)
+    err = capsys.readouterr().err
+    assert exit_.value.code == 2 and hint in err and len(err.strip().splitlines()) == 1
+
+
+def test_a_warning_is_printed_once_and_the_apex_name_beside_amptrains(monkeypatch, capsys,
+                                                                      tmp_path):
+    # On a CPU without fp16 units O1 (16-mixed) is emulated: the library's AmptrainWarning
+    # reaches the terminal once, as amptrain's own line, not Python's warning format.
+    from amptrain import cli
+    from tests.cpu_classes import fake_cpu
+
+    fake_cpu(monkeypatch, "avx512-bf16")
+    assert cli.main(["train", "--model", "mlp", "--data", "digits", "--precision", "O1",
+                     "--max-steps", "2", "--no-progress", "--out", str(tmp_path / "r")]) == 0
+    out, err = capsys.readouterr()
+    said = [line for line in err.splitlines() if "is emulated" in line]
+    assert said == [said[0]] and said[0].startswith("amptrain: warning: 16-mixed is emulated")
+    assert "--precision bf16-mixed (native here)" in said[0] and "AmptrainWarning" not in err
+    assert "precision 16-mixed (O1)" in err and "(16-mixed (O1)," in out

@@ -14,6 +14,7 @@ import numpy as np
 import torch
 
 from ..errors import UserError
+from ..quiet import quiet_torchao
 
 log = logging.getLogger("amptrain")
 
@@ -62,9 +63,10 @@ def plain_optimizer_state(state: dict[str, Any]) -> dict[str, Any]:
 
 
 def _quantised_classes() -> dict[str, type]:
-    from torchao.optim.subclass_4bit import OptimState4bit
-    from torchao.optim.subclass_8bit import OptimState8bit
-    from torchao.optim.subclass_fp8 import OptimStateFp8
+    with quiet_torchao():
+        from torchao.optim.subclass_4bit import OptimState4bit
+        from torchao.optim.subclass_8bit import OptimState8bit
+        from torchao.optim.subclass_fp8 import OptimStateFp8
 
     return {f"{c.__module__}.{c.__qualname__}": c
             for c in (OptimState8bit, OptimState4bit, OptimStateFp8)}

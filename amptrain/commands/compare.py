@@ -68,6 +68,7 @@ def run(args: argparse.Namespace) -> int:
     from ..compare import CompareOptions, run_compare
     from ..precision.modes import as_given
     from ..report import format_table, timing_warning
+    from ..report.tables import is_emulated
 
     train_values, compare_values = split_values(args)
     config = build_config(RunConfig, train_values, source="option")
@@ -79,10 +80,12 @@ def run(args: argparse.Namespace) -> int:
     emulated = emulated_here(config.device)
     given = as_given([*str(options.precisions).split(","), options.baseline])  # Keras names
     print(format_table(result["summary"], result["baseline"], emulated, given))
-    marked = [r["precision"] for r in result["summary"] if r["precision"] in emulated]
+    marked = [r["precision"] for r in result["summary"] if is_emulated(r["precision"], emulated)]
     if marked:
         print(f"(emulated): {', '.join(marked)} {'has' if len(marked) == 1 else 'have'} no "
-              f"hardware on this device; slow here, not on hardware that has it")
+              f"hardware on this device: for studying that format's numerics here, never "
+              f"faster than 32-true here; {'its' if len(marked) == 1 else 'their'} speed says "
+              f"nothing about hardware that has it")
     warning = timing_warning(result["summary"])
     if warning:
         print(f"warning: {warning}")

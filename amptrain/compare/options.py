@@ -18,7 +18,7 @@ from ..precision.weight_update import WEIGHT_UPDATES
 
 log = logging.getLogger("amptrain")
 
-#: compare.json's summary fields, in DESIGN.md's order.
+#: compare.json's summary fields, in the contract's order (docs/design.md).
 SUMMARY_FIELDS = ("precision", "samples_per_s", "speedup", "step_time_ms", "peak_mem_bytes",
                   "mem_ratio", "weights_bytes", "grad_bytes", "master_bytes",
                   "optimizer_state_bytes", "bytes_per_param",

@@ -42,7 +42,8 @@ class PrecisionConfig:
     """The precision mode and its loss scaler (read by :meth:`Precision.from_config`)."""
 
     name: str = option("auto", "precision mode (see `amptrain env`); auto picks the best the "
-                               "hardware supports; Lightning and Keras spellings are taken too",
+                               "hardware supports; Lightning and Keras spellings and Apex's "
+                               "O0-O3 are taken too",
                        group="precision", flat="precision", choices=PRECISION_NAMES,
                        open_choices=True)
     init_scale: float = option(65536.0, "initial fp16 loss scale", group="precision")

@@ -14,6 +14,7 @@ import torch
 from torch import nn
 
 from ..models.gpt import AttentionScores, CausalSoftmax
+from ..precision.advice import bf16_where
 from ..probe import NonFiniteEvent
 from .ranges import FP16, FP16_MAX, fractions
 
@@ -114,10 +115,12 @@ def _attention_globs(candidates: list[dict[str, str]],
     return out
 
 
-def attention_overflow(stats: dict[str, dict[str, Any]],
-                       first: NonFiniteEvent | None) -> dict[str, Any] | None:
+def attention_overflow(stats: dict[str, dict[str, Any]], first: NonFiniteEvent | None,
+                       range_safe: str = "bf16-mixed (fp32's range)") -> dict[str, Any] | None:
     """Attention scores or softmax outputs beyond fp16's range (or the first inf/NaN of
-    16-mixed among them): which modules, how far, and what to do. None when neither."""
+    16-mixed among them): which modules, how far, and what to do (``range_safe``: what to
+    train in instead on this device, :func:`~amptrain.precision.advice.range_safe_choice`).
+    None when neither."""
     hit = sorted(name for name, s in stats.items() if s.get("type") in ATTENTION_PARTS and (
         (s["activation"] and _num(s["activation"]["abs_max"]) > FP16_MAX)
         or (first is not None and first.module == name)))
@@ -132,8 +135,8 @@ def attention_overflow(stats: dict[str, dict[str, Any]],
                        f"overflow to inf and the softmax turns them into NaN (fused attention "
                        f"kernels accumulate them in fp32, their math fallback and eager "
                        f"attention code do not). Keep them in fp32 (--keep-fp32 "
-                       f"'*.attn.scores': that attention then runs unfused) or train in "
-                       f"bf16-mixed (fp32's range)")}
+                       f"'*.attn.scores': that attention then runs unfused) or train with "
+                       f"{range_safe}")}
 
 
 def recommend_loss_scale(stats: dict[str, dict[str, Any]], islands: list[str],
@@ -283,8 +286,7 @@ def _bf16_verdict(stats: dict[str, dict[str, Any]], first: NonFiniteEvent | None
     out_of_bf16 = [n for n, s in stats.items() if bf16_trouble(s)]
     clean_run = bf16_run is not None and bf16_run.skipped_steps == 0 and bf16_run.halted is None
     native = supported.get("bf16-mixed", False)
-    where = "native on this device" if native else \
-        f"but not native on this {device.type} (emulated or refused)"
+    where = bf16_where(device)  # true on this device: native, or emulated/refused and why
     if out_of_bf16:
         reason = f"values of {', '.join(out_of_bf16[:3])} are out of bf16's range too"
     elif bf16_run is not None and not clean_run:

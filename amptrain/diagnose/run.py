@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -23,8 +24,9 @@ from torch import nn
 from ..config import RunConfig, TrainConfig, replace_options
 from ..data import DataBundle
 from ..devices import resolve_device
-from ..errors import UserError
+from ..errors import AmptrainWarning, UserError
 from ..precision import NonFiniteHalt
+from ..precision.advice import emulation_warning, range_safe_choice
 from ..precision.support import device_features, supported_precisions
 from ..probe import NonFiniteEvent, NonFiniteWatch
 from ..runner import prepare_run
@@ -74,7 +76,11 @@ def run_steps(config: TrainConfig, data: DataBundle, model: nn.Module, steps: in
                    no_progress=True, log_every=steps, eval_every=None, save_every=None,
                    resume=None, compile=False, **overrides)
     trainer = Trainer(replace_options(config, **options))
-    trainer.setup(model, data.train)
+    with warnings.catch_warnings():
+        # diagnose runs 16-mixed and bf16-mixed on purpose, to study their numerics; the
+        # report says once whether this device only emulates them (device_note, bf16 verdict)
+        warnings.filterwarnings("ignore", r".* is emulated on this", AmptrainWarning)
+        trainer.setup(model, data.train)
     assert trainer.model is not None  # set by setup()
     watch = NonFiniteWatch(trainer.model, lambda: trainer.step,
                            lambda: trainer.precision.loss_scale_tensor)
@@ -182,7 +188,9 @@ def diagnose(config: TrainConfig, steps: int = 20, *, data: DataBundle | None = 
             "loss_scale": scale,
             "keep_fp32": keep,
             "bf16": _bf16_verdict(stats, first, scale, bf16_run, supported, device),
-            "attention": attention_overflow(stats, first),
+            "attention": attention_overflow(stats, first, range_safe_choice(device)),
+            # the recommended flags train 16-mixed: say so where this device emulates it
+            "device_note": emulation_warning("16-mixed", device),
         },
         "modules": {name: {k: v for k, v in s.items() if k != "_hist"}
                     for name, s in sorted(stats.items(), key=lambda kv: (

@@ -49,6 +49,8 @@ def summary_lines(report: dict[str, Any]) -> list[str]:
     lines.append(f"recommended: {recs['flags']}")
     lines.append(f"  checked: {v['steps']} steps of 16-mixed with it -> {v['skipped_steps']} "
                  f"non-finite steps")
+    if recs.get("device_note"):  # these flags are fp16's; this device may only emulate fp16
+        lines.append(f"  note: {recs['device_note']}")
     b = recs["bf16"]
     verdict = ("avoids the problem" if b["avoids_problem"]
                else "does not avoid it" if b["fp16_problem"] else "is also fine")

@@ -24,7 +24,8 @@ import torch
 from torch import nn
 
 from ..devices import resolve_device
-from ..errors import UserError, flag
+from ..errors import UserError, flag, warn
+from .advice import emulation_warning, range_safe_choice
 from .fp8 import Float8Plan, convert_linears, plan_float8
 from .islands import (
     ForwardPatches,
@@ -43,8 +44,7 @@ from .misuse import CallOrder
 from .modes import ALIASES, MODES, PRECISION_NAMES, ModeSpec, as_given, canonical_name, label
 from .outcome import NonFiniteHalt, StepOutcome
 from .scaling import DynamicLossScaler, FoundInfAgreement, NonFiniteGuard
-from .support import (auto_mode, device_features, emulated_precisions, onednn_has_bf16_kernels,
-                      resolve_name, unsupported_reason)
+from .support import auto_mode, onednn_has_bf16_kernels, resolve_name, unsupported_reason
 from .weight_update import (WEIGHT_UPDATES, WeightUpdate, check_rule, fused_is_exact,
                             raise_adam_eps)
 
@@ -158,15 +158,9 @@ class Precision:
         return self.spec.name
 
     def emulation_note(self) -> str | None:
-        """A warning when this device only emulates the mode (slow), naming the faster
-        choice; None when the mode runs natively."""
-        features = device_features(self.device)
-        if not emulated_precisions(self.device, features)[self.name]:
-            return None
-        faster = auto_mode(self.device)
-        return (f"{self.name} is emulated on this {self.device.type} (no native "
-                f"{'bf16' if self.spec.compute_dtype == torch.bfloat16 else 'fp16'} maths): "
-                f"expect it slower than 32-true; {flag('precision')} {faster} is faster here")
+        """A warning when this device only emulates the mode, naming the fastest native
+        choice (:mod:`.advice`); None when the mode runs natively."""
+        return emulation_warning(self.name, self.device)
 
     # ----------------------------------------------------------------- setup
     def setup(self, model: nn.Module, optimizer: torch.optim.Optimizer | None = None
@@ -184,6 +178,9 @@ class Precision:
         if param is not None and param.device.type != self.device.type:
             self.device = param.device
             self._select_mode()
+        note = self.emulation_note() if optimizer is not None else None
+        if note:  # training, not evaluation: a library user sees it too (warnings.warn)
+            warn(note)
         islands = match_modules(model, self.keep_patterns(model))
         cpu = self.device.type == "cpu"
         cpu_fp16 = cpu and self.spec.compute_dtype == torch.float16
@@ -193,8 +190,8 @@ class Precision:
             self.spec.compute_dtype, onednn_has_bf16_kernels()), skip=islands.values()) \
             if cpu else []
         if fp32_on_cpu and not cpu_fp16:
-            log.info("%s: oneDNN has no bf16 kernels on this CPU; %d recurrent layer(s) "
-                     "run in fp32", self.name, len(fp32_on_cpu))
+            warn(f"{self.name}: oneDNN has no bf16 kernels on this CPU; {len(fp32_on_cpu)} "
+                 f"recurrent layer(s) run as fp32 islands")
         if self.spec.float8_linears:
             self.float8_plan = convert_linears(model, plan_float8(
                 model, islands=list(islands), skip_first_last=self.fp8_skip_first_last))
@@ -394,10 +391,11 @@ class Precision:
         scale = self.loss_scale
         if scale is not None and scale <= self.min_scale:
             raise NonFiniteHalt(
-                f"fp16 loss scale fell to {scale:g} (--min-scale {self.min_scale:g}){where} after "
-                f"{self.consecutive_skips} consecutive overflowing steps: the model overflows fp16 "
-                f"even unscaled. Train with --precision bf16-mixed, keep the overflowing modules "
-                f"in fp32 with --keep-fp32, or find them with `amptrain diagnose`", step)
+                f"fp16 loss scale fell to {scale:g} ({flag('min_scale')} {self.min_scale:g})"
+                f"{where} after {self.consecutive_skips} consecutive overflowing steps: the "
+                f"model overflows fp16 even unscaled. Train with "
+                f"{range_safe_choice(self.device)}, keep the overflowing modules in fp32 with "
+                f"{flag('keep_fp32')}, or find them with `amptrain diagnose`", step)
         if scale is None and self.consecutive_skips >= self.max_bad_steps:
             first = f" (first at step {self._first_bad_step})" \
                 if self._first_bad_step is not None else ""

@@ -35,6 +35,7 @@ import torch
 from torch import nn
 
 from ..errors import UserError, flag
+from ..quiet import quiet_torchao
 
 log = logging.getLogger("amptrain")
 
@@ -148,7 +149,8 @@ def convert_linears(model: nn.Module, plan: Float8Plan) -> Float8Plan:
     if not plan.convert:
         return plan
     try:
-        from torchao.float8 import convert_to_float8_training
+        with quiet_torchao():
+            from torchao.float8 import convert_to_float8_training
     except ImportError as exc:
         raise UserError(f"{flag('precision')} fp8 needs torchao with float8 training "
                         f"(torchao.float8): {exc}; pip install -U torchao") from None

@@ -7,6 +7,7 @@ import logging
 
 import torch
 
+from ..errors import warn
 from .modes import ModeSpec
 
 log = logging.getLogger("amptrain")
@@ -16,7 +17,7 @@ def set_tf32(spec: ModeSpec, device: torch.device) -> None:
     """TF32 on for ``tf32``, off for ``32-true``, PyTorch's defaults for the other modes."""
     if device.type != "cuda":
         if spec.tf32:
-            log.info("tf32 has no effect on %s: training as 32-true", device.type)
+            warn(f"tf32 has no effect on {device.type}: training as 32-true")
         return
     # Set every time: these switches are process-global and a previous run in the same
     # process (compare) may have changed them.
@@ -25,7 +26,7 @@ def set_tf32(spec: ModeSpec, device: torch.device) -> None:
     torch.backends.cuda.matmul.allow_tf32 = matmul
     torch.backends.cudnn.allow_tf32 = cudnn
     if spec.tf32 and torch.cuda.get_device_capability(device)[0] < 8:
-        log.info("this GPU has no TF32 (compute capability < 8.0): tf32 trains as 32-true")
+        warn("this GPU has no TF32 (compute capability < 8.0): tf32 trains as 32-true")
 
 
 class MathSwitches:

@@ -66,10 +66,13 @@ MODES: dict[str, ModeSpec] = {spec.name: spec for spec in (
              float8_linears=True),
 )}
 
-#: Lightning's short spellings, common synonyms and Keras's mixed-precision policy names.
+#: Lightning's short spellings, common synonyms, Keras's mixed-precision policy names and
+#: NVIDIA Apex AMP's opt levels (O0 fp32; O1 fp16 autocast with fp32 weights; O2 fp16 model
+#: with fp32 master weights, BatchNorm in fp32; O3 pure fp16).
 ALIASES = {"32": "32-true", "fp32": "32-true", "16": "16-mixed", "fp16": "16-mixed",
            "bf16": "bf16-mixed", "16-mixed-master": "16-master",
-           "float32": "32-true", "mixed_float16": "16-mixed", "mixed_bfloat16": "bf16-mixed"}
+           "float32": "32-true", "mixed_float16": "16-mixed", "mixed_bfloat16": "bf16-mixed",
+           "O0": "32-true", "O1": "16-mixed", "O2": "16-master", "O3": "16-true"}
 
 # The names live in amptrain.choices (torch-free, for the CLI parser); this table must
 # give each of them a spec.
@@ -78,7 +81,8 @@ check_table("precision modes", MODES, MODE_NAMES)
 
 def as_given(names: Iterable[str]) -> dict[str, str]:
     """Mode -> the alias the user wrote for it (only where they differ), so outputs can show
-    the Keras or Lightning name beside amptrain's (``16-mixed (mixed_float16)``)."""
+    the Keras, Lightning or Apex name beside amptrain's (``16-mixed (mixed_float16)``,
+    ``16-master (O2)``)."""
     given: dict[str, str] = {}
     for name in names:
         name = str(name).strip()

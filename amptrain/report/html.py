@@ -26,8 +26,13 @@ h2 { font-size:18px; margin:32px 0 12px; }
 .card { background:#fff; border:1px solid var(--line); border-radius:10px; padding:16px;
         overflow-x:auto; }
 table { border-collapse:collapse; width:100%; font-variant-numeric:tabular-nums; }
-th, td { padding:8px 9px; border-bottom:1px solid var(--line); text-align:right;
+th, td { padding:8px 7px; border-bottom:1px solid var(--line); text-align:right;
          white-space:nowrap; }
+/* The summary must fit a 1280 px window without a scrollbar: headers, names (with the
+   user's alias and "(emulated)") and the speedup's spread wrap instead of widening it. */
+table.summary th { white-space:normal; vertical-align:bottom; }
+table.summary td.name { white-space:normal; min-width:10em; }
+.iqr { display:block; font-size:12px; color:var(--muted); }
 th { font-size:11px; text-transform:uppercase; letter-spacing:.03em; color:var(--muted);
      font-weight:600; }
 th:first-child, td:first-child { text-align:left; }
@@ -83,13 +88,17 @@ def _html_table(study: Study) -> str:
             # Red when worse in the metric's direction (a lower perplexity is better).
             worse = (delta < 0) == study.task.primary.higher_is_better
             cells[3] = f'<span class="{"neg" if worse else "pos"}">{cells[3]}</span>'
+        speed, _, spread = cells[5].partition(" (")
+        if spread:  # the per-round spread under the speedup, not beside it
+            cells[5] = f'{speed}<span class="iqr">({spread}</span>'
         classes = [["name"]] + [[] for _ in cells[1:]]
         if p == best:
             classes[5].append("best")
         tds = "".join(f'<td class="{" ".join(c)}">{cell}</td>' if c else f"<td>{cell}</td>"
                       for cell, c in zip(cells, classes))
         body.append(f'<tr class="{"baseline" if p == study.baseline else ""}">{tds}</tr>')
-    return f"<table><thead><tr>{head}</tr></thead><tbody>{''.join(body)}</tbody></table>"
+    return (f'<table class="summary"><thead><tr>{head}</tr></thead>'
+            f"<tbody>{''.join(body)}</tbody></table>")
 
 
 def _html_warning(study: Study) -> str:

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ..precision.advice import base_mode
 from ..precision.modes import as_given
 from ..tasks import TASKS, ClassificationTask, Task
 
@@ -56,7 +57,7 @@ class Study:
     def emulated(self) -> set[str]:
         """Precisions of this study that its device only emulated (from study.json's env)."""
         marks = (self.details.get("env") or {}).get("emulated") or {}
-        return {p for p in self.precisions if marks.get(p)}
+        return {p for p in self.precisions if marks.get(base_mode(p))}  # rungs by their mode
 
     @property
     def precisions(self) -> list[str]:

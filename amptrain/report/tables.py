@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Collection, Mapping
 from typing import Any
 
+from ..precision.advice import base_mode
 from ..precision.modes import label
 from .study import _num, delta_of, human_bytes, metric_cell, task_of
 
@@ -20,6 +21,12 @@ def _delta(row: dict[str, Any], baseline: str) -> str:
     return "n/a" if delta is None else task.format_delta(delta)
 
 
+def is_emulated(precision: str, emulated: Collection[str]) -> bool:
+    """True when row ``precision`` (a mode or a ladder rung, ``bf16-true+kahan``) runs in a
+    mode of ``emulated`` (modes or row labels this device only emulates)."""
+    return precision in emulated or base_mode(precision) in emulated
+
+
 def fastest(summary: list[dict[str, Any]]) -> str | None:
     """The precision with the highest speedup (None when nothing was timed)."""
     timed = [r for r in summary if r.get("speedup") is not None]
@@ -30,10 +37,10 @@ def recommendation(summary: list[dict[str, Any]], baseline: str, tolerance_pp: f
                    emulated: Collection[str] = ()) -> str:
     """One sentence: the fastest precision whose accuracy matches the baseline (and why
     ``emulated`` precisions ran slow, when there are any)."""
-    sentence = _recommendation(summary, baseline, tolerance_pp)
-    rung = memory_rung(summary, baseline)
+    sentence = _recommendation(summary, baseline, tolerance_pp, emulated)
+    rung = memory_rung(summary, baseline, emulated)
     sentence = f"{sentence} {rung}" if rung else sentence
-    slow = [r["precision"] for r in summary if r["precision"] in emulated]
+    slow = [r["precision"] for r in summary if is_emulated(r["precision"], emulated)]
     if not slow:
         return sentence
     names = ", ".join(slow)
@@ -42,9 +49,11 @@ def recommendation(summary: list[dict[str, Any]], baseline: str, tolerance_pp: f
             f"speed here says nothing about hardware that has it.")
 
 
-def memory_rung(summary: list[dict[str, Any]], baseline: str) -> str | None:
+def memory_rung(summary: list[dict[str, Any]], baseline: str,
+                emulated: Collection[str] = ()) -> str | None:
     """For memory-bound runs: the rung with the fewest state bytes per parameter whose
-    verdict is ok (or any, in a speed-only study), when it needs less than the baseline."""
+    verdict is ok (or any, in a speed-only study), when it needs less than the baseline;
+    a rung in a mode this device only emulates is said to cost time here."""
     base = next((r for r in summary if r["precision"] == baseline), None)
     trained = any(r["verdict"] is not None for r in summary)
     fits = [r for r in summary if r.get("bytes_per_param")
@@ -54,13 +63,18 @@ def memory_rung(summary: list[dict[str, Any]], baseline: str) -> str | None:
     best = min(fits, key=lambda r: r["bytes_per_param"])
     if best["bytes_per_param"] >= base["bytes_per_param"]:
         return None
+    cost = (f" ({base_mode(best['precision'])} is emulated on this device: here it saves "
+            f"memory and costs time; it is fast only where that format has hardware)"
+            if is_emulated(best["precision"], emulated) else "")
     return (f"If memory-bound: {best['precision']} keeps {best['bytes_per_param']:.1f} bytes "
             f"of weights, gradients and optimizer state per parameter against "
             f"{base['bytes_per_param']:.1f} for {baseline}"
-            f"{f' with matching {task_of(summary).primary.label}' if trained else ''}.")
+            f"{f' with matching {task_of(summary).primary.label}' if trained else ''}"
+            f"{cost}.")
 
 
-def _recommendation(summary: list[dict[str, Any]], baseline: str, tolerance_pp: float) -> str:
+def _recommendation(summary: list[dict[str, Any]], baseline: str, tolerance_pp: float,
+                    emulated: Collection[str] = ()) -> str:
     task = task_of(summary)
     metric = task.primary.label
     trained = any(r.get(f"val_{task.primary.key}_mean") is not None for r in summary)
@@ -77,6 +91,9 @@ def _recommendation(summary: list[dict[str, Any]], baseline: str, tolerance_pp: 
                     f"keep {baseline}.")
         return f"Nothing ran faster than {baseline} here: keep {baseline}{note}."
     memory = f", {best['mem_ratio']:.2f}× the memory" if best.get("mem_ratio") else ""
+    if is_emulated(best["precision"], emulated):  # never advised for speed without saying so
+        memory += (f" (though {base_mode(best['precision'])} is only emulated on this device: "
+                   f"re-time it; emulation is not expected to beat {baseline})")
     if not trained:
         return (f"{best['precision']} is the fastest: {best['speedup']:.2f}× {baseline}'s "
                 f"throughput{memory}{note}.")
@@ -132,7 +149,7 @@ def _cells(row: dict[str, Any], baseline: str, emulated: Collection[str] = (),
            given: Mapping[str, str] | None = None) -> list[str]:
     # ``given``: the user's spelling beside amptrain's name, "16-mixed (mixed_float16)".
     name = label(row["precision"], given)
-    name = f"{name} (emulated)" if row["precision"] in emulated else name
+    name = f"{name} (emulated)" if is_emulated(row["precision"], emulated) else name
     return [name, row["verdict"] or "n/a", metric_cell(row), _delta(row, baseline),
             _num(row["samples_per_s"], ",.0f"), _speedup(row),
             _num(row["step_time_ms"], ".2f", " ms"), human_bytes(row["peak_mem_bytes"]),
@@ -164,7 +181,8 @@ def markdown_table(summary: list[dict[str, Any]], baseline: str,
         cells = _cells(row, baseline)
         name = label(row["precision"], given)
         cells[0] = f"`{name}`" + (" (baseline)" if row["precision"] == baseline
-                                   else " (emulated)" if row["precision"] in emulated else "")
+                                   else " (emulated)" if is_emulated(row["precision"], emulated)
+                                   else "")
         cells[1] = _VERDICT_MARK.get(row["verdict"], cells[1])
         if row["precision"] == best and best != baseline:
             cells[5] = f"**{cells[5]}**"

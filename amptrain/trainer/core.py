@@ -205,9 +205,6 @@ class Trainer(CheckpointingMixin, ReportingMixin, BatchPlanningMixin, DataMixin)
                                 progress=not c.logging.no_progress,
                                 resumed_at=self.step if self.step > 0 else None,
                                 print_every=self.print_every)
-        emulated = self.precision.emulation_note()
-        if emulated:  # first, so that nobody reads past it
-            log.warning("%s", emulated)
         self.logger.message(self._banner())
         lr_note = self.lr_plan.describe(c)
         if lr_note:
@@ -325,8 +322,9 @@ class Trainer(CheckpointingMixin, ReportingMixin, BatchPlanningMixin, DataMixin)
         self._last_log_step = self.step
         while self.epoch < c.schedule.epochs and not self._done():
             start = self.window_in_epoch
-            self.logger.bar(len(self.train_windows), f"epoch {self.epoch + 1}/{c.schedule.epochs}",
-                            start)
+            # Epochs count from 0, as in metrics.jsonl and the log lines: "epoch 0 (0-2)".
+            self.logger.bar(len(self.train_windows),
+                            f"epoch {self.epoch} (0-{c.schedule.epochs - 1})", start)
             for window in self.train_windows.epoch(self.epoch, start):
                 self._train_step(window)
                 self._step_epoch = self.epoch

@@ -14,7 +14,7 @@ from amptrain.compare import CompareOptions, run_compare
 from amptrain.config import RunConfig
 from amptrain.trainer import Trainer
 
-#: DESIGN.md: compare.json's summary fields, in order.
+#: docs/design.md: compare.json's summary fields, in order.
 SUMMARY_FIELDS = ["precision", "samples_per_s", "speedup", "step_time_ms", "peak_mem_bytes",
                   "mem_ratio", "weights_bytes", "grad_bytes", "master_bytes",
                   "optimizer_state_bytes", "bytes_per_param", "val_acc_mean", "val_acc_std",

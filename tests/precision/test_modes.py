@@ -85,3 +85,31 @@ def test_the_users_spelling_is_shown_beside_amptrains_name():
     assert label("16-mixed", "16-mixed") == label("16-mixed") == "16-mixed"
     assert label("32-true", {"32-true": "float32"}) == "32-true (float32)"
     assert Precision("mixed_float16", device="cpu").given == "mixed_float16"
+
+
+@pytest.mark.parametrize("level,mode,master,half_weights,scaling", [
+    ("O0", "32-true", False, False, False),
+    ("O1", "16-mixed", False, False, True),   # fp16 autocast, fp32 weights, dynamic scale
+    ("O2", "16-master", True, True, True),    # fp16 model, fp32 masters, BN kept fp32
+    ("O3", "16-true", False, True, True),     # pure fp16
+])
+def test_apex_opt_levels_are_aliases(level, mode, master, half_weights, scaling):
+    import warnings
+
+    from amptrain.precision import as_given, label
+
+    assert canonical_name(level) == mode and ALIASES[level] == mode
+    spec = MODES[mode]
+    assert (spec.master_weights, spec.half_weights, spec.loss_scaling) == \
+        (master, half_weights, scaling)
+    assert label(mode, level) == f"{mode} ({level})"
+    assert as_given([level]) == ({} if level == mode else {mode: level})
+    model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.BatchNorm1d(4))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # fp16 is emulated on some CPUs: said, not tested here
+        precision = Precision(level, device="cpu")
+        precision.setup(model, torch.optim.SGD(model.parameters(), lr=0.1))
+    assert precision.name == mode and precision.given == level
+    # Apex's keep_batchnorm_fp32: BatchNorm stays fp32 in the half-weight modes
+    assert model[1].weight.dtype == torch.float32
+    assert model[0].weight.dtype == (torch.float16 if half_weights else torch.float32)

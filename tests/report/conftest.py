@@ -41,7 +41,7 @@ def pixels_near() -> Callable[..., int]:
 
 # ------------------------------------------------------- hand-written studies
 def _row(precision: str, **values) -> dict:
-    """A compare.json summary row, fields in DESIGN.md's order."""
+    """A compare.json summary row, fields in the contract's order (docs/design.md)."""
     fields = ["samples_per_s", "speedup", "step_time_ms", "peak_mem_bytes", "mem_ratio",
               "val_acc_mean", "val_acc_std", "delta_acc_pp", "final_loss_mean", "skipped_steps",
               "verdict"]

@@ -80,3 +80,52 @@ def test_render_html_of_a_speed_only_study_has_no_runs_table(speed_only_study):
     assert "<h2>Runs</h2>" not in page
     assert "speed only: accuracy not measured" in page
     assert page.count('src="data:image/png;base64,') == 2
+
+
+def _widest_study(tiny_study):
+    """The tiny study with the widest summary cells a real study prints: the user's
+    aliases, "(emulated)", ladder-rung names and speedups with their spread."""
+    import json
+
+    compare = json.loads((tiny_study / "compare.json").read_text())
+    for row in compare["summary"]:
+        row.update(speedup_low=0.05, speedup_high=1.07, timing_reliable=False,
+                   samples_per_s=123456.0, peak_mem_bytes=123 * 2 ** 30)
+    (tiny_study / "compare.json").write_text(json.dumps(compare))
+    details = json.loads((tiny_study / "study.json").read_text())
+    details["options"]["precisions"] = "float32,mixed_float16"
+    details["env"]["emulated"] = {"16-mixed": True}
+    (tiny_study / "study.json").write_text(json.dumps(details))
+    return load_study(tiny_study)
+
+
+def test_the_summary_table_wraps_instead_of_running_past_the_right_edge(tiny_study):
+    page = render_html(_widest_study(tiny_study))
+    assert '<table class="summary">' in page
+    # headers and names wrap; the speedup's spread goes under it, not beside it
+    assert "table.summary th { white-space:normal;" in page
+    assert "table.summary td.name { white-space:normal;" in page
+    assert "16-mixed (mixed_float16) (emulated)" in page
+    assert '<span class="iqr">(0.05–1.07)?</span>' in page
+
+
+@pytest.mark.skipif(shutil.which("chromium") is None,
+                    reason="Debian's chromium is not installed (apt-get install -y chromium)")
+@pytest.mark.parametrize("width", [1280, 1400])
+def test_the_summary_table_fits_the_window_in_headless_chromium(tiny_study, tmp_path, width):
+    # The page measures itself: the summary card's content width against its box.
+    page = render_html(_widest_study(tiny_study)).replace("</body>", (
+        "<script>const c = document.querySelectorAll('.card')[0];"
+        "document.title = 'fit ' + c.scrollWidth + ' ' + c.clientWidth;</script></body>"))
+    path = tmp_path / "report.html"
+    path.write_text(page)
+    completed = subprocess.run(
+        ["chromium", "--headless", "--no-sandbox", "--disable-gpu",
+         "--disable-background-networking", "--disable-component-update", "--disable-sync",
+         "--no-first-run", f"--user-data-dir={tmp_path / 'profile'}",
+         f"--window-size={width},900", "--dump-dom", path.as_uri()],
+        capture_output=True, text=True, timeout=120, check=False)
+    found = re.search(r"<title>fit (\d+) (\d+)</title>", completed.stdout)
+    assert found, completed.stderr[-2000:]
+    scroll, client = map(int, found.groups())
+    assert scroll <= client, f"the summary is {scroll - client} px wider than its card"

@@ -312,3 +312,16 @@ def test_fit_gives_the_users_model_its_own_forward_back(fails):
     if not fails:  # evaluating afterwards puts the islands back for the pass only
         assert trainer.evaluate(model, tiny_classification(n=64)).loss > 0
         assert all("forward" not in m.__dict__ for m in model.modules())
+
+def test_the_progress_bar_counts_epochs_like_the_log_lines(monkeypatch):
+    # One numbering everywhere, from 0: metrics.jsonl's epoch, the log lines, the bar.
+    from amptrain.logs import RunLogger
+
+    descs: list[str] = []
+    bar = RunLogger.bar
+    monkeypatch.setattr(RunLogger, "bar", lambda self, total, desc, initial=0: (
+        descs.append(desc), bar(self, total, desc, initial))[1])
+    trainer = Trainer(precision="32-true", epochs=2, batch_size=50, log_every=1)
+    trainer.fit(tiny_mlp(), tiny_classification(n=100))
+    assert [d for d in descs if d.startswith("epoch")] == ["epoch 0 (0-1)", "epoch 1 (0-1)"]
+    assert sorted({r["epoch"] for r in trainer.history if "loss" in r}) == [0, 1]
