@@ -25,6 +25,7 @@ from torch import nn
 
 from ..devices import resolve_device
 from ..errors import UserError, flag
+from .emulation import EmulatedAutocast, fast_emulation_note
 from .fp8 import Float8Plan, convert_linears, plan_float8
 from .islands import (
     ForwardPatches,
@@ -42,11 +43,10 @@ from .maths import set_tf32
 from .modes import ALIASES, MODES, PRECISION_NAMES, ModeSpec, as_given, canonical_name, label
 from .outcome import NonFiniteHalt, StepOutcome
 from .scaling import DynamicLossScaler, FoundInfAgreement, NonFiniteGuard
-from .support import (auto_mode, device_features, emulated_precisions, onednn_has_bf16_kernels,
-                      resolve_name, unsupported_reason)
+from .support import (auto_mode, device_features, emulated_fast, emulated_precisions,
+                      onednn_has_bf16_kernels, resolve_name, unsupported_reason)
 from .weight_update import (WEIGHT_UPDATES, WeightUpdate, check_rule, fused_is_exact,
                             raise_adam_eps)
-
 
 
 class PrecisionOptions(Protocol):
@@ -144,6 +144,7 @@ class Precision:
         if reason:
             raise UserError(reason)
         check_rule(self.weight_update_rule, self.spec)
+        self.emulated_fast = emulated_fast(self.device, device_features(self.device))[name]
         self.guard = (DynamicLossScaler(self.device.type, **self._scaler_options,
                                         half_grads=self.spec.half_weights
                                         and not self.spec.master_weights)
@@ -156,11 +157,13 @@ class Precision:
         return self.spec.name
 
     def emulation_note(self) -> str | None:
-        """A warning when this device only emulates the mode (slow), naming the faster
-        choice; None when the mode runs natively."""
+        """A warning when this device only emulates the mode (slow: naming the faster choice;
+        at fp32 speed: saying what its timings mean); None when the mode runs natively."""
         features = device_features(self.device)
         if not emulated_precisions(self.device, features)[self.name]:
             return None
+        if self.emulated_fast:
+            return fast_emulation_note(self.name, self.spec.compute_dtype, self.device.type)
         faster = auto_mode(self.device)
         return (f"{self.name} is emulated on this {self.device.type} (no native "
                 f"{'bf16' if self.spec.compute_dtype == torch.bfloat16 else 'fp16'} maths): "
@@ -211,7 +214,7 @@ class Precision:
             self.weight_update = WeightUpdate(self.weight_update_rule, optimizer,
                                               seed=torch.initial_seed() % 2 ** 63)
         install_fp32_islands(self._patches, islands.values(), self.device.type)
-        if cpu_fp16:
+        if cpu_fp16 and not self.emulated_fast:  # emulation computes the conv in fp32 anyway
             install_cpu_fp16_conv(self._patches, model, skip=set(islands.values()))
         if fp32_on_cpu and self.spec.compute_dtype is not None:
             install_cpu_fp32_islands(self._patches, fp32_on_cpu, self.spec.compute_dtype)
@@ -289,10 +292,11 @@ class Precision:
 
     # --------------------------------------------------------------- forward
     def autocast(self) -> ContextManager:
-        """The autocast context for forward passes (and the loss) in this mode."""
+        """The autocast context for forward passes and the loss (emulated: emulation.py)."""
         if self.spec.compute_dtype is None:
             return contextlib.nullcontext()
-        return torch.autocast(self.device.type, dtype=self.spec.compute_dtype)
+        return EmulatedAutocast(self.spec.compute_dtype) if self.emulated_fast \
+            else torch.autocast(self.device.type, dtype=self.spec.compute_dtype)
 
     # -------------------------------------------------------------- backward
     def backward(self, loss: torch.Tensor) -> None:
