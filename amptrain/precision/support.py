@@ -156,6 +156,13 @@ def emulated_fast(device: torch.device, features: dict[str, bool]) -> dict[str, 
             for name, emulated in emulated_precisions(device, features).items()}
 
 
+def emulation_label(emulated: bool, fast: bool) -> str | None:
+    """How ``env`` shows a mode that the device only emulates; None for the others."""
+    if not emulated:
+        return None
+    return "emulated (native numerics, fp32 speed)" if fast else "emulated (slow)"
+
+
 def auto_mode(device: torch.device) -> str:
     """The fastest mode that is safe on ``device`` and never an emulated one: bf16 where
     native, else fp16 on Tensor-Core GPUs, else fp32.
