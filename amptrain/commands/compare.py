@@ -81,8 +81,10 @@ def run(args: argparse.Namespace) -> int:
     print(format_table(result["summary"], result["baseline"], emulated, given))
     marked = [r["precision"] for r in result["summary"] if r["precision"] in emulated]
     if marked:
-        print(f"(emulated): {', '.join(marked)} {'has' if len(marked) == 1 else 'have'} no "
-              f"hardware on this device; slow here, not on hardware that has it")
+        one = len(marked) == 1
+        print(f"(emulated): {', '.join(marked)} {'has' if one else 'have'} no hardware on "
+              f"this device; {'its' if one else 'their'} speed here says nothing about "
+              f"hardware that has it")
     warning = timing_warning(result["summary"])
     if warning:
         print(f"warning: {warning}")
