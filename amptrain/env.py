@@ -22,7 +22,7 @@ from torch.nn import functional as F
 from .devices import CPU_FLAGS, cpu_flags, cpu_model, gpu_info, resolve_device
 from .precision import fp8
 from .precision.advice import cpu_notes, memory_note, recommended_line
-from .precision.support import gpu_features, support_table
+from .precision.support import emulation_label, gpu_features, support_table
 
 
 def _version(query: Callable[[], Any]) -> str | None:
@@ -235,11 +235,14 @@ def format_env(info: dict[str, Any]) -> str:
                   f"bf16 {_yes(f['bf16'])}   fp16 {_yes(f['fp16'])}   TF32 {_yes(f['tf32'])}   "
                   f"fp8 {_yes(f['fp8'])}", ""]
     width = max(len(p) for p in info["supported"])
-    lines.append(f"  {'precision':<{width}}  {'supported':<16}  needs")
-    for name, native in info["supported"].items():
+    cells = {name: emulation_label(bool(info["emulated"].get(name)),
+                                   bool(info.get("emulated_fast", {}).get(name))) or _yes(native)
+             for name, native in info["supported"].items()}
+    cell = max(16, *map(len, cells.values()))
+    lines.append(f"  {'precision':<{width}}  {'supported':<{cell}}  needs")
+    for name, support in cells.items():
         mark = "  <- recommended" if name == info["recommended_precision"] else ""
-        support = "emulated" if info["emulated"].get(name) else _yes(native)
-        lines.append(f"  {name:<{width}}  {support:<16}  {info['needs'][name]}{mark}")
+        lines.append(f"  {name:<{width}}  {support:<{cell}}  {info['needs'][name]}{mark}")
     lines += ["", info.get("recommended_line") or
               f"recommended: --precision {info['recommended_precision']}"]
     if info["notes"]:

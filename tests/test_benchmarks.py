@@ -121,3 +121,18 @@ def test_wide_mlp_overhead_measures_every_lane_without_timing_assertions():
     steps = wide.step_only("bf16-mixed", bundle.train, rounds=1, warmup=0, log_every=1)
     ratio, _, control = wide.summary(steps, "trainer")
     assert ratio > 0 and control > 0
+
+
+def test_emulation_speed_times_every_variant_without_timing_assertions(monkeypatch):
+    import emulation_speed as es
+
+    # As if on an AVX2-only CPU: bf16 and fp16 both emulated, each also on torch's kernels.
+    monkeypatch.setenv("ONEDNN_MAX_CPU_ISA", "AVX2")
+    monkeypatch.delenv("AMPTRAIN_EMULATION", raising=False)
+    tiny = bl.Workload("mlp", "mlp:hidden=16", "synthetic-image:samples=64,size=8", 16)
+    rows = es.measure(tiny, ["bf16-mixed", "16-mixed"], slow=True, rounds=1, warmup=0, block=1)
+    assert [r["variant"] for r in rows] == [
+        "32-true", "bf16-mixed emulated", "bf16-mixed torch kernels", "16-mixed emulated",
+        "16-mixed torch kernels"]
+    assert all(r["ms"] > 0 and r["ratio"] > 0 for r in rows)
+    assert "AMPTRAIN_EMULATION" not in os.environ  # restored after each loop

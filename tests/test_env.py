@@ -88,3 +88,24 @@ def test_bench_measures_every_dtype_on_this_device():
     assert all(r["tflops"] > 0 and r["ms"] > 0 for r in rows.values())
     assert rows["matmul", "fp32"]["ratio_to_fp32"] == 1.0
     assert "TFLOP/s" in env.format_bench(bench)
+
+
+@pytest.mark.parametrize("switch,label", [(None, "emulated (native numerics, fp32 speed)"),
+                                          ("off", "emulated (slow)")])
+def test_emulated_precisions_say_how_they_run(monkeypatch, switch, label):
+    # ONEDNN_MAX_CPU_ISA=AVX2 makes every CPU an AVX2-only one for oneDNN: bf16 and fp16
+    # are both emulated, at fp32 speed unless AMPTRAIN_EMULATION=off.
+    monkeypatch.setenv("ONEDNN_MAX_CPU_ISA", "AVX2")
+    if switch is None:
+        monkeypatch.delenv("AMPTRAIN_EMULATION", raising=False)
+    else:
+        monkeypatch.setenv("AMPTRAIN_EMULATION", switch)
+    info = env.collect_env()
+    if info["device"] != "cpu":
+        pytest.skip("env describes the GPU here")
+    assert info["emulated"]["bf16-mixed"] and info["emulated"]["16-mixed"]
+    assert info["emulated_fast"]["bf16-mixed"] is (switch is None)
+    rows = [line for line in env.format_env(info).splitlines() if line.startswith("  bf16-")]
+    assert rows and all(label in row for row in rows)
+    assert "emulated" not in next(line for line in env.format_env(info).splitlines()
+                                  if line.startswith("  32-true"))

@@ -26,6 +26,7 @@ from torch import nn
 from ..devices import resolve_device
 from ..errors import UserError, flag, warn
 from .advice import emulation_warning, range_safe_choice
+from .emulation import EmulatedAutocast
 from .fp8 import Float8Plan, convert_linears, plan_float8
 from .islands import (
     ForwardPatches,
@@ -44,10 +45,10 @@ from .misuse import CallOrder
 from .modes import ALIASES, MODES, PRECISION_NAMES, ModeSpec, as_given, canonical_name, label
 from .outcome import NonFiniteHalt, StepOutcome
 from .scaling import DynamicLossScaler, FoundInfAgreement, NonFiniteGuard
-from .support import auto_mode, onednn_has_bf16_kernels, resolve_name, unsupported_reason
+from .support import (auto_mode, device_features, emulated_fast, emulated_precisions,
+                      onednn_has_bf16_kernels, resolve_name, unsupported_reason)
 from .weight_update import (WEIGHT_UPDATES, WeightUpdate, check_rule, fused_is_exact,
                             raise_adam_eps)
-
 
 
 class PrecisionOptions(Protocol):
@@ -146,6 +147,7 @@ class Precision:
         if reason:
             raise UserError(reason)
         check_rule(self.weight_update_rule, self.spec)
+        self.emulated_fast = emulated_fast(self.device, device_features(self.device))[name]
         self.guard = (DynamicLossScaler(self.device.type, **self._scaler_options,
                                         half_grads=self.spec.half_weights
                                         and not self.spec.master_weights)
@@ -159,8 +161,9 @@ class Precision:
 
     def emulation_note(self) -> str | None:
         """A warning when this device only emulates the mode, naming the fastest native
-        choice (:mod:`.advice`); None when the mode runs natively."""
-        return emulation_warning(self.name, self.device)
+        choice (:mod:`.advice`) and, when :mod:`.emulation` computes it at fp32 speed, what
+        its timings mean; None when the mode runs natively."""
+        return emulation_warning(self.name, self.device, fast=self.emulated_fast)
 
     # ----------------------------------------------------------------- setup
     def setup(self, model: nn.Module, optimizer: torch.optim.Optimizer | None = None
@@ -211,7 +214,7 @@ class Precision:
             self.weight_update = WeightUpdate(self.weight_update_rule, optimizer,
                                               seed=torch.initial_seed() % 2 ** 63)
         install_fp32_islands(self._patches, islands.values(), self.device.type)
-        if cpu_fp16:
+        if cpu_fp16 and not self.emulated_fast:  # emulation computes the conv in fp32 anyway
             install_cpu_fp16_conv(self._patches, model, skip=set(islands.values()))
         if fp32_on_cpu and self.spec.compute_dtype is not None:
             install_cpu_fp32_islands(self._patches, fp32_on_cpu, self.spec.compute_dtype)
@@ -293,10 +296,11 @@ class Precision:
 
     # --------------------------------------------------------------- forward
     def autocast(self) -> ContextManager:
-        """The autocast context for forward passes (and the loss) in this mode."""
+        """The autocast context for forward passes and the loss (emulated: emulation.py)."""
         if self.spec.compute_dtype is None:
             return contextlib.nullcontext()
-        return torch.autocast(self.device.type, dtype=self.spec.compute_dtype)
+        return EmulatedAutocast(self.spec.compute_dtype) if self.emulated_fast \
+            else torch.autocast(self.device.type, dtype=self.spec.compute_dtype)
 
     # -------------------------------------------------------------- backward
     def backward(self, loss: torch.Tensor) -> None:

@@ -71,15 +71,21 @@ def _here_then_elsewhere(device: torch.device, fmt: str) -> str:
     return f"{flag('precision')} {fastest} (native here)"
 
 
-def emulation_warning(name: str, device: torch.device, flags: Flags | None = None
-                      ) -> str | None:
-    """The warning for training in ``name`` on a device that only emulates it, or None."""
+def emulation_warning(name: str, device: torch.device, flags: Flags | None = None,
+                      fast: bool = False) -> str | None:
+    """The warning for training in ``name`` on a device that only emulates it, or None.
+
+    ``fast``: the mode runs as fp32 kernels with the format's rounding
+    (:mod:`.emulation`): native numerics at about 32-true's speed, never faster."""
     if not is_emulated(name, device, flags):
         return None
     fmt = _format(name)
-    return (f"{name} is emulated on this {device.type} (no native {fmt} maths): use it here "
-            f"to study {fmt} numerics (overflow, accuracy), not for speed -- it is never "
-            f"faster than 32-true on this machine; for speed use "
+    how = (f"fp32 kernels with {fmt} rounding give native hardware's numerics (overflow, "
+           f"loss scaling, accuracy) at about 32-true's speed, and its timing and memory say "
+           f"nothing about {fmt} hardware" if fast else
+           f"use it here to study {fmt} numerics (overflow, accuracy), not for speed")
+    return (f"{name} is emulated on this {device.type} (no native {fmt} maths): {how}; it "
+            f"is never faster than 32-true on this machine; for speed use "
             f"{_here_then_elsewhere(device, fmt)}")
 
 

@@ -15,6 +15,7 @@ import torch
 from ..devices import cpu_flags, resolve_device
 from ..errors import UserError, flag
 from . import fp8
+from .emulation import emulation_switched_on
 from .fp8 import CC_FP8
 from .modes import MODES, ModeSpec, canonical_name
 
@@ -129,10 +130,12 @@ def supported_precisions(features: dict[str, bool]) -> dict[str, bool]:
 
 
 def emulated_precisions(device: torch.device, features: dict[str, bool]) -> dict[str, bool]:
-    """{precision: accepted here but computed without hardware for it (slow)}.
+    """{precision: accepted here but computed without hardware for it}.
 
-    On a CPU without AVX512-FP16/AMX-FP16, fp16 is converted to fp32 around every kernel,
-    and bf16 without AVX512-BF16/AMX likewise: they run, several times slower than fp32.
+    On a CPU without AVX512-FP16/AMX-FP16, PyTorch's fp16 kernels convert to fp32 around
+    every element, and its bf16 ones without AVX512-BF16/AMX likewise: several times
+    slower than fp32. amptrain computes such modes' matmuls and convolutions with fp32
+    kernels and the half format's rounding instead (:func:`emulated_fast`).
     A refused mode (bf16 on a pre-Ampere GPU, fp8 without sm89) is not "emulated".
     """
     emulated = {}
@@ -141,6 +144,23 @@ def emulated_precisions(device: torch.device, features: dict[str, bool]) -> dict
         accepted = unsupported_reason(spec, device) is None
         emulated[name] = accepted and kind in ("fp16", "bf16") and not features[kind]
     return emulated
+
+
+def emulated_fast(device: torch.device, features: dict[str, bool]) -> dict[str, bool]:
+    """{precision: emulated here, and computed by :mod:`amptrain.precision.emulation`}:
+    fp32 kernels with the half format's rounding -- the numerics of native hardware at
+    about fp32's speed. True for every CPU-emulated mode unless ``AMPTRAIN_EMULATION=off``
+    asks for PyTorch's own (slow) half kernels."""
+    fast = device.type == "cpu" and emulation_switched_on()
+    return {name: fast and emulated
+            for name, emulated in emulated_precisions(device, features).items()}
+
+
+def emulation_label(emulated: bool, fast: bool) -> str | None:
+    """How ``env`` shows a mode that the device only emulates; None for the others."""
+    if not emulated:
+        return None
+    return "emulated (native numerics, fp32 speed)" if fast else "emulated (slow)"
 
 
 def auto_mode(device: torch.device) -> str:
@@ -194,4 +214,5 @@ def support_table(device: torch.device, flags: dict[str, bool | None] | None = N
     return {"features": features, "needs": precision_needs(device),
             "supported": supported_precisions(features),
             "emulated": emulated_precisions(device, features),
+            "emulated_fast": emulated_fast(device, features),
             "recommended_precision": auto_mode(device)}

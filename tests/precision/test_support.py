@@ -90,3 +90,14 @@ def test_avx512_without_bf16_is_emulated_and_never_auto(monkeypatch):
     assert not support.cpu_has_native_bf16()
     assert support.emulated_precisions(CPU, support.device_features(CPU))["bf16-mixed"]
     assert support.auto_mode(CPU) == "32-true"
+
+
+def test_emulated_modes_run_at_fp32_speed_unless_switched_off(monkeypatch):
+    features = {**support.device_features(CPU, NO_FLAGS), "bf16": False, "fp16": False}
+    fast = support.emulated_fast(CPU, features)
+    assert fast == support.emulated_precisions(CPU, features)
+    assert support.emulation_label(True, True) == "emulated (native numerics, fp32 speed)"
+    assert support.emulation_label(True, False) == "emulated (slow)"
+    assert support.emulation_label(False, True) is None
+    monkeypatch.setenv("AMPTRAIN_EMULATION", "off")
+    assert not any(support.emulated_fast(CPU, features).values())
