@@ -1,0 +1,350 @@
+"""What the trainer callbacks share: amptrain's diagnosis inside someone else's loop.
+
+A :class:`DiagnoseSession` is attached to the model a Hugging Face or Lightning trainer
+trains; the adapters (:mod:`.hf`, :mod:`.lightning`) only translate their trainer's
+events into its calls:
+
+* **every step** -- :class:`~amptrain.probe.NonFiniteWatch` queues one device-side min/max
+  per module output and output gradient; the queue is read every ``check_every`` steps
+  (one host sync) and then emptied, so it stays bounded. The first inf/NaN names the
+  module that produced it (forward) or whose output gradient held it (backward). Skipped
+  steps are counted on the device (the GradScaler's scale went down).
+* **every ``every``-th step** -- a :class:`~amptrain.diagnose.ranges.RangeRecorder` records
+  per-module activation and gradient ranges in whatever precision the run computes in
+  (gradients unscaled by the loss scale), so an fp32 or bf16 run already says which
+  modules would overflow fp16. Its hooks do nothing on the other steps.
+* **each log step** -- the loss scale and the skipped steps, for the trainer's logs.
+* **at the end or on halt** -- ``diagnose.md`` / ``diagnose.json`` (amptrain's writer and
+  recommender) with keep-in-fp32, initial-scale and bf16 recommendations.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+import re
+import sys
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from .. import __version__
+from ..diagnose.ranges import FORMATS, FP16, SAMPLE_LIMIT, RangeRecorder, RangeStats, fractions
+from ..diagnose.recommend import (
+    _bf16_verdict,
+    _casts_inputs_to_half,
+    _in_island,
+    attention_overflow,
+    keep_fp32_candidates,
+    module_risks,
+    recommend_loss_scale,
+)
+from ..diagnose.writer import write_reports
+from ..errors import UserError
+from ..precision.support import device_features, supported_precisions
+from ..probe import NonFiniteEvent, NonFiniteWatch
+
+#: Streams whose values a loss scale multiplies (recorded unscaled).
+_GRADIENTS = ("gradient", "param_gradient")
+#: GradScaler's default initial scale (recommend_loss_scale's fallback).
+DEFAULT_INIT_SCALE = 65536.0
+
+
+def check_version(package: str, version: str, minimum: tuple[int, ...], what: str) -> None:
+    """One line (a UserError) when ``version`` of ``package`` is older than ``minimum``."""
+    parts = tuple(int(p) for p in re.findall(r"\d+", version)[:len(minimum)])
+    if parts < minimum:
+        need = ".".join(map(str, minimum))
+        raise UserError(f"{what} needs {package}>={need} (found {package} {version}): "
+                        f"pip install -U '{package}>={need}'")
+
+
+class _SampledStats(RangeStats):
+    """Range statistics that only take values while ``active``; gradient values are
+    multiplied by ``grad_factor`` (1 / loss scale) first."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.active = False
+        self.grad_factor: torch.Tensor | None = None
+
+    def add_peak(self, key: Any, tensor: torch.Tensor) -> None:
+        if self.active:
+            super().add_peak(key, tensor)
+
+    def add(self, key: Any, tensor: torch.Tensor) -> None:
+        if not self.active:
+            return
+        if key[1] in _GRADIENTS and self.grad_factor is not None:
+            tensor = tensor.detach().float() * self.grad_factor
+        super().add(key, tensor)
+
+
+class _SampledRecorder(RangeRecorder):
+    """A :class:`RangeRecorder` whose hooks return at once unless its stats are active."""
+
+    def __init__(self, model: nn.Module) -> None:
+        super().__init__(model)
+        self.stats: _SampledStats = _SampledStats()
+
+    def _forward_hook(self, label: str) -> Any:
+        record = super()._forward_hook(label)
+
+        def hook(module: nn.Module, args: Any, output: Any) -> None:
+            if self.stats.active:
+                record(module, args, output)
+        return hook
+
+
+@dataclasses.dataclass
+class DiagnoseOptions:
+    """How a callback samples and where it writes.
+
+    Args:
+        every: record module ranges on every N-th optimizer step (the first included).
+        check_every: read the non-finite checks every N steps (one host sync each).
+        stop_on_nonfinite: ask the trainer to stop at the first non-finite value found.
+        out_dir: where diagnose.md/.json go (default: the trainer's output directory).
+        verbose: print the loss-scale line of each log step and the non-finite notice.
+    """
+
+    every: int = 50
+    check_every: int = 16
+    stop_on_nonfinite: bool = False
+    out_dir: str | None = None
+    verbose: bool = True
+
+    def __post_init__(self) -> None:
+        for name in ("every", "check_every"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise UserError(f"DiagnoseCallback({name}=...) must be an integer >= 1 "
+                                f"(got {value!r})")
+
+
+class DiagnoseSession:
+    """The trainer-independent part of a DiagnoseCallback (see the module docstring)."""
+
+    def __init__(self, options: DiagnoseOptions) -> None:
+        self.options = options
+        self.model: nn.Module | None = None
+        self.step = 0
+        self.steps_run = 0
+        self.sampled_steps = 0
+        self.first: NonFiniteEvent | None = None
+        self.history: list[dict[str, Any]] = []
+        self.written: tuple[Path, Path] | None = None
+        self._watch: NonFiniteWatch | None = None
+        self._recorder: _SampledRecorder | None = None
+        self._scaler: Any = None
+        self._skipped: torch.Tensor | None = None
+        self._last_scale: torch.Tensor | None = None
+        self._context: dict[str, Any] = {}
+
+    # ------------------------------------------------------------ lifecycle
+    def attach(self, model: nn.Module, *, precision: str, trainer: str,
+               out_dir: str | Path | None) -> None:
+        """Hook ``model`` (once; a second fit of the same callback re-attaches)."""
+        self.detach()
+        self.model = model
+        self._context = {"precision": precision, "trainer": trainer,
+                         "out_dir": self.options.out_dir or out_dir}
+        self._watch = NonFiniteWatch(model, lambda: self.step, self._scale_tensor)
+        self._recorder = _SampledRecorder(model)
+
+    def detach(self) -> None:
+        for hooks in (self._watch, self._recorder):
+            if hooks is not None:
+                hooks.remove()
+
+    def _scale_tensor(self) -> torch.Tensor | None:
+        scale = getattr(self._scaler, "_scale", None)
+        return scale if isinstance(scale, torch.Tensor) else None
+
+    def _unscale(self) -> torch.Tensor | None:
+        """1 / the loss scale of this step (a tensor), or None without loss scaling."""
+        if self._scaler is None:
+            return None
+        scale = self._scale_tensor()
+        if scale is None:  # made at the first backward, from the initial scale
+            return torch.tensor(1.0 / float(getattr(self._scaler, "_init_scale", 1.0)))
+        return scale.double().reciprocal().float()
+
+    def step_begin(self, step: int, scaler: Any = None) -> None:
+        """Optimizer step ``step`` (0-based) starts: sample its ranges or not."""
+        self.step = step
+        self._scaler = scaler if getattr(scaler, "is_enabled", lambda: False)() else None
+        assert self._recorder is not None, "attach() first"
+        stats = self._recorder.stats
+        stats.active = step % self.options.every == 0
+        if stats.active:
+            stats.grad_factor = self._unscale()
+
+    def step_end(self) -> bool:
+        """The optimizer step is done; True when the trainer should stop (the first
+        non-finite value was found and ``stop_on_nonfinite``)."""
+        assert self._recorder is not None, "attach() first"
+        self.steps_run = max(self.steps_run, self.step + 1)
+        stats = self._recorder.stats
+        if stats.active:
+            stats.flush()
+            stats.active = False
+            self.sampled_steps += 1
+        scale = self._scale_tensor()
+        if scale is not None:  # a skipped step backs the scale off: counted on the device
+            last = self._last_scale
+            if last is None:  # the scaler makes its scale tensor at the first backward
+                last = torch.full_like(scale, float(getattr(self._scaler, "_init_scale", 0.0)))
+            went_down = (scale < last).to(torch.int64)
+            self._skipped = went_down if self._skipped is None else self._skipped + went_down
+            self._last_scale = scale.detach().clone()
+        if (self.step + 1) % self.options.check_every == 0:
+            self.check()
+        return self.first is not None and self.options.stop_on_nonfinite
+
+    def check(self) -> NonFiniteEvent | None:
+        """Read the queued non-finite checks (one sync), remember the first event, empty
+        the queue."""
+        if self._watch is None:
+            return None
+        event = self._watch.first()
+        self._watch.reset()
+        if event is not None and self.first is None:
+            self.first = event
+            if self.options.verbose:
+                print(f"amptrain: {self.describe(event)}", file=sys.stderr, flush=True)
+        return self.first
+
+    @staticmethod
+    def describe(event: NonFiniteEvent) -> str:
+        where = "its output" if event.phase == "forward" else "the gradient of its output"
+        scale = f", loss scale {event.loss_scale:g}" if event.loss_scale else ""
+        return (f"first non-finite value at step {event.step}: module '{event.module}' "
+                f"({event.phase}: {where} held inf/NaN{scale})")
+
+    def log_values(self, step: int) -> dict[str, Any]:
+        """The loss scale and skipped steps so far (read at a log step), also printed."""
+        self.check()
+        scale = self._scale_tensor()
+        values: dict[str, Any] = {
+            "amp_loss_scale": float(scale.item()) if scale is not None else None,
+            "amp_skipped_steps": int(self._skipped.item()) if self._skipped is not None else 0}
+        self.history.append({"step": step, **values})
+        if self.options.verbose:
+            shown = f"{values['amp_loss_scale']:g}" if scale is not None else "none"
+            print(f"amptrain: step {step}  loss scale {shown}  skipped steps "
+                  f"{values['amp_skipped_steps']}", file=sys.stderr, flush=True)
+        return values
+
+    def finish(self) -> tuple[Path, Path] | None:
+        """Write diagnose.md/.json into the output directory (once) and unhook."""
+        if self.model is None or self.written is not None:
+            return self.written
+        self.check()
+        self.detach()
+        if self._recorder is not None:  # a step cut short by an exception records no more
+            self._recorder.stats.active = False
+        out = self._context.get("out_dir")
+        if out is None:
+            return None
+        report = _strict_json(self.report())
+        self.written = write_reports(report, out, summary=summary_lines(report))
+        if self.options.verbose:
+            print(f"amptrain: wrote {self.written[1]} and {self.written[0].name}",
+                  file=sys.stderr, flush=True)
+        return self.written
+
+    # --------------------------------------------------------------- report
+    def report(self) -> dict[str, Any]:
+        """The diagnosis as a JSON-ready dict (the layout of ``amptrain diagnose``'s)."""
+        assert self.model is not None and self._recorder is not None, "attach() first"
+        stats = self._recorder.read()
+        model = self.model
+        modules = {(n or type(m).__name__): m for n, m in model.named_modules()}
+        root = type(model).__name__
+        first = self.first
+        keep = keep_fp32_candidates(stats, modules, root, first)
+        islands = [k["pattern"] for k in keep]
+        scale = recommend_loss_scale(stats, islands, DEFAULT_INIT_SCALE)
+        precision = self._context["precision"]
+        if scale["reason"].startswith("gradients are non-finite") and "32" not in precision:
+            scale["reason"] = (f"some gradients recorded in this {precision} run were inf/NaN "
+                               f"(overflow at the loss scale in use); keeping the default scale")
+        for name, s in stats.items():
+            island = _in_island(name, islands)
+            casts = name in modules and _casts_inputs_to_half(modules[name])
+            s["fp32_with_recommendations"] = island
+            risk, s["reasons"] = module_risks(name, s, first, scale["log2"], island, casts)
+            s["risk"] = min(risk, 1e6)  # an inf output scores inf: kept finite for JSON
+            for kind in _GRADIENTS:
+                if s[kind] is not None and scale["log2"] is not None:
+                    s[kind]["fp16_at_recommended_scale"] = fractions(
+                        s["_hist"][kind], FP16, scale["log2"])
+        device = next((p.device for p in model.parameters()), torch.device("cpu"))
+        supported = supported_precisions(device_features(device))
+        skipped = int(self._skipped.item()) if self._skipped is not None else 0
+        return {
+            "source": "callback", "trainer": self._context["trainer"],
+            "amptrain_version": __version__, "model": type(model).__name__, "root": root,
+            "precision": precision, "device": str(device), "steps": self.steps_run,
+            "every": self.options.every, "sampled_steps": self.sampled_steps,
+            "sample_limit": SAMPLE_LIMIT, "skipped_steps": skipped,
+            "loss_scale": self.history[-1]["amp_loss_scale"] if self.history else None,
+            "log": self.history,
+            "formats": {f.name: {"max": f.max, "min_normal": f.min_normal,
+                                 "flush_below": f.flush_below} for f in FORMATS},
+            "first_nonfinite": dataclasses.asdict(first) if first else None,
+            "recommendations": {
+                "init_scale": scale["init_scale"], "loss_scale": scale, "keep_fp32": keep,
+                "bf16": _bf16_verdict(stats, first, scale, None, supported, device),
+                "attention": attention_overflow(stats, first)},
+            "modules": {name: {k: v for k, v in s.items() if k != "_hist"}
+                        for name, s in sorted(stats.items(), key=lambda kv: (
+                            -kv[1]["risk"], not kv[1]["leaf"],
+                            kv[1]["order"] if kv[1]["order"] is not None else 1 << 30))},
+        }
+
+
+def summary_lines(report: dict[str, Any]) -> list[str]:
+    """The top of a callback's diagnose.md."""
+    recs = report["recommendations"]
+    scale = report["loss_scale"]
+    lines = [f"DiagnoseCallback in {report['trainer']}: {report['model']} in "
+             f"{report['precision']} on {report['device']}, {report['steps']} steps; module "
+             f"ranges sampled on {report['sampled_steps']} of them (every {report['every']})",
+             f"loss scale at the last log step: {'none' if scale is None else f'{scale:g}'}; "
+             f"skipped steps: {report['skipped_steps']}"]
+    first = report["first_nonfinite"]
+    lines.append(DiagnoseSession.describe(NonFiniteEvent(**first)) if first else
+                 "no non-finite values in module outputs or gradients")
+    risky = [(n, m) for n, m in report["modules"].items() if m["risk"] > 0
+             and n != report["root"]][:3]
+    if risky:
+        lines.append("riskiest: " + "; ".join(f"{n} ({m['reasons'][0]})" for n, m in risky))
+    if recs.get("attention"):
+        lines.append(f"attention: {recs['attention']['reason']}")
+    for k in recs["keep_fp32"]:
+        lines.append(f"keep in fp32: {k['pattern']} -- {k['reason']} (run it under "
+                     f"torch.autocast(..., enabled=False) with fp32 inputs)")
+    ls = recs["loss_scale"]
+    lines.append(f"initial loss scale: {recs['init_scale']:g} (GradScaler(init_scale=...)) "
+                 f"-- {ls['reason']}")
+    b = recs["bf16"]
+    verdict = ("avoids the problem" if b["avoids_problem"]
+               else "does not avoid it" if b["fp16_problem"] else "is also fine")
+    lines.append(f"bf16-mixed {verdict}: {b['reason']}")
+    return lines
+
+
+
+def _strict_json(value: Any) -> Any:
+    """inf/NaN floats as the strings 'inf'/'nan' (diagnose.json is strict JSON; an
+    overflowing run records them as input maxima too)."""
+    if isinstance(value, dict):
+        return {k: _strict_json(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_strict_json(v) for v in value]
+    if isinstance(value, float) and not math.isfinite(value):
+        return str(value)
+    return value
