@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..errors import UserError, flag
+from ..loggers import parse_names as parse_logger_names
 from ..precision.modes import PRECISION_NAMES
 from ..precision.weight_update import WEIGHT_UPDATES
 from ..tasks import LOSSES, TASK_CHOICES
@@ -220,10 +221,14 @@ class LoggingConfig:
     eval_every: int | None = option(None, "evaluate every N steps (default: each epoch end)",
                                     kind=int)
     no_progress: bool = option(False, "no progress bars (plain log lines instead)")
+    logger: str = option("tensorboard", "experiment trackers beside metrics.jsonl, "
+                                        "comma-separated: tensorboard, mlflow (DIR/mlruns), "
+                                        "csv (DIR/metrics.csv), or none", comma_list=True)
 
     def __post_init__(self) -> None:
         require_positive(self, "log_every")
         require_positive(self, "eval_every", optional=True)
+        parse_logger_names(self.logger)
 
 
 @dataclass
