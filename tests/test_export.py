@@ -1,15 +1,12 @@
-"""Exports: model.safetensors (+ model.json) for every built-in model after training, equal
-to the checkpoint's fp32 weights; ``hf/`` by save_pretrained for hf: models, reloaded
-offline by from_pretrained with amptrain's logits; ``amptrain export`` for an existing
-run, and its refusals (a factory that no longer imports, a format the model lacks, files
-that exist already)."""
+"""amptrain/export.py: model.safetensors (+ model.json) for every built-in model after
+training, equal to the checkpoint's fp32 weights (tied weights once, restored on load);
+``hf/`` by save_pretrained for hf: models, reloaded offline by from_pretrained with
+amptrain's logits; exports of an existing checkpoint in fp32 or bf16; files that exist
+already are never overwritten. The command is tested in tests/commands/test_export.py."""
 from __future__ import annotations
 
 import importlib.util
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -31,9 +28,9 @@ HAS_TRANSFORMERS = importlib.util.find_spec("transformers") is not None
 
 #: Every built-in model on data of its kind, as small as they go (one step each).
 BUILT_IN = {
-    "mlp": "digits", "cnn": "synthetic-image:samples=32,size=8,classes=3",
-    "resnet18": "synthetic-image:samples=16,size=8,classes=3",
-    "resnet50": "synthetic-image:samples=16,size=8,classes=3",
+    "mlp:hidden=16": "digits", "cnn:width=8": "synthetic-image:samples=32,size=8,classes=3",
+    "resnet18:width=8": "synthetic-image:samples=16,size=8,classes=3",
+    "resnet50:width=8": "synthetic-image:samples=16,size=8,classes=3",
     "lstm": "synthetic-seq:samples=32,length=8,vocab=20,classes=3",
     "transformer": "synthetic-seq:samples=32,length=8,vocab=20,classes=3",
     "demo-overflow": "digits", "demo-underflow": "digits",
@@ -109,65 +106,6 @@ def test_aliases_only_for_shared_storage():
     assert aliases == {"b": "a"} and set(unique) == {"a", "c", "d"}
 
 
-# -------------------------------------------------------------- amptrain export
-def _cli(*args: str, cwd: Path = ROOT, pythonpath: str = "") -> subprocess.CompletedProcess:
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), pythonpath]))}
-    return subprocess.run([sys.executable, "-m", "amptrain", *map(str, args)], cwd=cwd, env=env,
-                          capture_output=True, text=True, timeout=300)
-
-
-@pytest.fixture(scope="module")
-def mlp_run(tmp_path_factory) -> Path:
-    return _train(tmp_path_factory.mktemp("mlp"), "mlp", "digits")
-
-
-@pytest.mark.slow
-def test_export_command_writes_an_existing_run_and_never_overwrites(mlp_run, tmp_path):
-    done = _cli("export", "--checkpoint", mlp_run / "checkpoints" / "step-1.pt", "--format",
-                "safetensors", "--out", tmp_path / "x")
-    assert done.returncode == 0, done.stderr
-    assert "model.safetensors, model.json" in done.stdout
-    _assert_same(load_safetensors(tmp_path / "x" / SAFETENSORS_NAME), _checkpoint_weights(mlp_run))
-    assert json.loads((tmp_path / "x" / INFO_NAME).read_text())["source"].endswith("step-1.pt")
-    again = _cli("export", "--checkpoint", mlp_run, "--format", "safetensors", "--out",
-                 tmp_path / "x")
-    assert again.returncode == 2 and "already holds model.safetensors" in again.stderr
-    assert again.stderr.count("\n") <= 2 and "Traceback" not in again.stderr
-    # A user's file of that name is left alone too.
-    mine = tmp_path / "mine"
-    mine.mkdir()
-    (mine / "model.json").write_text("my notes")
-    refused = _cli("export", "--checkpoint", mlp_run, "--format", "safetensors", "--out", mine)
-    assert refused.returncode == 2 and (mine / "model.json").read_text() == "my notes"
-    assert not (mine / SAFETENSORS_NAME).exists()
-
-
-@pytest.mark.slow
-def test_a_format_the_model_lacks_is_one_line(mlp_run, tmp_path):
-    done = _cli("export", "--checkpoint", mlp_run, "--format", "hf", "--out", tmp_path / "y")
-    assert done.returncode == 2 and "Traceback" not in done.stderr
-    assert "--format hf" in done.stderr and "mlp cannot be exported as hf" in done.stderr
-    assert not (tmp_path / "y").exists()
-
-
-@pytest.mark.slow
-def test_a_factory_that_no_longer_imports_is_named(tmp_path):
-    (tmp_path / "gone_models.py").write_text(
-        "import torch\n"
-        "def build(num_classes, input_shape):\n"
-        "    return torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(64, num_classes))\n")
-    trained = _cli("train", "--model", "module:gone_models.build", "--data", "digits",
-                   "--max-steps", "1", "--batch-size", "8", "--precision", "32-true",
-                   "--out", tmp_path / "run", "--no-progress", cwd=tmp_path)
-    assert trained.returncode == 0, trained.stderr
-    assert (tmp_path / "run" / SAFETENSORS_NAME).is_file()
-    (tmp_path / "gone_models.py").unlink()
-    done = _cli("export", "--checkpoint", tmp_path / "run", "--format", "safetensors",
-                cwd=tmp_path)
-    assert done.returncode == 2 and "Traceback" not in done.stderr
-    assert "module:gone_models.build" in done.stderr and "cannot import gone_models" in done.stderr
-
-
 def test_an_existing_file_is_kept_after_training(tmp_path, caplog):
     out = tmp_path / "run"
     out.mkdir()
@@ -233,7 +171,7 @@ def test_hf_classifier_comes_back_by_from_pretrained_with_the_same_logits(tmp_pa
 
 @pytest.mark.slow
 @pytest.mark.skipif(not HAS_TRANSFORMERS, reason="transformers is not installed")
-def test_hf_causal_lm_comes_back_and_export_command_writes_hf_bf16(tmp_path):
+def test_hf_causal_lm_comes_back_and_exports_again_in_bf16(tmp_path):
     import transformers
 
     example = _example()
@@ -249,9 +187,7 @@ def test_hf_causal_lm_comes_back_and_export_command_writes_hf_bf16(tmp_path):
         theirs = model(input_ids=ids).logits
     assert torch.allclose(theirs, _amptrain_logits(out, ids), atol=1e-5)
     assert model.lm_head.weight.data_ptr() == model.transformer.wte.weight.data_ptr()
-    done = _cli("export", "--checkpoint", out, "--format", "hf", "--dtype", "bf16",
-                "--out", tmp_path / "half")
-    assert done.returncode == 0, done.stderr
+    export_checkpoint(out, "hf", tmp_path / "half", dtype="bf16")
     half = transformers.AutoModelForCausalLM.from_pretrained(
         tmp_path / "half" / "hf", local_files_only=True, dtype="auto")
     assert half.transformer.wte.weight.dtype == torch.bfloat16
