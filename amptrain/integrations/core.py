@@ -4,11 +4,18 @@ A :class:`DiagnoseSession` is attached to the model a Hugging Face or Lightning 
 trains; the adapters (:mod:`.hf`, :mod:`.lightning`) only translate their trainer's
 events into its calls:
 
-* **every step** -- :class:`~amptrain.probe.NonFiniteWatch` queues one device-side min/max
-  per module output and output gradient; the queue is read every ``check_every`` steps
-  (one host sync) and then emptied, so it stays bounded. The first inf/NaN names the
-  module that produced it (forward) or whose output gradient held it (backward). Skipped
-  steps are counted on the device (the GradScaler's scale went down).
+* **every step** -- one cheap device-side check: did the step's gradients hold inf/NaN
+  (a non-finite loss makes them so)? With a GradScaler that is its skip (the scale went
+  down, counted as a skipped step); without one, one fused norm over the gradients before
+  the optimizer step. The flags are read every ``check_every`` steps (one host sync).
+* **every ``every``-th step, and every step once a check has fired** -- a
+  :class:`~amptrain.probe.NonFiniteWatch` (one device-side min/max per module output and
+  output gradient) names the module that first produced inf/NaN: its output (forward)
+  or the gradient arriving at it (backward). Overflow recurs (an fp16 activation overflows
+  on every step, a gradient at every scale the scaler tries again), so the module is
+  named at the first recurrence when the first occurrence fell on an unwatched step;
+  ``watch_every_step=True`` names it at the very first, at a cost per step (measured in
+  benchmarks/RESULTS.md).
 * **every ``every``-th step** -- a :class:`~amptrain.diagnose.ranges.RangeRecorder` records
   per-module activation and gradient ranges in whatever precision the run computes in
   (gradients unscaled by the loss scale), so an fp32 or bf16 run already says which
@@ -97,6 +104,22 @@ class _SampledRecorder(RangeRecorder):
         return hook
 
 
+class _GatedWatch(NonFiniteWatch):
+    """A :class:`NonFiniteWatch` whose hooks return at once unless ``active``."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        self.active = False
+        super().__init__(*args, **kwargs)
+
+    def _forward_hook(self, label: str) -> Any:
+        watch = super()._forward_hook(label)
+
+        def hook(module: nn.Module, args: Any, output: Any) -> None:
+            if self.active:
+                watch(module, args, output)
+        return hook
+
+
 @dataclasses.dataclass
 class DiagnoseOptions:
     """How a callback samples and where it writes.
@@ -104,7 +127,10 @@ class DiagnoseOptions:
     Args:
         every: record module ranges on every N-th optimizer step (the first included).
         check_every: read the non-finite checks every N steps (one host sync each).
-        stop_on_nonfinite: ask the trainer to stop at the first non-finite value found.
+        stop_on_nonfinite: ask the trainer to stop once the module that produced the
+            first non-finite value is named.
+        watch_every_step: watch every module on every step (names the module at the very
+            first inf/NaN; costs more per step).
         out_dir: where diagnose.md/.json go (default: the trainer's output directory).
         verbose: print the loss-scale line of each log step and the non-finite notice.
     """
@@ -112,6 +138,7 @@ class DiagnoseOptions:
     every: int = 50
     check_every: int = 16
     stop_on_nonfinite: bool = False
+    watch_every_step: bool = False
     out_dir: str | None = None
     verbose: bool = True
 
@@ -135,7 +162,12 @@ class DiagnoseSession:
         self.first: NonFiniteEvent | None = None
         self.history: list[dict[str, Any]] = []
         self.written: tuple[Path, Path] | None = None
-        self._watch: NonFiniteWatch | None = None
+        self._watch: _GatedWatch | None = None
+        self._flags: list[torch.Tensor] = []   # per-step "gradients non-finite", unread
+        self._flag_steps: list[int] = []
+        self._armed = False                    # a check fired: watch until a module is named
+        self._flagged = False                  # this step's flag is queued
+        self.first_bad_step: int | None = None
         self._recorder: _SampledRecorder | None = None
         self._scaler: Any = None
         self._skipped: torch.Tensor | None = None
@@ -150,7 +182,7 @@ class DiagnoseSession:
         self.model = model
         self._context = {"precision": precision, "trainer": trainer,
                          "out_dir": self.options.out_dir or out_dir}
-        self._watch = NonFiniteWatch(model, lambda: self.step, self._scale_tensor)
+        self._watch = _GatedWatch(model, lambda: self.step, self._scale_tensor)
         self._recorder = _SampledRecorder(model)
 
     def detach(self) -> None:
@@ -180,6 +212,24 @@ class DiagnoseSession:
         stats.active = step % self.options.every == 0
         if stats.active:
             stats.grad_factor = self._unscale()
+        assert self._watch is not None  # made with the recorder
+        self._watch.active = stats.active or self._armed or self.options.watch_every_step
+        self._flagged = False
+
+    def before_optimizer_step(self, parameters: Any) -> None:
+        """Gradients are complete: without a GradScaler, flag non-finite ones (on the
+        device; a GradScaler's own check is read from its scale instead)."""
+        if self._scaler is not None or self._flagged:
+            return
+        grads = [p.grad for p in parameters if p.grad is not None]
+        if grads:
+            norms = torch._foreach_norm(grads)
+            self._flag(~torch.isfinite(torch.stack([n.float() for n in norms]).sum()))
+
+    def _flag(self, bad: torch.Tensor) -> None:
+        self._flags.append(bad.reshape(()))
+        self._flag_steps.append(self.step)
+        self._flagged = True
 
     def step_end(self) -> bool:
         """The optimizer step is done; True when the trainer should stop (the first
@@ -196,9 +246,12 @@ class DiagnoseSession:
             last = self._last_scale
             if last is None:  # the scaler makes its scale tensor at the first backward
                 last = torch.full_like(scale, float(getattr(self._scaler, "_init_scale", 0.0)))
-            went_down = (scale < last).to(torch.int64)
-            self._skipped = went_down if self._skipped is None else self._skipped + went_down
+            went_down = scale < last
+            self._skipped = went_down.to(torch.int64) if self._skipped is None \
+                else self._skipped + went_down
             self._last_scale = scale.detach().clone()
+            if not self._flagged:
+                self._flag(went_down)
         if (self.step + 1) % self.options.check_every == 0:
             self.check()
         return self.first is not None and self.options.stop_on_nonfinite
@@ -208,10 +261,22 @@ class DiagnoseSession:
         the queue."""
         if self._watch is None:
             return None
+        if self._flags:
+            bad = torch.stack([f.to(self._flags[0].device) for f in self._flags]).cpu()
+            if self.first_bad_step is None and bool(bad.any()):
+                self.first_bad_step = self._flag_steps[int(bad.to(torch.uint8).argmax())] + 1
+                self._armed = self.first is None  # watch every module until one is named
+                if self.options.verbose:
+                    print(f"amptrain: non-finite gradients at step {self.first_bad_step}; "
+                          f"watching every module to name the one that produces them",
+                          file=sys.stderr, flush=True)
+            self._flags.clear()
+            self._flag_steps.clear()
         event = self._watch.first()
         self._watch.reset()
         if event is not None and self.first is None:
             self.first = event
+            self._armed = False
             if self.options.verbose:
                 print(f"amptrain: {self.describe(event)}", file=sys.stderr, flush=True)
         return self.first
@@ -290,6 +355,8 @@ class DiagnoseSession:
             "precision": precision, "device": str(device), "steps": self.steps_run,
             "every": self.options.every, "sampled_steps": self.sampled_steps,
             "sample_limit": SAMPLE_LIMIT, "skipped_steps": skipped,
+            "first_nonfinite_step": self.first_bad_step,
+            "watch_every_step": self.options.watch_every_step,
             "loss_scale": self.history[-1]["amp_loss_scale"] if self.history else None,
             "log": self.history,
             "formats": {f.name: {"max": f.max, "min_normal": f.min_normal,
@@ -315,9 +382,17 @@ def summary_lines(report: dict[str, Any]) -> list[str]:
              f"ranges sampled on {report['sampled_steps']} of them (every {report['every']})",
              f"loss scale at the last log step: {'none' if scale is None else f'{scale:g}'}; "
              f"skipped steps: {report['skipped_steps']}"]
-    first = report["first_nonfinite"]
-    lines.append(DiagnoseSession.describe(NonFiniteEvent(**first)) if first else
-                 "no non-finite values in module outputs or gradients")
+    first, bad_step = report["first_nonfinite"], report.get("first_nonfinite_step")
+    if first:
+        lines.append(DiagnoseSession.describe(NonFiniteEvent(**first)))
+        if bad_step is not None and bad_step < first["step"]:
+            lines.append(f"(gradients were first non-finite at step {bad_step}, an unwatched "
+                         f"step; the module was named when it recurred)")
+    elif bad_step is not None:
+        lines.append(f"non-finite gradients from step {bad_step}; no watched step showed "
+                     f"which module produces them")
+    else:
+        lines.append("no non-finite values in module outputs or gradients")
     risky = [(n, m) for n, m in report["modules"].items() if m["risk"] > 0
              and n != report["root"]][:3]
     if risky:

@@ -15,7 +15,7 @@ from typing import Any
 from ..errors import UserError
 from .core import DiagnoseOptions, DiagnoseSession, check_version
 
-#: The oldest transformers whose TrainerCallback passes the optimizer to on_step_begin/end.
+#: The oldest transformers with TrainerCallback.on_pre_optimizer_step (gradients complete).
 MIN_VERSION = (4, 40)
 _WHAT = "amptrain.integrations.hf.DiagnoseCallback"
 
@@ -57,6 +57,10 @@ class DiagnoseCallback(transformers.TrainerCallback):
     def on_step_begin(self, args: Any, state: Any, control: Any, optimizer: Any = None,
                       **kwargs: Any) -> None:
         self.session.step_begin(state.global_step, getattr(optimizer, "scaler", None))
+
+    def on_pre_optimizer_step(self, args: Any, state: Any, control: Any, model: Any = None,
+                              **kwargs: Any) -> None:
+        self.session.before_optimizer_step(model.parameters())
 
     def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         if self.session.step_end():

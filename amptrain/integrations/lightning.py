@@ -54,6 +54,9 @@ class DiagnoseCallback(Callback):
                              batch_idx: int) -> None:
         self.session.step_begin(trainer.global_step, _scaler(trainer))
 
+    def on_before_optimizer_step(self, trainer: Any, pl_module: Any, optimizer: Any) -> None:
+        self.session.before_optimizer_step(pl_module.parameters())
+
     def on_train_batch_end(self, trainer: Any, pl_module: Any, outputs: Any, batch: Any,
                            batch_idx: int) -> None:
         if self.session.step_end():

@@ -11,13 +11,18 @@ from amptrain.integrations.core import DiagnoseOptions, DiagnoseSession, check_v
 from .models import Overflowing
 
 
-def _steps(session: DiagnoseSession, model, steps: int, scaler=None) -> None:
+def _steps(session: DiagnoseSession, model, steps: int, scaler=None, start: int = 0) -> None:
     g = torch.Generator().manual_seed(0)
     x, y = torch.randn(8, 8, generator=g), torch.randint(0, 3, (8,), generator=g)
-    for step in range(steps):
+    for step in range(start, start + steps):
         session.step_begin(step, scaler)
         loss = model(x, y)["loss"]
         (scaler.scale(loss) if scaler is not None else loss).backward()
+        session.before_optimizer_step(model.parameters())
+        if scaler is not None:  # no optimizer here: the scaler only checks and updates
+            scaler.unscale_(torch.optim.SGD(model.parameters(), lr=0.0))
+            scaler.update()
+        model.zero_grad()
         session.step_end()
 
 
@@ -57,6 +62,31 @@ def test_nonfinite_checks_stay_bounded_and_keep_the_first():
     _steps(session, model, 5)
     assert session.first.module == "scale" and session.first.step == 1
     assert len(session._watch._peaks) <= 2 * 2 * len(list(model.modules()))
+
+
+def test_a_first_inf_on_an_unwatched_step_is_named_when_it_recurs():
+    model = Overflowing(1.0)
+    session = DiagnoseSession(DiagnoseOptions(every=100, check_every=2, verbose=False))
+    session.attach(model, precision="32-true", trainer="test", out_dir=None)
+    _steps(session, model, 2)
+    model.scale.factor = 1e39  # from the third step on, the layer overflows fp32
+    _steps(session, model, 4, start=2)
+    assert session.first_bad_step == 3
+    assert (session.first.module, session.first.phase, session.first.step) == (
+        "scale", "forward", 5)  # armed after the check at step 4, named at step 5
+    report = session.report()
+    assert report["first_nonfinite_step"] == 3
+
+
+def test_watch_every_step_names_the_very_first():
+    model = Overflowing(1.0)
+    session = DiagnoseSession(DiagnoseOptions(every=100, check_every=2, verbose=False,
+                                              watch_every_step=True))
+    session.attach(model, precision="32-true", trainer="test", out_dir=None)
+    _steps(session, model, 2)
+    model.scale.factor = 1e39
+    _steps(session, model, 2, start=2)
+    assert session.first.step == session.first_bad_step == 3
 
 
 def test_options_and_versions():
