@@ -43,6 +43,7 @@ from ..diagnose.recommend import (
     _casts_inputs_to_half,
     _in_island,
     attention_overflow,
+    bf16_trouble,
     keep_fp32_candidates,
     module_risks,
     recommend_loss_scale,
@@ -313,8 +314,13 @@ class DiagnoseSession:
         out = self._context.get("out_dir")
         if out is None:
             return None
-        report = _strict_json(self.report())
-        self.written = write_reports(report, out, summary=summary_lines(report))
+        try:
+            report = _strict_json(self.report())
+            self.written = write_reports(report, out, summary=summary_lines(report))
+        except Exception as exc:  # never the reason a user's finished training fails
+            print(f"amptrain: diagnose report not written ({type(exc).__name__}: {exc})",
+                  file=sys.stderr, flush=True)
+            return None
         if self.options.verbose:
             print(f"amptrain: wrote {self.written[1]} and {self.written[0].name}",
                   file=sys.stderr, flush=True)
@@ -336,11 +342,20 @@ class DiagnoseSession:
         if scale["reason"].startswith("gradients are non-finite") and "32" not in precision:
             scale["reason"] = (f"some gradients recorded in this {precision} run were inf/NaN "
                                f"(overflow at the loss scale in use); keeping the default scale")
+        # Values an fp16 run turned into inf say nothing about bf16's range: judged as
+        # "beyond fp16", not as non-finite.
+        judged = _beyond_fp16(stats) if _computes_in_fp16(precision) else stats
         for name, s in stats.items():
             island = _in_island(name, islands)
             casts = name in modules and _casts_inputs_to_half(modules[name])
             s["fp32_with_recommendations"] = island
-            risk, s["reasons"] = module_risks(name, s, first, scale["log2"], island, casts)
+            risk, judged_reasons = module_risks(name, judged[name], first, scale["log2"],
+                                                island, casts)
+            _, reasons = module_risks(name, s, first, scale["log2"], island, casts)
+            if judged is not stats and not bf16_trouble(judged[name]):
+                # The real numbers (fp16's inf), without the bf16 verdict they would imply.
+                reasons = [r for r in reasons if "bf16's range" not in r] or judged_reasons
+            s["reasons"] = reasons
             s["risk"] = min(risk, 1e6)  # an inf output scores inf: kept finite for JSON
             for kind in _GRADIENTS:
                 if s[kind] is not None and scale["log2"] is not None:
@@ -364,13 +379,32 @@ class DiagnoseSession:
             "first_nonfinite": dataclasses.asdict(first) if first else None,
             "recommendations": {
                 "init_scale": scale["init_scale"], "loss_scale": scale, "keep_fp32": keep,
-                "bf16": _bf16_verdict(stats, first, scale, None, supported, device),
+                "bf16": _bf16_verdict(judged, first, scale, None, supported, device),
                 "attention": attention_overflow(stats, first)},
             "modules": {name: {k: v for k, v in s.items() if k != "_hist"}
                         for name, s in sorted(stats.items(), key=lambda kv: (
                             -kv[1]["risk"], not kv[1]["leaf"],
                             kv[1]["order"] if kv[1]["order"] is not None else 1 << 30))},
         }
+
+
+def _computes_in_fp16(precision: str) -> bool:
+    return precision.split("-")[0] in ("16", "fp16")
+
+
+def _beyond_fp16(stats: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """``stats`` with each non-finite abs-max replaced by twice fp16's max (what it is
+    known to be: beyond fp16), for the bf16 judgement of an fp16 run."""
+    judged = {}
+    for name, s in stats.items():
+        copy = dict(s)
+        for kind in ("activation", *_GRADIENTS):
+            stream = s.get(kind)
+            if stream and not math.isfinite(float(stream["abs_max"])):
+                copy[kind] = {**stream, "abs_max": 2 * FP16.max,
+                              "bf16": {**stream["bf16"], "above_max": 0.0}}
+        judged[name] = copy
+    return judged
 
 
 def summary_lines(report: dict[str, Any]) -> list[str]:
@@ -393,8 +427,12 @@ def summary_lines(report: dict[str, Any]) -> list[str]:
                      f"which module produces them")
     else:
         lines.append("no non-finite values in module outputs or gradients")
-    risky = [(n, m) for n, m in report["modules"].items() if m["risk"] > 0
-             and n != report["root"]][:3]
+    risky: list[tuple[str, dict[str, Any]]] = []
+    for name, m in report["modules"].items():
+        # A container usually repeats its last child's numbers: name the child only.
+        if m["risk"] > 0 and m["reasons"] and len(risky) < 3 and name != report["root"] and not any(
+                other.startswith(name + ".") for other, _ in risky):
+            risky.append((name, m))
     if risky:
         lines.append("riskiest: " + "; ".join(f"{n} ({m['reasons'][0]})" for n, m in risky))
     if recs.get("attention"):
