@@ -192,3 +192,24 @@ def test_hf_causal_lm_comes_back_and_exports_again_in_bf16(tmp_path):
         tmp_path / "half" / "hf", local_files_only=True, dtype="auto")
     assert half.transformer.wte.weight.dtype == torch.bfloat16
     assert torch.equal(half.transformer.wte.weight, model.transformer.wte.weight.bfloat16())
+
+
+# ------------------------------------------------------------ model.keras again
+@pytest.mark.slow
+def test_keras_model_exports_again_from_its_checkpoint(tmp_path, monkeypatch):
+    monkeypatch.setenv("KERAS_BACKEND", "torch")  # before keras is imported, as amptrain does
+    keras = pytest.importorskip("keras")
+    from amptrain.errors import UserError
+
+    keras.utils.set_random_seed(0)
+    keras.Sequential([keras.Input((64,)), keras.layers.Dense(10, name="out")]).save(
+        tmp_path / "m.keras")
+    out = _train(tmp_path, f"keras:{tmp_path / 'm.keras'}", "digits")
+    out_dir, written = export_checkpoint(out, "keras", tmp_path / "again")
+    assert written == [out_dir / "model.keras"]
+    trained = keras.saving.load_model(out / "model.keras")
+    again = keras.saving.load_model(out_dir / "model.keras")
+    for a, b in zip(trained.weights, again.weights):
+        assert torch.equal(torch.as_tensor(a.numpy()), torch.as_tensor(b.numpy()))
+    with pytest.raises(UserError, match="dtype bf16: a Keras model is exported with fp32"):
+        export_checkpoint(out, "keras", tmp_path / "half", dtype="bf16")

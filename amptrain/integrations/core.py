@@ -177,12 +177,15 @@ class DiagnoseSession:
 
     # ------------------------------------------------------------ lifecycle
     def attach(self, model: nn.Module, *, precision: str, trainer: str,
-               out_dir: str | Path | None) -> None:
-        """Hook ``model`` (once; a second fit of the same callback re-attaches)."""
+               out_dir: str | Path | None, is_main: bool = True) -> None:
+        """Hook ``model`` (once; a second fit of the same callback re-attaches). Only the
+        main process (``is_main``) prints and writes the report."""
         self.detach()
         self.model = model
+        self.options = dataclasses.replace(self.options,
+                                           verbose=self.options.verbose and is_main)
         self._context = {"precision": precision, "trainer": trainer,
-                         "out_dir": self.options.out_dir or out_dir}
+                         "out_dir": (self.options.out_dir or out_dir) if is_main else None}
         self._watch = _GatedWatch(model, lambda: self.step, self._scale_tensor)
         self._recorder = _SampledRecorder(model)
 

@@ -52,7 +52,7 @@ class DiagnoseCallback(transformers.TrainerCallback):
                        **kwargs: Any) -> None:
         self.session.attach(model, precision=precision_of(args),
                             trainer=f"transformers {transformers.__version__}",
-                            out_dir=args.output_dir)
+                            out_dir=args.output_dir, is_main=state.is_world_process_zero)
 
     def on_step_begin(self, args: Any, state: Any, control: Any, optimizer: Any = None,
                       **kwargs: Any) -> None:

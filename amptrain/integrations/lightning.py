@@ -48,7 +48,7 @@ class DiagnoseCallback(Callback):
     def on_train_start(self, trainer: Any, pl_module: Any) -> None:
         self.session.attach(pl_module, precision=str(trainer.precision),
                             trainer=f"lightning {lightning.__version__}",
-                            out_dir=trainer.default_root_dir)
+                            out_dir=trainer.default_root_dir, is_main=trainer.is_global_zero)
 
     def on_train_batch_start(self, trainer: Any, pl_module: Any, batch: Any,
                              batch_idx: int) -> None:
