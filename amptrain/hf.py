@@ -21,8 +21,11 @@ without transformers and the registry never depends on what was imported before.
 from __future__ import annotations
 
 import contextlib
+import copy
 import logging
 import os
+import shutil
+import tempfile
 from pathlib import Path
 from typing import Any, Iterator, Sequence
 
@@ -30,11 +33,12 @@ from typing import Any, Iterator, Sequence
 # amptrain.models.external sets it too): never reach for the network.
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
+import torch  # noqa: E402
 import transformers  # noqa: E402
 from torch import nn  # noqa: E402
 
 from .errors import UserError  # noqa: E402
-from .models.core import ModelInputs  # noqa: E402
+from .models.core import ModelInputs, set_exporter  # noqa: E402
 from .quiet import quiet_torchao  # noqa: E402
 
 log = logging.getLogger("amptrain")
@@ -206,7 +210,12 @@ def causal_lm(argument: str, inputs: ModelInputs) -> nn.Module:
         raise UserError(f"--model {spec}: --seq-len {inputs.input_shape[0]} is longer than the "
                         f"model's context of {positions} tokens; use --seq-len {positions} or "
                         f"less")
-    return CausalLMLogits(model, int(positions) if positions else None)
+    wrapped = CausalLMLogits(model, int(positions) if positions else None)
+    config = copy.deepcopy(model.config)
+    set_exporter(wrapped, "hf", lambda out_dir, state, info: export_pretrained(
+        transformers.AutoModelForCausalLM, config, path, out_dir,
+        {k.removeprefix("model."): v for k, v in state.items()}, info))
+    return wrapped
 
 
 def hf_model(argument: str, inputs: ModelInputs) -> nn.Module:
@@ -249,7 +258,61 @@ def hf_model(argument: str, inputs: ModelInputs) -> nn.Module:
     if getattr(model.config, "pad_token_id", 0) is None:
         # Decoder-style classifiers find each sequence's last token by its padding id.
         model.config.pad_token_id = getattr(model.config, "eos_token_id", None)
+    config = copy.deepcopy(model.config)
+    set_exporter(model, "hf", lambda out_dir, state, info: export_pretrained(
+        transformers.AutoModelForSequenceClassification, config, path, out_dir, state, info))
     return model
+
+
+#: Where the ``save_pretrained`` export goes under the run directory.
+EXPORT_DIR = "hf"
+
+
+def export_pretrained(auto_class: Any, config: Any, source: Path, out_dir: Path,
+                      state: dict[str, torch.Tensor], info: dict[str, Any]) -> Path:
+    """``out_dir/hf/``: the trained model by ``save_pretrained`` (config with the run's
+    class names as id2label/label2id, safetensors weights in the dtype of ``state``) and
+    its tokenizer, so ``auto_class.from_pretrained(out_dir/hf)`` loads it offline."""
+    config = copy.deepcopy(config)
+    names = info.get("class_names")
+    if names and info.get("task", "classification") == "classification":
+        config.id2label = {i: str(name) for i, name in enumerate(names)}
+        config.label2id = {str(name): i for i, name in enumerate(names)}
+    dtype = next((t.dtype for t in state.values() if t.is_floating_point()), torch.float32)
+    with _quiet():
+        fresh = auto_class.from_config(config)
+    fresh.to(dtype)
+    fresh.load_state_dict(state)
+    fresh.eval()
+    target = Path(out_dir) / EXPORT_DIR
+    tokenizer = _export_tokenizer(info, source)
+    # Written beside, then renamed: a failed save leaves no half-written hf/ behind.
+    with tempfile.TemporaryDirectory(dir=out_dir) as scratch:
+        partial = Path(scratch) / EXPORT_DIR
+        with _quiet():
+            fresh.save_pretrained(str(partial))
+            if tokenizer is not None:
+                tokenizer.save_pretrained(str(partial))
+        if target.exists():  # written by this run's own earlier export, never the user's
+            shutil.rmtree(target)
+        os.replace(partial, target)
+    log.info("wrote %s/ (save_pretrained: %s%s; %s.from_pretrained reads it)", target,
+             type(fresh).__name__, " and its tokenizer" if tokenizer is not None else
+             ", no tokenizer", auto_class.__name__)
+    return target
+
+
+def _export_tokenizer(info: dict[str, Any], source: Path) -> Any:
+    """The tokenizer the run used (``--tokenizer hf:DIR`` or the model's own), or None when
+    the model directory has none (token data needs no tokenizer)."""
+    fitted = (info.get("data_fitted") or {}).get("tokenizer") or ""
+    directory = fitted.removeprefix("hf:") if fitted.startswith("hf:") else str(source)
+    try:
+        with _quiet():
+            return transformers.AutoTokenizer.from_pretrained(directory, local_files_only=True)
+    except (OSError, ValueError, TypeError, KeyError):
+        log.info("no tokenizer in %s: the exported model has none beside it", directory)
+        return None
 
 
 def _pad_id(tokenizer: Any) -> int | None:

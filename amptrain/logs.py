@@ -1,4 +1,5 @@
-"""Where metrics go: metrics.jsonl, TensorBoard and tqdm bars (or plain log lines).
+"""Where metrics go: metrics.jsonl, the chosen trackers (``--logger``: TensorBoard by
+default, MLflow, CSV; see :mod:`amptrain.loggers`) and tqdm bars (or plain log lines).
 
 The Trainer hands over plain Python numbers that it read once per ``--log-every``
 steps; nothing here touches a device tensor.
@@ -15,25 +16,12 @@ from typing import Any, TextIO
 from tqdm import tqdm
 
 from .errors import AmptrainError, flag
+from .loggers import DEFAULT, build_sinks, parse_names
+from .loggers.tensorboard import TB_TAGS, tb_tag
+
+__all__ = ["TB_TAGS", "RunLogger", "tb_tag"]
 
 log = logging.getLogger("amptrain")
-
-#: metrics.jsonl field -> TensorBoard tag (the contract: docs/design.md).
-TB_TAGS = {
-    "loss": "train/loss", "lr": "train/lr", "loss_scale": "train/loss_scale",
-    "grad_norm": "train/grad_norm", "skipped_steps": "train/skipped_steps",
-    "samples_per_s": "train/samples_per_s", "val_loss": "val/loss", "val_acc": "val/acc",
-    "peak_mem_bytes": "system/peak_mem_bytes", "tokens_per_s": "train/tokens_per_s",
-}
-
-
-def tb_tag(key: str) -> str | None:
-    """The TensorBoard tag of a record field: :data:`TB_TAGS`, and ``val/<metric>`` for
-    every task's ``val_<metric>`` (``val_rmse`` -> ``val/rmse``)."""
-    if key in TB_TAGS:
-        return TB_TAGS[key]
-    return f"val/{key[4:]}" if key.startswith("val_") else None
-
 
 def _fmt(value: Any) -> str:
     if value is None:
@@ -68,18 +56,21 @@ class RunLogger:
         print_every: without a progress bar, print a training record's plain line only
             at steps that are multiples of this (every record when None). Files always get
             every record: ``compare`` records finely for its curves but prints as ``train``.
+        loggers: the trackers (``--logger``), e.g. ``"tensorboard,mlflow"``; ``none``.
+        params: the run's resolved config, for trackers that keep parameters (MLflow).
     """
 
     def __init__(self, out: str | Path | None, *, enabled: bool = True, progress: bool = True,
                  stream: TextIO | None = None, resumed_at: int | None = None,
-                 print_every: int | None = None) -> None:
+                 print_every: int | None = None, loggers: str | list[str] = DEFAULT,
+                 params: dict[str, Any] | None = None) -> None:
         self.enabled = enabled
         self.print_every = print_every
         self.stream = stream or sys.stderr
         self.progress = progress and enabled and self.stream.isatty()
         self._bar: tqdm | None = None
         self._jsonl: TextIO | None = None
-        self._tb = None
+        self._sinks: list[Any] = []
         if enabled and out is not None:
             out = Path(out)
             self._path = out / "metrics.jsonl"
@@ -88,13 +79,8 @@ class RunLogger:
                 self._jsonl = open(self._path, "a", buffering=1)
             except OSError as exc:
                 raise LogWriteError(self._path, exc) from None
-            from torch.utils.tensorboard import SummaryWriter
-
-            # A resumed run logs the steps after its checkpoint again: purge what a killed
-            # run wrote past that step so TensorBoard does not show those steps twice
-            # (metrics.jsonl is trimmed the same way by checkpoint.trim_metrics).
-            purge_step = resumed_at + 1 if resumed_at is not None else None
-            self._tb = SummaryWriter(log_dir=str(out / "tb"), purge_step=purge_step)
+            self._sinks = build_sinks(parse_names(loggers), out, resumed_at=resumed_at,
+                                      params=params)
 
     # bars -----------------------------------------------------------------
     def bar(self, total: int, desc: str, initial: int = 0) -> None:
@@ -126,15 +112,11 @@ class RunLogger:
                 self._jsonl.write(json.dumps(record) + "\n")
             except OSError as exc:  # a full disk: one line, the checkpoints are intact
                 raise LogWriteError(self._path, exc) from None
-        if self._tb is not None:
-            step = record["step"]
+        for sink in self._sinks:
             try:
-                for key, value in record.items():
-                    tag = tb_tag(key)
-                    if tag and isinstance(value, (int, float)) and not isinstance(value, bool):
-                        self._tb.add_scalar(tag, value, step)
+                sink.log(record)
             except OSError as exc:
-                raise LogWriteError(self._path.with_name("tb"), exc) from None
+                raise LogWriteError(getattr(sink, "path", self._path), exc) from None
         shown = {k: v for k, v in record.items() if v is not None and (
             k in ("loss", "lr", "loss_scale") or k.startswith("val_"))}
         if self._bar is not None:
@@ -167,10 +149,9 @@ class RunLogger:
                 jsonl.close()
             except OSError:  # the write that failed already said so (LogWriteError)
                 pass
-        if self._tb is not None:
-            tb, self._tb = self._tb, None
+        sinks, self._sinks = self._sinks, []
+        for sink in sinks:
             try:
-                tb.flush()
-                tb.close()
+                sink.close()
             except OSError:  # reported by the write that failed
                 pass

@@ -140,6 +140,13 @@ class NonFiniteWatch:
             handle.remove()
         self._handles.clear()
 
+    def reset(self) -> None:
+        """Forget the checks queued so far (a long run reads and resets them in turns,
+        so what is held stays bounded)."""
+        self._events.clear()
+        self._peaks.clear()
+        self._scales.clear()
+
     def first(self) -> NonFiniteEvent | None:
         """The first non-finite event seen, or None (reads the device once)."""
         if not self._peaks:

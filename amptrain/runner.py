@@ -20,7 +20,8 @@ from .data import DataBundle, DataOptions, build_data
 from .distributed import build_strategy
 from .errors import UserError
 from .launch import resume_after_restart
-from .models import ModelInputs, build_model, exporter_of, text_encoder_for
+from .export import export_trained
+from .models import ModelInputs, build_model, text_encoder_for
 from .reproducibility import seed_everything
 from .tasks import EvalResult, Task, build_task
 from .trainer import FitResult, Trainer
@@ -105,11 +106,13 @@ def _train(config: RunConfig, strategy: Any, trainer_options: dict[str, Any]) ->
     # The Trainer resolves --task from the data as check_task() did (auto: lm for
     # text blocks, regression for float targets); library callers get the same.
     result = trainer.fit(model, data.train, data.val, class_names=data.class_names or None)
-    export = exporter_of(model)  # a model from another framework, written back in its format
-    if export is not None and config.out is not None:
+    if config.out is not None:
+        # DIR/model.safetensors for every model, and a model from another framework
+        # written back in its own format (its export hook).
         state = strategy.model_state_dict(model, trainer.precision)  # on every rank
         if strategy.is_main:
-            export(Path(config.out), state)
+            export_trained(Path(config.out), model, state, trainer.run_info,
+                           step=trainer.step, replace=bool(config.checkpointing.resume))
     # Every rank finishes (rank 0 writes the last checkpoint and reports) before any
     # tears the process group down: a rank leaving early made gloo abort the other.
     strategy.barrier()

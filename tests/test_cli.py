@@ -215,6 +215,13 @@ ERROR_TABLE = [
     ("eval-without-checkpoint", "eval --out {root}/e", "required: --checkpoint"),
     ("timm-not-installed", "train --model timm:resnet18", "pip install timm"),
     ("keras-not-a-model-file", "train --model keras:{yaml}", "is not a Keras model file"),
+    ("unknown-logger", "train --logger tensorboard,wandb", "--logger wandb: choose from"),
+    ("export-missing-checkpoint", "export --checkpoint {root}/none.pt --format safetensors",
+     "no such file"),
+    ("export-corrupt-checkpoint", "export --checkpoint {checkpoint} --format hf",
+     "truncated (its end is missing"),
+    ("export-unknown-format", "export --checkpoint {checkpoint} --format onnx",
+     "argument --format: invalid choice"),
     # Hostile input (issue 14): each class fixed at its root, not for this one example.
     ("yaml-word-for-number", "train --config {yaml_lr}", "--lr must be a number (got 'abc')"),
     ("yaml-number-for-list", "train --config {yaml_keep}", "--keep-fp32 takes a pattern"),

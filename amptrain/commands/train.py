@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 
 from ..config import RunConfig, build_config, replace_options
 from ..errors import TrainingHalted, UserError
@@ -50,5 +51,7 @@ def run(args: argparse.Namespace) -> int:
     print(f"done: {metrics}  val_loss {number(result.val_loss)}  after {result.steps} steps "
           f"({label(result.precision, config.precision.name)}{speed}, "
           f"{result.skipped_steps} skipped)")
-    print(f"outputs: {result.out}/ (config.yaml, metrics.jsonl, tb/, checkpoints/, eval/)")
+    out = Path(result.out or config.out or ".")
+    written = sorted(out.iterdir()) if out.is_dir() else []
+    print(f"outputs: {result.out}/ ({', '.join(p.name + '/' * p.is_dir() for p in written)})")
     return 0

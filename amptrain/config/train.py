@@ -8,6 +8,7 @@ from typing import Any
 
 from ..choices import LOSSES, PRECISION_NAMES, TASK_CHOICES, WEIGHT_UPDATES
 from ..errors import UserError, flag
+from ..loggers import parse_names as parse_logger_names
 from .options import (
     build_config,
     option,
@@ -222,10 +223,14 @@ class LoggingConfig:
     eval_every: int | None = option(None, "evaluate every N steps (default: each epoch end)",
                                     kind=int)
     no_progress: bool = option(False, "no progress bars (plain log lines instead)")
+    logger: str = option("tensorboard", "experiment trackers beside metrics.jsonl, "
+                                        "comma-separated: tensorboard, mlflow (DIR/mlruns), "
+                                        "csv (DIR/metrics.csv), or none", comma_list=True)
 
     def __post_init__(self) -> None:
         require_positive(self, "log_every")
         require_positive(self, "eval_every", optional=True)
+        parse_logger_names(self.logger)
 
 
 @dataclass

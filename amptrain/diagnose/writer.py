@@ -69,10 +69,12 @@ def _cell(stats: dict[str, Any] | None, key: str, fmt: str = "frac") -> str:
     return _pct(stats[fmt_name][field_name])
 
 
-def markdown_report(report: dict[str, Any]) -> str:
-    """diagnose.md: the summary, the recommendations and a table, riskiest modules first."""
+def markdown_report(report: dict[str, Any], summary: list[str] | None = None) -> str:
+    """diagnose.md: the summary (``summary``, else :func:`summary_lines`), the
+    recommendations and a table, riskiest modules first."""
     recs = report["recommendations"]
-    lines = ["# amptrain diagnose", "", *[f"- {line}" for line in summary_lines(report)], ""]
+    summary = summary_lines(report) if summary is None else summary
+    lines = ["# amptrain diagnose", "", *[f"- {line}" for line in summary], ""]
     ls = recs["loss_scale"]
     if ls["unscaled"] and ls["scaled"]:
         lines += ["## Loss scale", "",
@@ -112,13 +114,14 @@ def markdown_report(report: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def write_reports(report: dict[str, Any], out: str | Path) -> tuple[Path, Path]:
-    """Write DIR/diagnose.json and DIR/diagnose.md."""
+def write_reports(report: dict[str, Any], out: str | Path,
+                  summary: list[str] | None = None) -> tuple[Path, Path]:
+    """Write DIR/diagnose.json and DIR/diagnose.md (its summary: see :func:`markdown_report`)."""
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     json_path, md_path = out / "diagnose.json", out / "diagnose.md"
     json_path.write_text(json.dumps(report, indent=2, allow_nan=False, default=_jsonable))
-    md_path.write_text(markdown_report(report))
+    md_path.write_text(markdown_report(report, summary))
     return json_path, md_path
 
 

@@ -20,16 +20,19 @@ from __future__ import annotations
 from . import basic, external, gpt, keras, range_demos, resnet, sequence  # noqa: F401  (register)
 from .basic import MLP, SmallCNN
 from .core import (
+                   EXPORT_FORMAT,
                    EXPORT_HOOK,
                    MODELS,
                    TEXT_ENCODERS,
                    ModelFactory,
                    ModelInputs,
                    build_model,
+                   export_format_of,
                    exporter_of,
                    is_conv_net,
                    register,
                    register_text_encoder,
+                   set_exporter,
                    text_encoder_for,
 )
 from .gpt import GPT
@@ -37,6 +40,7 @@ from .resnet import ResNet
 from .sequence import LSTMClassifier, TransformerClassifier
 
 __all__ = ["EXPORT_HOOK", "MODELS", "TEXT_ENCODERS", "ModelFactory", "ModelInputs", "build_model",
-           "exporter_of", "is_conv_net",
+           "EXPORT_FORMAT",
+           "export_format_of", "exporter_of", "is_conv_net", "set_exporter",
            "register", "register_text_encoder", "text_encoder_for",
            "MLP", "SmallCNN", "ResNet", "LSTMClassifier", "TransformerClassifier", "GPT"]

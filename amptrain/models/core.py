@@ -26,18 +26,35 @@ class ModelInputs:
 ModelFactory = Callable[[str, ModelInputs], nn.Module]
 MODELS: dict[str, ModelFactory] = {}
 
-#: A model may offer ``model.amptrain_export(out_dir, fp32_state) -> Path``: after training
-#: ``runner.run_training`` calls it on rank 0 with the trained fp32 weights, so a model
-#: from another framework is written back in that framework's format (``keras:`` writes
-#: DIR/model.keras). Models without it need nothing: the checkpoint is their export.
+#: A model may offer ``model.amptrain_export(out_dir, fp32_state, info) -> Path``: after
+#: training :func:`amptrain.export.export_trained` (``runner.run_training``, rank 0) calls it
+#: with the trained fp32 weights and the run's info (model spec, task, class names), so a
+#: model from another framework is written back in that framework's format (``keras:``
+#: writes DIR/model.keras, ``hf:`` DIR/hf/); ``amptrain export --format NAME`` calls it
+#: for a checkpoint, NAME being the model's ``amptrain_export_format``. Every model gets
+#: DIR/model.safetensors besides (amptrain.export).
 EXPORT_HOOK = "amptrain_export"
-Exporter = Callable[[Path, dict[str, torch.Tensor]], Path]
+EXPORT_FORMAT = "amptrain_export_format"
+Exporter = Callable[[Path, dict[str, torch.Tensor], dict[str, Any]], Path]
 
 
 def exporter_of(model: nn.Module) -> Exporter | None:
     """The model's export hook (:data:`EXPORT_HOOK`), or None."""
     hook = getattr(model, EXPORT_HOOK, None)
     return hook if callable(hook) else None
+
+
+def export_format_of(model: nn.Module) -> str | None:
+    """The name of the format the model's export hook writes (``hf``, ``keras``), or None."""
+    if exporter_of(model) is None:
+        return None
+    return str(getattr(model, EXPORT_FORMAT, None) or "native")
+
+
+def set_exporter(model: nn.Module, format: str, export: Exporter) -> None:
+    """Give ``model`` an export hook writing ``format`` (see :data:`EXPORT_HOOK`)."""
+    setattr(model, EXPORT_HOOK, export)
+    setattr(model, EXPORT_FORMAT, format)
 
 
 #: Models that bring their own tokenizer for text data: name -> factory(argument) of a

@@ -37,7 +37,7 @@ from torch import nn
 
 from ..errors import UserError
 from ..precision.islands import DEFAULT_KEEP_FP32
-from .core import EXPORT_HOOK, ModelInputs, parse_options, register
+from .core import ModelInputs, parse_options, register, set_exporter
 
 log = logging.getLogger("amptrain")
 
@@ -306,7 +306,7 @@ def _assemble(file: Path, spec: str, inputs: ModelInputs, fp32_output: bool,
     def as_saved() -> KerasModule:
         return KerasModule(load_keras(file, spec))
 
-    setattr(module, EXPORT_HOOK, lambda out_dir, state: export(as_saved, out_dir, state))
+    set_exporter(module, "keras", lambda out_dir, state, info: export(as_saved, out_dir, state))
     return module
 
 

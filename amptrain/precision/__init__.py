@@ -45,7 +45,7 @@ from .misuse import CallOrder
 from .modes import ALIASES, MODES, PRECISION_NAMES, ModeSpec, as_given, canonical_name, label
 from .outcome import NonFiniteHalt, StepOutcome
 from .scaling import DynamicLossScaler, FoundInfAgreement, NonFiniteGuard
-from .support import (auto_mode, device_features, emulated_fast, emulated_precisions,
+from .support import (auto_mode, device_features, emulated_fast,
                       onednn_has_bf16_kernels, resolve_name, unsupported_reason)
 from .weight_update import (WEIGHT_UPDATES, WeightUpdate, check_rule, fused_is_exact,
                             raise_adam_eps)

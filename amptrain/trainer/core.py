@@ -204,7 +204,8 @@ class Trainer(CheckpointingMixin, ReportingMixin, BatchPlanningMixin, DataMixin)
         self.logger = RunLogger(self.out, enabled=self.strategy.is_main,
                                 progress=not c.logging.no_progress,
                                 resumed_at=self.step if self.step > 0 else None,
-                                print_every=self.print_every)
+                                print_every=self.print_every, loggers=c.logging.logger,
+                                params=self.resolved_config() if self.out is not None else None)
         self.logger.message(self._banner())
         lr_note = self.lr_plan.describe(c)
         if lr_note:

@@ -1,0 +1,52 @@
+"""TensorBoard event files under ``DIR/tb`` (the default tracker)."""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from .base import Sink, numbers
+
+#: metrics.jsonl field -> TensorBoard tag (DESIGN.md's contract).
+TB_TAGS = {
+    "loss": "train/loss", "lr": "train/lr", "loss_scale": "train/loss_scale",
+    "grad_norm": "train/grad_norm", "skipped_steps": "train/skipped_steps",
+    "samples_per_s": "train/samples_per_s", "val_loss": "val/loss", "val_acc": "val/acc",
+    "peak_mem_bytes": "system/peak_mem_bytes", "tokens_per_s": "train/tokens_per_s",
+}
+
+
+def tb_tag(key: str) -> str | None:
+    """The TensorBoard tag of a record field: :data:`TB_TAGS`, and ``val/<metric>`` for
+    every task's ``val_<metric>`` (``val_rmse`` -> ``val/rmse``)."""
+    if key in TB_TAGS:
+        return TB_TAGS[key]
+    return f"val/{key[4:]}" if key.startswith("val_") else None
+
+
+class TensorBoardSink(Sink):
+    name = "tensorboard"
+
+    def __init__(self, out: Path, resumed_at: int | None = None) -> None:
+        from torch.utils.tensorboard import SummaryWriter
+
+        # A resumed run logs the steps after its checkpoint again: purge what a killed
+        # run wrote past that step so TensorBoard does not show those steps twice
+        # (metrics.jsonl is trimmed the same way by checkpoint.trim_metrics).
+        purge_step = resumed_at + 1 if resumed_at is not None else None
+        self.path = out / "tb"  # named by a write that fails (a full disk)
+        self._writer = SummaryWriter(log_dir=str(self.path), purge_step=purge_step)
+
+    def log(self, record: dict[str, Any]) -> None:
+        step = record["step"]
+        for key, value in numbers(record).items():
+            tag = tb_tag(key)
+            if tag:
+                self._writer.add_scalar(tag, value, step)
+
+    def close(self) -> None:
+        self._writer.flush()
+        self._writer.close()
+
+
+def create(out: Path, *, resumed_at: int | None, params: dict[str, Any]) -> Sink:
+    return TensorBoardSink(out, resumed_at)

@@ -1,0 +1,40 @@
+"""--logger csv: DIR/metrics.csv, one column per field (widened when evaluation adds its
+metrics), read back with csv.DictReader; a resumed run drops rows past its checkpoint."""
+from __future__ import annotations
+
+import csv
+import io
+
+from amptrain.logs import RunLogger
+
+
+def _rows(path):
+    with path.open(newline="") as f:
+        return list(csv.DictReader(f))
+
+
+def test_rows_and_widened_header_read_back(tmp_path):
+    logger = RunLogger(tmp_path, progress=False, stream=io.StringIO(), loggers="csv")
+    logger.log({"step": 1, "epoch": 0, "loss": 0.5, "loss_scale": None})
+    logger.log({"step": 2, "epoch": 0, "loss": float("nan")})
+    logger.log({"step": 2, "val_loss": 0.25, "val_acc": 0.75})
+    logger.close()
+    rows = _rows(tmp_path / "metrics.csv")
+    assert list(rows[0]) == ["step", "epoch", "loss", "loss_scale", "val_loss", "val_acc"]
+    assert [(r["step"], r["loss"], r["val_acc"]) for r in rows] == [
+        ("1", "0.5", ""), ("2", "", ""), ("2", "", "0.75")]  # NaN is written as empty
+    assert not (tmp_path / "tb").exists()
+
+
+def test_a_resumed_run_drops_rows_after_its_checkpoint(tmp_path):
+    first = RunLogger(tmp_path, progress=False, stream=io.StringIO(), loggers="csv")
+    for step in (1, 2, 3):
+        first.log({"step": step, "loss": float(step)})
+    first.close()
+    again = RunLogger(tmp_path, progress=False, stream=io.StringIO(), loggers="csv,tensorboard",
+                      resumed_at=2)
+    again.log({"step": 3, "loss": 30.0})
+    again.close()
+    assert [(r["step"], r["loss"]) for r in _rows(tmp_path / "metrics.csv")] == [
+        ("1", "1.0"), ("2", "2.0"), ("3", "30.0")]
+    assert (tmp_path / "tb").is_dir()
