@@ -59,16 +59,22 @@ class GlobalBatchPlan:
 
     def order(self, epoch: int) -> list[int]:
         """The sample order of an epoch (same on every rank)."""
+        return self.order_tensor(epoch).tolist()
+
+    def order_tensor(self, epoch: int) -> torch.Tensor:
+        """:meth:`order` as an int64 tensor: 8 bytes a sample, where a list of Python ints
+        costs about 36 (millions of token blocks)."""
         if not self.shuffle:
-            return list(range(self.num_samples))
+            return torch.arange(self.num_samples)
         generator = torch.Generator().manual_seed(self.seed * 1_000_003 + epoch)
-        return torch.randperm(self.num_samples, generator=generator).tolist()
+        return torch.randperm(self.num_samples, generator=generator)
 
     def epoch(self, epoch: int, start: int = 0) -> Iterator[WindowPlan]:
-        """The rank's windows of ``epoch``, starting at window ``start`` (for resume)."""
-        order = self.order(epoch)
+        """The rank's windows of ``epoch``, starting at window ``start`` (for resume);
+        produced one at a time, so an epoch's plan is never held whole."""
+        order = self.order_tensor(epoch)
         for w in range(start, len(self)):
-            batch = order[w * self.global_batch:(w + 1) * self.global_batch]
+            batch = order[w * self.global_batch:(w + 1) * self.global_batch].tolist()
             yield self._window(batch)
 
     def _window(self, batch: Sequence[int]) -> WindowPlan:
@@ -126,26 +132,51 @@ class DatasetWindows:
     directly, on the device when they live there: no workers, no collation, no copies.
     Such a dataset may shape its own micro-batches with ``select(indices, index) -> batch``
     (e.g. :class:`amptrain.data.TokenData`: dict batches padded to their longest row).
-    Others go through a DataLoader driven by the plan's micro-batches.
+    Datasets on disk that read a whole micro-batch at once (``read_batch(indices) ->
+    batch``, e.g. :class:`amptrain.data.tokens.TokenBlockData`) are read here, one window
+    at a time. Others go through a DataLoader driven by the plan's micro-batches.
+
+    ``subset`` (sample indices) restricts the windows to those samples: the plan then
+    counts positions in ``subset`` (``--eval-batches``' fixed sample).
     """
 
     def __init__(self, dataset: Dataset, plan: GlobalBatchPlan, device: torch.device, *,
-                 num_workers: int = 0) -> None:
+                 num_workers: int = 0, subset: torch.Tensor | None = None) -> None:
         self.dataset = dataset
         self.plan = plan
         self.device = device
         self.num_workers = num_workers
+        self.subset = subset
 
     def __len__(self) -> int:
         return len(self.plan)
 
     def epoch(self, epoch: int, start: int = 0) -> Generator[Window, None, None]:
-        plans = list(self.plan.epoch(epoch, start))
+        plans: Iterator[WindowPlan] = self.plan.epoch(epoch, start)
+        if self.subset is not None:
+            plans = map(self._through_subset, plans)
         tensors = getattr(self.dataset, "tensors", None)
         if tensors is not None:
-            yield from self._indexed(plans, tensors)
+            yield from self._indexed(list(plans), tensors)
+        elif hasattr(self.dataset, "read_batch"):
+            yield from self._read(plans)
         else:
-            yield from self._loaded(plans)
+            yield from self._loaded(list(plans))
+
+    def _through_subset(self, plan: WindowPlan) -> WindowPlan:
+        assert self.subset is not None
+        return WindowPlan([self.subset[idx].tolist() for idx in plan.micro_indices],
+                          plan.global_samples)
+
+    def _read(self, plans: Iterator[WindowPlan]) -> Iterator[Window]:
+        read_batch = getattr(self.dataset, "read_batch")
+        pin = self.device.type == "cuda"
+        for plan in plans:
+            micro = []
+            for idx in plan.micro_indices:
+                batch = read_batch(idx)
+                micro.append(to_device(_pinned(batch) if pin else batch, self.device))
+            yield Window(micro, [len(i) for i in plan.micro_indices], plan.global_samples)
 
     def _indexed(self, plans: list[WindowPlan],
                  tensors: Sequence[torch.Tensor]) -> Iterator[Window]:
@@ -196,14 +227,16 @@ class LoaderWindows:
     """
 
     def __init__(self, loader: Any, accumulate: int, device: torch.device,
-                 world_size: int = 1) -> None:
+                 world_size: int = 1, *, limit: int | None = None) -> None:
         self.loader = loader
         self.accumulate = accumulate
         self.device = device
         self.world_size = world_size
+        self.limit = limit  # at most this many windows (evaluation's --eval-batches)
 
     def __len__(self) -> int:
-        return math.ceil(len(self.loader) / self.accumulate)
+        windows = math.ceil(len(self.loader) / self.accumulate)
+        return windows if self.limit is None else min(windows, self.limit)
 
     def epoch(self, epoch: int, start: int = 0) -> Iterator[Window]:
         sampler = getattr(self.loader, "sampler", None)
@@ -212,6 +245,8 @@ class LoaderWindows:
         pending: list[Any] = []
         index = 0
         for batch in self.loader:
+            if self.limit is not None and index >= self.limit:
+                return
             pending.append(batch)
             if len(pending) == self.accumulate:
                 if index >= start:

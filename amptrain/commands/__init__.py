@@ -18,6 +18,7 @@ COMMANDS: dict[str, str] = {
     "diagnose": "diagnose",
     "env": "env",
     "generate": "generate",
+    "prepare": "prepare",
 }
 
 

@@ -220,10 +220,19 @@ class LoggingConfig:
     eval_every: int | None = option(None, "evaluate every N steps (default: each epoch end)",
                                     kind=int)
     no_progress: bool = option(False, "no progress bars (plain log lines instead)")
+    eval_batches: int | None = option(None, "evaluate on a fixed sample of N validation "
+                                            "batches of --batch-size (default: the whole "
+                                            "split)", kind=int)
+    final_eval_full: bool = option(False, "the final evaluation reads the whole validation "
+                                          "split (with --eval-batches)")
 
     def __post_init__(self) -> None:
         require_positive(self, "log_every")
         require_positive(self, "eval_every", optional=True)
+        require_positive(self, "eval_batches", optional=True)
+        if self.final_eval_full and self.eval_batches is None:
+            raise UserError(f"{flag('final_eval_full')} applies with {flag('eval_batches')} "
+                            f"(without it every evaluation reads the whole split)")
 
 
 @dataclass
@@ -284,7 +293,7 @@ class RunConfig(TrainConfig):
                                "keras:FILE.keras)", group="run")
     data: str = option("digits", "dataset (digits, synthetic-image, synthetic-seq, idx:DIR, "
                                  "cifar10:DIR, imagefolder:DIR, npz:FILE, csv-text:FILE, "
-                                 "text:PATH)",
+                                 "text:PATH, tokens:DIR)",
                        group="run")
     val_fraction: float = option(0.2, "validation share when the data has no split", group="run")
     seq_len: int | None = option(None, "text: data: tokens per training block (default 128; "
@@ -306,9 +315,14 @@ class RunConfig(TrainConfig):
                             f"{self.tokenizer!r})")
         text_only = [name for name in ("seq_len", "tokenizer", "text_glob")
                      if getattr(self, name) is not None]
-        if text_only and not str(self.data).startswith("text:"):
+        if str(self.data).startswith("tokens:"):  # prepared shards: only the block size
+            text_only = [name for name in text_only if name != "seq_len"]
+        if text_only and not str(self.data).startswith(("text:", "tokens:")):
             raise UserError(f"{flag(text_only[0])} applies to text: data (language "
                             f"modelling); {flag('data')} is {self.data}")
+        if text_only and str(self.data).startswith("tokens:"):
+            raise UserError(f"{flag(text_only[0])} was fixed when the shards were prepared "
+                            f"(`amptrain prepare`); {flag('data')} is {self.data}")
         if not 0.0 < self.val_fraction < 1.0:
             raise UserError(f"{flag('val_fraction')} must be between 0 and 1 "
                             f"(got {self.val_fraction})")

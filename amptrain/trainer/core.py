@@ -229,10 +229,12 @@ class Trainer(CheckpointingMixin, ReportingMixin, BatchPlanningMixin, DataMixin)
         self._resolve_pending()
 
     def evaluate(self, model: nn.Module | None = None, data: Any = None, *,
-                 write_dir: str | Path | None = None) -> EvalResult:
+                 write_dir: str | Path | None = None, full: bool = False) -> EvalResult:
         """The loss and the task's metrics on ``data`` under the training autocast.
 
-        With ``write_dir`` the task's eval reports go there (rank 0 only).
+        With ``write_dir`` the task's eval reports go there (rank 0 only). With the
+        ``eval_batches`` option only a fixed sample of that many batches is read, unless
+        ``full``.
         """
         model = model if model is not None else self.model
         data = data if data is not None else self._val_data
@@ -240,7 +242,9 @@ class Trainer(CheckpointingMixin, ReportingMixin, BatchPlanningMixin, DataMixin)
             raise UserError("evaluate() needs a model and data (or a finished fit)")
         micro, accumulate = self.config.batching.split(self.strategy.world_size)
         # No gradients to hold: one pass per per-device batch.
-        windows = self._windows(data, micro * accumulate, 1, shuffle=False)
+        sample = None if full else self.config.logging.eval_batches
+        windows = self._windows(data, micro * accumulate, 1, shuffle=False,
+                                sample_batches=sample)
         result = evaluate_pass(model, windows, precision=self.precision, task=self.task,
                                strategy=self.strategy, logger=self.logger, loss_fn=self.loss_fn)
         if write_dir is not None and self.strategy.is_main:

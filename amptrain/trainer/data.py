@@ -11,12 +11,23 @@ from torch.utils.data import DataLoader, Dataset
 
 from .. import datacheck
 from ..batches import DatasetWindows, GlobalBatchPlan, LoaderWindows
+from ..data.core import SPLIT_SEED
 from ..steps import forward_batch
 from .base import TrainerBase
 
 #: In-memory datasets up to this size are moved to the accelerator once, so batches
 #: are sliced there instead of being copied over every step.
 DEVICE_DATA_LIMIT_BYTES = 1 << 30
+
+
+def eval_sample(num_samples: int, count: int) -> torch.Tensor | None:
+    """The fixed evaluation sample: ``count`` of ``num_samples`` indices, drawn with the
+    split seed (never --seed: every run and every evaluation of a run sees the same
+    samples), sorted so that reads from disk run forwards; None when it is all of them."""
+    if count >= num_samples:
+        return None
+    order = torch.randperm(num_samples, generator=torch.Generator().manual_seed(SPLIT_SEED))
+    return order[:count].sort().values
 
 
 class DataMixin(TrainerBase):
@@ -45,19 +56,27 @@ class DataMixin(TrainerBase):
         finally:
             self.model.train(was_training)
 
-    def _windows(self, data: Any, micro: int, accumulate: int, shuffle: bool) -> Any:
+    def _windows(self, data: Any, micro: int, accumulate: int, shuffle: bool,
+                 sample_batches: int | None = None) -> Any:
+        """Windows of ``data``; ``sample_batches`` (evaluation) restricts them to a fixed
+        sample of that many global batches (``--eval-batches``)."""
         if isinstance(data, Dataset) and hasattr(data, "__len__") \
                 and not isinstance(data, DataLoader):
             data = self._maybe_on_device(data)
             world = self.strategy.world_size
-            plan = GlobalBatchPlan(len(data), micro * accumulate * world, micro,
+            subset = None
+            if sample_batches is not None:
+                subset = eval_sample(len(data), sample_batches * self.config.batching.batch_size)
+            plan = GlobalBatchPlan(len(data) if subset is None else len(subset),
+                                   micro * accumulate * world, micro,
                                    world_size=world, rank=self.strategy.rank,
                                    seed=self.config.seed, shuffle=shuffle)
             return DatasetWindows(data, plan, self.device,
-                                  num_workers=self.config.batching.num_workers)
+                                  num_workers=self.config.batching.num_workers, subset=subset)
         # Only evaluation reads data unshuffled.
         data = self.strategy.shard_loader(data, seed=self.config.seed, evaluation=not shuffle)
-        return LoaderWindows(data, accumulate, self.device, self.strategy.world_size)
+        return LoaderWindows(data, accumulate, self.device, self.strategy.world_size,
+                             limit=sample_batches)
 
     def _maybe_on_device(self, data: Any) -> Any:
         if self.device.type == "cpu" or not hasattr(data, "tensors") or not hasattr(data, "to"):

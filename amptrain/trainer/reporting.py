@@ -47,13 +47,15 @@ class ReportingMixin(TrainerBase):
         self._resolve_pending()
         started = time.perf_counter()
         write_dir = self.out / "eval" if (final and self.out is not None) else None
-        if final and self.last_eval is not None and self._last_eval_step == self.step:
+        full = final and self.config.logging.final_eval_full
+        if final and not full and self.last_eval is not None \
+                and self._last_eval_step == self.step:
             # --eval-every just evaluated this step: the same weights, so write its reports
             # instead of a second pass (and a second, identical record).
             if write_dir is not None and self.strategy.is_main:
                 self.last_eval.write(write_dir)
             return
-        result = self.evaluate(self.model, self._val_data, write_dir=write_dir)
+        result = self.evaluate(self.model, self._val_data, write_dir=write_dir, full=full)
         self.last_eval = result
         self._last_eval_step = self.step
         if record:
