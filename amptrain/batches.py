@@ -169,7 +169,7 @@ class DatasetWindows:
                           plan.global_samples)
 
     def _read(self, plans: Iterator[WindowPlan]) -> Iterator[Window]:
-        read_batch = getattr(self.dataset, "read_batch")
+        read_batch = self.dataset.read_batch  # type: ignore[attr-defined]
         pin = self.device.type == "cuda"
         for plan in plans:
             micro = []

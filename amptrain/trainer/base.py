@@ -89,7 +89,7 @@ class TrainerBase:
 
     # Implemented by the Trainer; declared here for the parts that call them.
     def evaluate(self, model: nn.Module | None = None, data: Any = None, *,
-                 write_dir: str | Path | None = None) -> EvalResult:
+                 write_dir: str | Path | None = None, full: bool = False) -> EvalResult:
         raise NotImplementedError
 
     def load_weights(self, state: dict[str, torch.Tensor]) -> None:
