@@ -293,7 +293,7 @@ class RunConfig(TrainConfig):
                                "keras:FILE.keras)", group="run")
     data: str = option("digits", "dataset (digits, synthetic-image, synthetic-seq, idx:DIR, "
                                  "cifar10:DIR, imagefolder:DIR, npz:FILE, csv-text:FILE, "
-                                 "text:PATH, tokens:DIR)",
+                                 "text:PATH, tokens:DIR, module:pkg.mod.factory)",
                        group="run")
     val_fraction: float = option(0.2, "validation share when the data has no split", group="run")
     seq_len: int | None = option(None, "text: data: tokens per training block (default 128; "

@@ -33,6 +33,7 @@ from ..precision import NonFiniteHalt, Precision, StepOutcome
 from ..reproducibility import seed_everything, tune_backends
 from ..snapshot import StepStart
 from ..steps import LossFn, forward_batch
+from ..streams import as_dataset
 from ..tasks import ClassificationTask, EvalResult, Task, resolve_task
 from .batching import BatchPlanningMixin
 from .checkpointing import CheckpointingMixin
@@ -142,6 +143,9 @@ class Trainer(CheckpointingMixin, ReportingMixin, BatchPlanningMixin, DataMixin)
         c = self.config
         names = datacheck.check_fit_arguments(model, train_data, val_data, optimizer=optimizer,
                                               loss_fn=loss_fn, class_names=class_names)
+        # A list of samples is a dataset (streams stay streams: see amptrain.streams).
+        train_data = as_dataset(train_data, "train_data")
+        val_data = as_dataset(val_data, "val_data") if val_data is not None else None
         if task is not None and not isinstance(task, Task):
             raise UserError(f"task must be an amptrain.tasks.Task (got {type(task).__name__}); "
                             f"name a built-in one with the {flag('task')} option")
@@ -316,7 +320,9 @@ class Trainer(CheckpointingMixin, ReportingMixin, BatchPlanningMixin, DataMixin)
                 self._agree_on_stop()
                 if self._done():
                     break
-            if self.window_in_epoch >= len(self.train_windows):
+            # A stream (amptrain.streams) has no length: its epoch ends when it runs out.
+            if self.window_in_epoch >= len(self.train_windows) \
+                    or getattr(self.train_windows, "ended", False):
                 self.epoch += 1
                 self.window_in_epoch = 0
                 self._end_of_epoch()

@@ -13,6 +13,7 @@ from .. import datacheck
 from ..batches import DatasetWindows, GlobalBatchPlan, LoaderWindows
 from ..data.core import SPLIT_SEED
 from ..steps import forward_batch
+from ..streams import as_dataset, is_stream, stream_windows
 from .base import TrainerBase
 
 #: In-memory datasets up to this size are moved to the accelerator once, so batches
@@ -60,6 +61,14 @@ class DataMixin(TrainerBase):
                  sample_batches: int | None = None) -> Any:
         """Windows of ``data``; ``sample_batches`` (evaluation) restricts them to a fixed
         sample of that many global batches (``--eval-batches``)."""
+        data = as_dataset(data, "train_data" if shuffle else "val_data")
+        if is_stream(data):  # generators, IterableDatasets: read in order
+            return stream_windows(data, micro=micro, accumulate=accumulate, device=self.device,
+                                  world_size=self.strategy.world_size, rank=self.strategy.rank,
+                                  max_steps=self.config.schedule.max_steps, training=shuffle,
+                                  limit=sample_batches,
+                                  num_workers=self.config.batching.num_workers,
+                                  keyword="train_data" if shuffle else "val_data")
         if isinstance(data, Dataset) and hasattr(data, "__len__") \
                 and not isinstance(data, DataLoader):
             data = self._maybe_on_device(data)
