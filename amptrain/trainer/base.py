@@ -66,6 +66,7 @@ class TrainerBase:
     _loss_sum: torch.Tensor
     _loss_samples: int
     _samples_since_log: int
+    _data_wait_s: float
     _last_log_time: float
     _last_log_step: int
     _last_saved_step: int | None

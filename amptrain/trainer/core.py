@@ -102,6 +102,7 @@ class Trainer(CheckpointingMixin, ReportingMixin, BatchPlanningMixin, DataMixin)
         self._loss_sum = torch.zeros((), device=self.device)
         self._loss_samples = 0
         self._samples_since_log = 0
+        self._data_wait_s = 0.0  # host time spent waiting for windows since the last log
         self._last_log_time = 0.0
         self._last_log_step = 0
         self._last_saved_step: int | None = None
@@ -310,7 +311,7 @@ class Trainer(CheckpointingMixin, ReportingMixin, BatchPlanningMixin, DataMixin)
             start = self.window_in_epoch
             self.logger.bar(len(self.train_windows), f"epoch {self.epoch + 1}/{c.schedule.epochs}",
                             start)
-            for window in self.train_windows.epoch(self.epoch, start):
+            for window in self._timed(self.train_windows.epoch(self.epoch, start)):
                 self._train_step(window)
                 self._step_epoch = self.epoch
                 self.step += 1

@@ -4,13 +4,14 @@ model's outputs fit the targets."""
 from __future__ import annotations
 
 import functools
-from typing import Any
+import time
+from typing import Any, Iterator
 
 import torch
 from torch.utils.data import DataLoader, Dataset
 
 from .. import datacheck
-from ..batches import DatasetWindows, GlobalBatchPlan, LoaderWindows
+from ..batches import DatasetWindows, GlobalBatchPlan, LoaderWindows, Window
 from ..data.core import SPLIT_SEED
 from ..steps import forward_batch
 from ..streams import as_dataset, is_stream, stream_windows
@@ -56,6 +57,23 @@ class DataMixin(TrainerBase):
                 forward_batch(self.model, sample, self.loss_fn, check)
         finally:
             self.model.train(was_training)
+
+    def _timed(self, windows: Iterator[Window]) -> Iterator[Window]:
+        """``windows``, adding the host time spent waiting for each to ``_data_wait_s``.
+
+        Host clock only, no device sync: on an accelerator the host runs ahead of the
+        device, so this is the time the loop could not queue work because data was not
+        ready -- what ``data_wait_frac`` reports (0: the input pipeline keeps up).
+        """
+        iterator = iter(windows)
+        while True:
+            started = time.perf_counter()
+            try:
+                window = next(iterator)
+            except StopIteration:
+                return
+            self._data_wait_s += time.perf_counter() - started
+            yield window
 
     def _windows(self, data: Any, micro: int, accumulate: int, shuffle: bool,
                  sample_batches: int | None = None) -> Any:
