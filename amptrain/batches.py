@@ -7,12 +7,15 @@ run see exactly the same samples in the same steps.
 """
 from __future__ import annotations
 
+import collections
 import math
 from dataclasses import dataclass
 from typing import Any, Generator, Iterator, Sequence
 
 import torch
 from torch.utils.data import DataLoader, Dataset
+
+from .errors import UserError
 
 
 @dataclass(frozen=True)
@@ -147,6 +150,8 @@ class DatasetWindows:
         self.device = device
         self.num_workers = num_workers
         self.subset = subset
+        self._loader: DataLoader | None = None
+        self._sampler: _PlanSampler | None = None
 
     def __len__(self) -> int:
         return len(self.plan)
@@ -156,12 +161,25 @@ class DatasetWindows:
         if self.subset is not None:
             plans = map(self._through_subset, plans)
         tensors = getattr(self.dataset, "tensors", None)
+        windows: Iterator[Window]
         if tensors is not None:
-            yield from self._indexed(list(plans), tensors)
+            windows = self._indexed(list(plans), tensors)
         elif hasattr(self.dataset, "read_batch"):
-            yield from self._read(plans)
+            windows = self._read(plans)
         else:
-            yield from self._loaded(list(plans))
+            windows = self._loaded(plans)
+        # Datasets whose batches finish on the device (uint8 images: standardise, augment
+        # with a generator keyed by the window, so a resumed run draws the same).
+        finish = getattr(self.dataset, "on_device", None)
+        if finish is None:
+            yield from windows
+            return
+        for index, window in enumerate(windows, start):
+            window.micro_batches = [
+                finish(batch, training=self.plan.shuffle,
+                       key=(self.plan.seed, epoch, index, self.plan.rank, m))
+                for m, batch in enumerate(window.micro_batches)]
+            yield window
 
     def _through_subset(self, plan: WindowPlan) -> WindowPlan:
         assert self.subset is not None
@@ -208,15 +226,60 @@ class DatasetWindows:
                 micro.append(to_device(batch, self.device))
             yield Window(micro, [len(i) for i in plan.micro_indices], plan.global_samples)
 
-    def _loaded(self, plans: list[WindowPlan]) -> Iterator[Window]:
-        flat = [idx for plan in plans for idx in plan.micro_indices]
-        loader = DataLoader(self.dataset, batch_sampler=flat, num_workers=self.num_workers,
-                            pin_memory=self.device.type == "cuda",
-                            persistent_workers=False)
-        batches = iter(loader)
-        for plan in plans:
-            micro = [to_device(next(batches), self.device) for _ in plan.micro_indices]
-            yield Window(micro, [len(i) for i in plan.micro_indices], plan.global_samples)
+    def _loaded(self, plans: Iterator[WindowPlan]) -> Iterator[Window]:
+        # One DataLoader for the life of these windows: with workers they persist across
+        # epochs (no restart per epoch), and the plan is fed to them lazily.
+        if self._loader is None:
+            self._sampler = _PlanSampler()
+            workers = self.num_workers
+            self._loader = DataLoader(self.dataset, batch_sampler=self._sampler,
+                                      num_workers=workers,
+                                      pin_memory=self.device.type == "cuda",
+                                      persistent_workers=workers > 0,
+                                      prefetch_factor=4 if workers > 0 else None,
+                                      # its own generator: creating workers must not draw
+                                      # from the training RNG (exact resume)
+                                      generator=torch.Generator().manual_seed(0))
+        assert self._sampler is not None
+        self._sampler.start(plans)
+        batches = iter(self._loader)
+        while True:
+            try:
+                first = next(batches)
+            except StopIteration:
+                return
+            except UserError as exc:  # from a worker: its message is wrapped in a traceback
+                raise UserError(_worker_message(exc)) from None
+            plan = self._sampler.taken.popleft()
+            micro = [first] + [next(batches) for _ in plan.micro_indices[1:]]
+            yield Window([to_device(b, self.device) for b in micro],
+                         [len(i) for i in plan.micro_indices], plan.global_samples)
+
+
+def _worker_message(exc: Exception) -> str:
+    """The user's line of an error raised in a DataLoader worker (torch re-raises it in
+    this process with the worker's traceback around it)."""
+    lines = [line for line in str(exc).strip().splitlines() if line.strip()]
+    last = lines[-1] if lines else ""
+    return last.split("UserError: ", 1)[-1]
+
+
+class _PlanSampler:
+    """A DataLoader's batch sampler fed one epoch's window plans at a time; it notes each
+    plan as the loader takes it, so windows know their micro-batch sizes."""
+
+    def __init__(self) -> None:
+        self.plans: Iterator[WindowPlan] = iter(())
+        self.taken: collections.deque[WindowPlan] = collections.deque()
+
+    def start(self, plans: Iterator[WindowPlan]) -> None:
+        self.plans = plans
+        self.taken.clear()
+
+    def __iter__(self) -> Iterator[list[int]]:
+        for plan in self.plans:
+            self.taken.append(plan)
+            yield from plan.micro_indices
 
 
 class LoaderWindows:

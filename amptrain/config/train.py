@@ -6,6 +6,7 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
+from ..data.augment import AUGMENTATIONS
 from ..errors import UserError, flag
 from ..precision.modes import PRECISION_NAMES
 from ..precision.weight_update import WEIGHT_UPDATES
@@ -25,6 +26,8 @@ SCHEDULERS = ("none", "cosine", "onecycle")
 LR_SCALING = ("none", "linear", "sqrt")
 STRATEGIES = ("auto", "ddp", "fsdp", "dp")
 DEFAULT_LR = {"adamw": 1e-3, "adamw8bit": 1e-3, "sgd": 0.05}
+#: Data that --augment applies to (images finished on the device).
+AUGMENTED_DATA = ("imagefolder:",)
 #: Lightning's bound: numpy seeds take 32 bits, and a seed is a name, not a size.
 MAX_SEED = 2 ** 32 - 1
 
@@ -89,12 +92,18 @@ class BatchingConfig:
         None, "memory a step may use, for --micro-batch-size auto (default: the GPU's own "
               "limit; on CPU the RAM available now; CPU counts peak RSS)", kind=float)
     accumulate: int | None = option(None, "micro-batches accumulated per optimizer step", kind=int)
-    num_workers: int = option(0, "DataLoader worker processes (in-memory data needs none)")
+    num_workers: int | str = option(
+        "auto", "DataLoader worker processes for data decoded while training (image "
+                "folders, your own Dataset), or auto: up to 4, one core left to training "
+                "(in-memory and token data need none)", kind=str, integer_or_word=True)
 
     def __post_init__(self) -> None:
         require_positive(self, "batch_size")
         require_positive(self, "accumulate", optional=True)
-        require_non_negative(self, "num_workers")
+        workers = self.num_workers
+        if workers != "auto" and (not isinstance(workers, int) or isinstance(workers, bool)
+                                  or workers < 0):
+            raise UserError(f"{flag('num_workers')} must be >= 0 or auto (got {workers!r})")
         micro = self.micro_batch_size
         if micro is not None and micro != "auto":
             if not isinstance(micro, int) or isinstance(micro, bool) or micro < 1:
@@ -302,6 +311,10 @@ class RunConfig(TrainConfig):
                                          "vocabulary 256) or hf:DIR (a local Hugging Face "
                                          "tokenizer; an hf: model brings its own)", kind=str,
                                    group="run")
+    augment: str = option("none", "image data: training-batch augmentation on the device: "
+                                  "flip, crop-flip (pad + random crop + flip, CIFAR), rrc-flip "
+                                  "(random resized crop + flip, ImageNet)", group="run",
+                          choices=AUGMENTATIONS)
     text_glob: str | None = option(None, "text: data: which files of a directory are read "
                                          "(e.g. '*.py'; default: every text file)", kind=str,
                                    group="run")
@@ -323,6 +336,13 @@ class RunConfig(TrainConfig):
         if text_only and str(self.data).startswith("tokens:"):
             raise UserError(f"{flag(text_only[0])} was fixed when the shards were prepared "
                             f"(`amptrain prepare`); {flag('data')} is {self.data}")
+        if self.augment not in AUGMENTATIONS:
+            raise UserError(f"{flag('augment')} must be one of {', '.join(AUGMENTATIONS)} "
+                            f"(got {self.augment!r})")
+        if self.augment != "none" and not str(self.data).startswith(AUGMENTED_DATA):
+            raise UserError(f"{flag('augment')} applies to image files decoded while training "
+                            f"({', '.join(d + 'DIR' for d in AUGMENTED_DATA)}); "
+                            f"{flag('data')} is {self.data}")
         if not 0.0 < self.val_fraction < 1.0:
             raise UserError(f"{flag('val_fraction')} must be between 0 and 1 "
                             f"(got {self.val_fraction})")

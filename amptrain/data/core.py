@@ -107,6 +107,8 @@ class DataOptions:
     text_glob: str | None = None
     #: The run's --task: loaders whose files can hold either (npz) follow it.
     task: str | None = None
+    #: --augment for image data that is finished on the device (see data/augment.py).
+    augment: str | None = None
 
 
 DataFactory = Callable[[str, DataOptions], DataBundle]

@@ -4,6 +4,7 @@ model's outputs fit the targets."""
 from __future__ import annotations
 
 import functools
+import os
 import time
 from typing import Any, Iterator
 
@@ -85,7 +86,7 @@ class DataMixin(TrainerBase):
                                   world_size=self.strategy.world_size, rank=self.strategy.rank,
                                   max_steps=self.config.schedule.max_steps, training=shuffle,
                                   limit=sample_batches,
-                                  num_workers=self.config.batching.num_workers,
+                                  num_workers=self._workers_for(data),
                                   keyword="train_data" if shuffle else "val_data")
         if isinstance(data, Dataset) and hasattr(data, "__len__") \
                 and not isinstance(data, DataLoader):
@@ -99,11 +100,25 @@ class DataMixin(TrainerBase):
                                    world_size=world, rank=self.strategy.rank,
                                    seed=self.config.seed, shuffle=shuffle)
             return DatasetWindows(data, plan, self.device,
-                                  num_workers=self.config.batching.num_workers, subset=subset)
+                                  num_workers=self._workers_for(data), subset=subset)
         # Only evaluation reads data unshuffled.
         data = self.strategy.shard_loader(data, seed=self.config.seed, evaluation=not shuffle)
         return LoaderWindows(data, accumulate, self.device, self.strategy.world_size,
                              limit=sample_batches)
+
+    def _workers_for(self, data: Any) -> int:
+        """--num-workers, with auto resolved: none for data already in memory or read as
+        whole batches (tokens), else up to 4 processes, one core left to training."""
+        workers = self.config.batching.num_workers
+        if workers != "auto":
+            return int(workers)
+        if hasattr(data, "tensors") or hasattr(data, "read_batch"):
+            return 0
+        try:
+            cores = len(os.sched_getaffinity(0))
+        except AttributeError:  # not Linux
+            cores = os.cpu_count() or 1
+        return max(0, min(4, cores - 1))
 
     def _maybe_on_device(self, data: Any) -> Any:
         if self.device.type == "cpu" or not hasattr(data, "tensors") or not hasattr(data, "to"):
