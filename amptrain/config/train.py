@@ -27,7 +27,7 @@ LR_SCALING = ("none", "linear", "sqrt")
 STRATEGIES = ("auto", "ddp", "fsdp", "dp")
 DEFAULT_LR = {"adamw": 1e-3, "adamw8bit": 1e-3, "sgd": 0.05}
 #: Data that --augment applies to (images finished on the device).
-AUGMENTED_DATA = ("imagefolder:",)
+AUGMENTED_DATA = ("imagefolder:", "cifar10:", "idx:")
 #: Lightning's bound: numpy seeds take 32 bits, and a seed is a name, not a size.
 MAX_SEED = 2 ** 32 - 1
 
