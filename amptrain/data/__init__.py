@@ -10,7 +10,7 @@ A spec is ``name`` or ``name:argument`` -- a path for file formats (``npz:FILE``
 * :mod:`.folders` -- ``imagefolder:DIR``
 * :mod:`.text` -- ``csv-text:FILE``
 * :mod:`.corpus` -- ``text:PATH`` (language modelling)
-* :mod:`.tokens` -- ``tokens:DIR`` (shards written by ``amptrain prepare``, memory-mapped)
+* :mod:`.tokens` -- ``tokens:DIR`` (shards written by ``amptrain prepare``, read from disk)
 * :mod:`.module` -- ``module:pkg.mod.factory`` (the user's own Datasets)
 
 Every malformed input is a :class:`~amptrain.errors.UserError` naming ``--data``.

@@ -5,7 +5,7 @@ tokens: a sample is a block ``x`` and the same tokens shifted by one, ``y`` (nex
 targets). Validation is the last ``--val-fraction`` of the stream, so no training block
 overlaps it. The tokens are cached as token shards (see :mod:`.tokenizing`: keyed by the
 files and the tokenizer, under ``$AMPTRAIN_CACHE`` or ``~/.cache/amptrain``) and read
-memory-mapped as :class:`~amptrain.data.tokens.TokenBlockData`, so a second run starts
+from disk as :class:`~amptrain.data.tokens.TokenBlockData`, so a second run starts
 without tokenizing again; when the cache cannot be written, the stream is tokenized into
 memory as :class:`TokenBlocks`. Either way blocks are batched, shuffled and sharded exactly
 as every other dataset (the order depends only on the seed and the global batch).
@@ -155,7 +155,7 @@ def text_corpus(argument: str, options: DataOptions) -> DataBundle:
         raise UserError(f"--data {spec}: the tokenizer {getattr(tokenizer, 'name', '?')} "
                         f"cannot encode a running text")
     cached = cached_corpus(path, tokenizer, glob=options.text_glob, spec=spec)
-    if cached is not None:  # memory-mapped shards: the text is not read again next time
+    if cached is not None:  # shards read from disk: the text is not read again next time
         shards = open_stream(cached, spec)
         n_val = int(round(len(shards) * options.val_fraction))
         return stream_bundle(shards, n_val, seq_len, spec, int(tokenizer.vocab_size),

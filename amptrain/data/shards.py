@@ -13,13 +13,14 @@ A prepared directory holds one token stream cut into shard files plus ``meta.jso
   byte), and how many tokens at the end of the stream validate. It is written last:
   a directory without it is an unfinished ``prepare``.
 
-Reading memory-maps every shard (``np.memmap``): opening a 10 GB corpus costs a few file
-headers, and a batch reads only its own blocks, so resident memory does not grow with the
-corpus. :class:`TokenStream` stitches the shards into one stream.
+Opening a 10 GB corpus costs a few file headers; a batch reads only its own blocks
+(``pread`` of the shard files, see :class:`TokenStream`, which stitches the shards into
+one stream), so resident memory does not grow with the corpus or with the run's length.
 """
 from __future__ import annotations
 
 import json
+import os
 import struct
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -163,44 +164,88 @@ def read_meta(directory: Path, spec: str) -> ShardsMeta:
 
 
 class TokenStream:
-    """The shards of a prepared directory as one read-only stream of token ids."""
+    """The shards of a prepared directory as one read-only stream of token ids.
+
+    Reads are ``pread`` calls of exactly the ids asked for, not a long-lived memory map:
+    every page a map has touched counts toward the process's resident memory, so over a
+    long run on a large corpus a map's RSS would grow towards the corpus size (nanoGPT
+    re-creates its ``np.memmap`` every batch for this reason). The page cache still
+    keeps hot data in memory, outside the process's RSS. :attr:`arrays` offers the
+    shards memory-mapped for tools that want whole-array access.
+    """
 
     def __init__(self, directory: Path, meta: ShardsMeta, spec: str) -> None:
         self.directory = directory
         self.meta = meta
-        dtype = np.dtype(meta.dtype)
-        self.arrays: list[np.ndarray] = []
+        self.dtype = np.dtype(meta.dtype).newbyteorder("<")
+        self.paths: list[Path] = []
+        sizes = []
         for shard in meta.shards:
-            self.arrays.append(_open_shard(directory / shard["file"], int(shard["tokens"]),
-                                           dtype, meta.fingerprint, spec))
-        sizes = [len(a) for a in self.arrays]
+            path = directory / shard["file"]
+            sizes.append(_check_shard(path, int(shard["tokens"]), self.dtype,
+                                      meta.fingerprint, spec))
+            self.paths.append(path)
         if sum(sizes) != meta.tokens:
             raise UserError(f"--data {spec}: the shards hold {sum(sizes)} tokens, {META} says "
                             f"{meta.tokens}; prepare the corpus again")
         self.starts = np.cumsum([0] + sizes)
+        self._fds: dict[int, int] = {}
+        self._pid = os.getpid()
 
     def __len__(self) -> int:
         return int(self.starts[-1])
 
+    def __getstate__(self) -> dict[str, Any]:
+        state = dict(self.__dict__)
+        state["_fds"] = {}  # file descriptors are per process (DataLoader workers)
+        return state
+
+    @property
+    def arrays(self) -> list[np.ndarray]:
+        """Every shard memory-mapped (whole-array access for tools; training reads)."""
+        return [np.memmap(p, dtype=self.dtype, mode="r", offset=HEADER_BYTES,
+                          shape=(int(n),)) if n else np.zeros(0, self.dtype)
+                for p, n in zip(self.paths, np.diff(self.starts))]
+
+    def _fd(self, shard: int) -> int:
+        if os.getpid() != self._pid:  # a forked worker opens its own
+            self._fds, self._pid = {}, os.getpid()
+        fd = self._fds.get(shard)
+        if fd is None:
+            fd = self._fds[shard] = os.open(self.paths[shard], os.O_RDONLY)
+        return fd
+
     def read(self, start: int, count: int) -> np.ndarray:
         """``count`` ids from position ``start`` (across shard boundaries) as int64."""
+        if start < 0 or count < 0 or start + count > len(self):
+            raise IndexError(f"tokens {start}..{start + count} of {len(self)}")
+        parts, left = [], count
         shard = int(np.searchsorted(self.starts, start, side="right")) - 1
         offset = start - int(self.starts[shard])
-        array = self.arrays[shard]
-        if offset + count <= len(array):
-            return array[offset:offset + count].astype(np.int64)
-        parts, left = [], count
         while left > 0:
-            piece = self.arrays[shard][offset:offset + left]
-            parts.append(piece.astype(np.int64))
-            left -= len(piece)
+            take = min(left, int(self.starts[shard + 1] - self.starts[shard]) - offset)
+            raw = os.pread(self._fd(shard), take * self.dtype.itemsize,
+                           HEADER_BYTES + offset * self.dtype.itemsize)
+            parts.append(np.frombuffer(raw, dtype=self.dtype).astype(np.int64))
+            left -= take
             shard, offset = shard + 1, 0
-        return np.concatenate(parts)
+        return parts[0] if len(parts) == 1 else np.concatenate(parts) if parts \
+            else np.zeros(0, np.int64)
+
+    def close(self) -> None:
+        for fd in self._fds.values():
+            os.close(fd)
+        self._fds = {}
+
+    def __del__(self) -> None:
+        try:
+            self.close()
+        except Exception:  # interpreter shutdown
+            pass
 
 
-def _open_shard(path: Path, tokens: int, dtype: np.dtype, fingerprint: str,
-                spec: str) -> np.ndarray:
-    """A shard memory-mapped after checking its header against ``meta.json``."""
+def _check_shard(path: Path, tokens: int, dtype: np.dtype, fingerprint: str, spec: str) -> int:
+    """A shard's token count, after checking its header and size against ``meta.json``."""
     try:
         size = path.stat().st_size
         with open(path, "rb") as f:
@@ -225,14 +270,11 @@ def _open_shard(path: Path, tokens: int, dtype: np.dtype, fingerprint: str,
         problem = "is truncated" if size < expected else "has trailing bytes"
         raise UserError(f"--data {spec}: {path.name} {problem} ({size} bytes, its header "
                         f"promises {expected}); prepare the corpus again")
-    if count == 0:
-        return np.zeros(0, dtype=dtype)
-    return np.memmap(path, dtype=dtype.newbyteorder("<"), mode="r", offset=HEADER_BYTES,
-                     shape=(count,))
+    return int(count)
 
 
 def open_stream(directory: Path, spec: str) -> TokenStream:
-    """The checked, memory-mapped stream of a prepared directory."""
+    """The checked stream of a prepared directory."""
     return TokenStream(directory, read_meta(directory, spec), spec)
 
 

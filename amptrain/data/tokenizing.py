@@ -1,7 +1,7 @@
 """Tokenizing a text corpus once, in parallel processes, into token shards on disk.
 
 ``amptrain prepare`` calls :func:`prepare_corpus`; ``text:PATH`` calls :func:`cached_stream`,
-which prepares into a per-user cache the first time and memory-maps the shards after that,
+which prepares into a per-user cache the first time and reads the shards after that,
 so a second run (or compare's next seed) starts without reading the text again.
 
 Work is cut into units of at most :data:`CHUNK_BYTES` (a file, or a piece of a large

@@ -1,4 +1,4 @@
-"""``tokens:DIR``: a corpus tokenized by ``amptrain prepare``, trained memory-mapped.
+"""``tokens:DIR``: a corpus tokenized by ``amptrain prepare``, read from disk a batch at a time.
 
 A sample is a block of ``--seq-len`` ids and the same ids shifted by one (next-token
 targets), exactly as ``text:`` data. Blocks sit on a fixed grid (block ``i`` starts at
@@ -34,7 +34,7 @@ DEFAULT_SEQ_LEN = 128
 
 
 class TokenBlockData(Dataset):
-    """Next-token blocks of a memory-mapped :class:`~amptrain.data.shards.TokenStream`.
+    """Next-token blocks of a :class:`~amptrain.data.shards.TokenStream` on disk.
 
     The Trainer reads micro-batches with :meth:`read_batch` in the training process (a
     batch is a few strided reads of the map: no workers, no per-sample collation).
