@@ -1,6 +1,6 @@
 """Tokenizing a text corpus once, in parallel processes, into token shards on disk.
 
-``amptrain prepare`` calls :func:`prepare_corpus`; ``text:PATH`` calls :func:`cached_stream`,
+``amptrain prepare`` calls :func:`prepare_corpus`; ``text:PATH`` calls :func:`cached_corpus`,
 which prepares into a per-user cache the first time and reads the shards after that,
 so a second run (or compare's next seed) starts without reading the text again.
 
