@@ -7,12 +7,15 @@ run see exactly the same samples in the same steps.
 """
 from __future__ import annotations
 
+import collections
 import math
 from dataclasses import dataclass
 from typing import Any, Generator, Iterator, Sequence
 
 import torch
 from torch.utils.data import DataLoader, Dataset
+
+from .errors import UserError
 
 
 @dataclass(frozen=True)
@@ -59,16 +62,22 @@ class GlobalBatchPlan:
 
     def order(self, epoch: int) -> list[int]:
         """The sample order of an epoch (same on every rank)."""
+        return self.order_tensor(epoch).tolist()
+
+    def order_tensor(self, epoch: int) -> torch.Tensor:
+        """:meth:`order` as an int64 tensor: 8 bytes a sample, where a list of Python ints
+        costs about 36 (millions of token blocks)."""
         if not self.shuffle:
-            return list(range(self.num_samples))
+            return torch.arange(self.num_samples)
         generator = torch.Generator().manual_seed(self.seed * 1_000_003 + epoch)
-        return torch.randperm(self.num_samples, generator=generator).tolist()
+        return torch.randperm(self.num_samples, generator=generator)
 
     def epoch(self, epoch: int, start: int = 0) -> Iterator[WindowPlan]:
-        """The rank's windows of ``epoch``, starting at window ``start`` (for resume)."""
-        order = self.order(epoch)
+        """The rank's windows of ``epoch``, starting at window ``start`` (for resume);
+        produced one at a time, so an epoch's plan is never held whole."""
+        order = self.order_tensor(epoch)
         for w in range(start, len(self)):
-            batch = order[w * self.global_batch:(w + 1) * self.global_batch]
+            batch = order[w * self.global_batch:(w + 1) * self.global_batch].tolist()
             yield self._window(batch)
 
     def _window(self, batch: Sequence[int]) -> WindowPlan:
@@ -126,26 +135,66 @@ class DatasetWindows:
     directly, on the device when they live there: no workers, no collation, no copies.
     Such a dataset may shape its own micro-batches with ``select(indices, index) -> batch``
     (e.g. :class:`amptrain.data.TokenData`: dict batches padded to their longest row).
-    Others go through a DataLoader driven by the plan's micro-batches.
+    Datasets on disk that read a whole micro-batch at once (``read_batch(indices) ->
+    batch``, e.g. :class:`amptrain.data.tokens.TokenBlockData`) are read here, one window
+    at a time. Others go through a DataLoader driven by the plan's micro-batches.
+
+    ``subset`` (sample indices) restricts the windows to those samples: the plan then
+    counts positions in ``subset`` (``--eval-batches``' fixed sample).
     """
 
     def __init__(self, dataset: Dataset, plan: GlobalBatchPlan, device: torch.device, *,
-                 num_workers: int = 0) -> None:
+                 num_workers: int = 0, subset: torch.Tensor | None = None) -> None:
         self.dataset = dataset
         self.plan = plan
         self.device = device
         self.num_workers = num_workers
+        self.subset = subset
+        self._loader: DataLoader | None = None
+        self._sampler: _PlanSampler | None = None
 
     def __len__(self) -> int:
         return len(self.plan)
 
     def epoch(self, epoch: int, start: int = 0) -> Generator[Window, None, None]:
-        plans = list(self.plan.epoch(epoch, start))
+        plans: Iterator[WindowPlan] = self.plan.epoch(epoch, start)
+        if self.subset is not None:
+            plans = map(self._through_subset, plans)
         tensors = getattr(self.dataset, "tensors", None)
+        windows: Iterator[Window]
         if tensors is not None:
-            yield from self._indexed(plans, tensors)
+            windows = self._indexed(list(plans), tensors)
+        elif hasattr(self.dataset, "read_batch"):
+            windows = self._read(plans)
         else:
-            yield from self._loaded(plans)
+            windows = self._loaded(plans)
+        # Datasets whose batches finish on the device (uint8 images: standardise, augment
+        # with a generator keyed by the window, so a resumed run draws the same).
+        finish = getattr(self.dataset, "on_device", None)
+        if finish is None:
+            yield from windows
+            return
+        for index, window in enumerate(windows, start):
+            window.micro_batches = [
+                finish(batch, training=self.plan.shuffle,
+                       key=(self.plan.seed, epoch, index, self.plan.rank, m))
+                for m, batch in enumerate(window.micro_batches)]
+            yield window
+
+    def _through_subset(self, plan: WindowPlan) -> WindowPlan:
+        assert self.subset is not None
+        return WindowPlan([self.subset[idx].tolist() for idx in plan.micro_indices],
+                          plan.global_samples)
+
+    def _read(self, plans: Iterator[WindowPlan]) -> Iterator[Window]:
+        read_batch = self.dataset.read_batch  # type: ignore[attr-defined]
+        pin = self.device.type == "cuda"
+        for plan in plans:
+            micro = []
+            for idx in plan.micro_indices:
+                batch = read_batch(idx)
+                micro.append(to_device(_pinned(batch) if pin else batch, self.device))
+            yield Window(micro, [len(i) for i in plan.micro_indices], plan.global_samples)
 
     def _indexed(self, plans: list[WindowPlan],
                  tensors: Sequence[torch.Tensor]) -> Iterator[Window]:
@@ -177,15 +226,60 @@ class DatasetWindows:
                 micro.append(to_device(batch, self.device))
             yield Window(micro, [len(i) for i in plan.micro_indices], plan.global_samples)
 
-    def _loaded(self, plans: list[WindowPlan]) -> Iterator[Window]:
-        flat = [idx for plan in plans for idx in plan.micro_indices]
-        loader = DataLoader(self.dataset, batch_sampler=flat, num_workers=self.num_workers,
-                            pin_memory=self.device.type == "cuda",
-                            persistent_workers=False)
-        batches = iter(loader)
-        for plan in plans:
-            micro = [to_device(next(batches), self.device) for _ in plan.micro_indices]
-            yield Window(micro, [len(i) for i in plan.micro_indices], plan.global_samples)
+    def _loaded(self, plans: Iterator[WindowPlan]) -> Iterator[Window]:
+        # One DataLoader for the life of these windows: with workers they persist across
+        # epochs (no restart per epoch), and the plan is fed to them lazily.
+        if self._loader is None:
+            self._sampler = _PlanSampler()
+            workers = self.num_workers
+            self._loader = DataLoader(self.dataset, batch_sampler=self._sampler,
+                                      num_workers=workers,
+                                      pin_memory=self.device.type == "cuda",
+                                      persistent_workers=workers > 0,
+                                      prefetch_factor=4 if workers > 0 else None,
+                                      # its own generator: creating workers must not draw
+                                      # from the training RNG (exact resume)
+                                      generator=torch.Generator().manual_seed(0))
+        assert self._sampler is not None
+        self._sampler.start(plans)
+        batches = iter(self._loader)
+        while True:
+            try:
+                first = next(batches)
+            except StopIteration:
+                return
+            except UserError as exc:  # from a worker: its message is wrapped in a traceback
+                raise UserError(_worker_message(exc)) from None
+            plan = self._sampler.taken.popleft()
+            micro = [first] + [next(batches) for _ in plan.micro_indices[1:]]
+            yield Window([to_device(b, self.device) for b in micro],
+                         [len(i) for i in plan.micro_indices], plan.global_samples)
+
+
+def _worker_message(exc: Exception) -> str:
+    """The user's line of an error raised in a DataLoader worker (torch re-raises it in
+    this process with the worker's traceback around it)."""
+    lines = [line for line in str(exc).strip().splitlines() if line.strip()]
+    last = lines[-1] if lines else ""
+    return last.split("UserError: ", 1)[-1]
+
+
+class _PlanSampler:
+    """A DataLoader's batch sampler fed one epoch's window plans at a time; it notes each
+    plan as the loader takes it, so windows know their micro-batch sizes."""
+
+    def __init__(self) -> None:
+        self.plans: Iterator[WindowPlan] = iter(())
+        self.taken: collections.deque[WindowPlan] = collections.deque()
+
+    def start(self, plans: Iterator[WindowPlan]) -> None:
+        self.plans = plans
+        self.taken.clear()
+
+    def __iter__(self) -> Iterator[list[int]]:
+        for plan in self.plans:
+            self.taken.append(plan)
+            yield from plan.micro_indices
 
 
 class LoaderWindows:
@@ -196,14 +290,16 @@ class LoaderWindows:
     """
 
     def __init__(self, loader: Any, accumulate: int, device: torch.device,
-                 world_size: int = 1) -> None:
+                 world_size: int = 1, *, limit: int | None = None) -> None:
         self.loader = loader
         self.accumulate = accumulate
         self.device = device
         self.world_size = world_size
+        self.limit = limit  # at most this many windows (evaluation's --eval-batches)
 
     def __len__(self) -> int:
-        return math.ceil(len(self.loader) / self.accumulate)
+        windows = math.ceil(len(self.loader) / self.accumulate)
+        return windows if self.limit is None else min(windows, self.limit)
 
     def epoch(self, epoch: int, start: int = 0) -> Iterator[Window]:
         sampler = getattr(self.loader, "sampler", None)
@@ -212,6 +308,8 @@ class LoaderWindows:
         pending: list[Any] = []
         index = 0
         for batch in self.loader:
+            if self.limit is not None and index >= self.limit:
+                return
             pending.append(batch)
             if len(pending) == self.accumulate:
                 if index >= start:

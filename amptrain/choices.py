@@ -27,6 +27,8 @@ TASK_NAMES = ("classification", "regression", "lm")
 TASK_CHOICES = ("auto", *TASK_NAMES)
 #: Regression losses (``--loss``).
 LOSSES = ("mse", "l1", "huber")
+#: Image augmentations (``--augment``; implemented in :mod:`amptrain.data.augment`).
+AUGMENTATIONS = ("none", "flip", "crop-flip", "rrc-flip")
 
 
 def check_table(what: str, implemented: Iterable[str], declared: tuple[str, ...]) -> None:

@@ -113,7 +113,9 @@ def first_samples(data: Any, device: torch.device, count: int = 2) -> tuple | No
     if not isinstance(tensors, (tuple, list)) or len(tensors) < 2 \
             or not all(isinstance(t, torch.Tensor) for t in tensors):
         return None
-    return tuple(t[:count].to(device) for t in tensors)
+    batch = tuple(t[:count].to(device) for t in tensors)
+    finish = getattr(data, "on_device", None)  # uint8 images: standardised on the device
+    return tuple(finish(batch, training=False, key=(0,))) if finish is not None else batch
 
 
 def check_batch_size(num_samples: int, batch_size: int) -> None:

@@ -153,6 +153,24 @@ class HFTextEncoder:
         limit = getattr(self.tokenizer, "model_max_length", None)
         return int(limit) if limit and limit < _NO_LIMIT else None
 
+    @property
+    def fingerprint(self) -> str:
+        """The vocabulary's identity (sha256 of its sorted entries and special tokens):
+        token shards record it, so shards of another tokenizer are refused."""
+        import hashlib
+        import json
+
+        tok = self.tokenizer
+        blob = json.dumps([type(tok).__name__, sorted(tok.get_vocab().items()),
+                           tok.eos_token_id], default=str)
+        return hashlib.sha256(blob.encode()).hexdigest()
+
+    @property
+    def eot_id(self) -> int | None:
+        """The end-of-text id that separates documents in token shards, when there is one."""
+        eos = self.tokenizer.eos_token_id
+        return int(eos) if eos is not None else None
+
     def encode_stream(self, text: str) -> list[int]:
         """The ids of a whole running text (``text:`` data): no special tokens, no limit
         (the text is cut into blocks afterwards, so the model's length limit is moot)."""

@@ -69,7 +69,7 @@ def prepare_run(config: RunConfig) -> tuple[DataBundle, nn.Module]:
     data = build_data(config.data, DataOptions(
         seed=config.seed, val_fraction=config.val_fraction,
         text_encoder=text_encoder(config.model, config.tokenizer), seq_len=config.seq_len,
-        text_glob=config.text_glob, task=config.task))
+        text_glob=config.text_glob, task=config.task, augment=config.augment))
     check_task(config, data)
     seed_everything(config.seed)
     model = build_model(config.model, model_inputs(data))

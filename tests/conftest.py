@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import logging
+import os
 from types import SimpleNamespace
 
 import pytest
@@ -16,6 +17,19 @@ def _threads():
     # Two cores on CI: keep intra-op threads from oversubscribing when pytest forks.
     torch.set_num_threads(2)
     yield
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _token_cache(tmp_path_factory):
+    # text: data caches its tokens (amptrain.data.tokenizing.cache_root): never in the
+    # user's ~/.cache during tests; subprocesses inherit the variable.
+    saved = os.environ.get("AMPTRAIN_CACHE")
+    os.environ["AMPTRAIN_CACHE"] = str(tmp_path_factory.mktemp("amptrain-cache"))
+    yield
+    if saved is None:
+        os.environ.pop("AMPTRAIN_CACHE", None)
+    else:
+        os.environ["AMPTRAIN_CACHE"] = saved
 
 
 @pytest.fixture(autouse=True)

@@ -19,6 +19,7 @@ COMMANDS: dict[str, str] = {
     "env": "env",
     "generate": "generate",
     "export": "export",
+    "prepare": "prepare",
 }
 
 

@@ -66,6 +66,7 @@ def emulated_here(device: str) -> set[str]:
 def run(args: argparse.Namespace) -> int:
     """Run the study, print the summary table and where the reports are."""
     from ..compare import CompareOptions, run_compare
+    from ..compare.summary import data_wait_warning
     from ..precision.modes import as_given
     from ..report import format_table, timing_warning
     from ..report.tables import is_emulated
@@ -89,6 +90,9 @@ def run(args: argparse.Namespace) -> int:
     warning = timing_warning(result["summary"])
     if warning:
         print(f"warning: {warning}")
+    waiting = data_wait_warning(result["summary"])
+    if waiting:
+        print(f"warning: {waiting}")
     runs = "" if options.speed_only else ", runs/"
     print(f"outputs: {config.out}/ (compare.json, report.md, report.html, compare.png{runs})")
     return 0

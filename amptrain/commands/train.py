@@ -48,6 +48,8 @@ def run(args: argparse.Namespace) -> int:
         or "val_acc n/a"
     speed = f", {result.samples_per_s:.0f} samples/s" if result.samples_per_s else ""
     speed += f", {result.tokens_per_s:.0f} tokens/s" if result.tokens_per_s else ""
+    if result.data_wait_frac is not None:
+        speed += f", data wait {100 * result.data_wait_frac:.0f}%"
     print(f"done: {metrics}  val_loss {number(result.val_loss)}  after {result.steps} steps "
           f"({label(result.precision, config.precision.name)}{speed}, "
           f"{result.skipped_steps} skipped)")

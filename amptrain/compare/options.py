@@ -24,7 +24,7 @@ SUMMARY_FIELDS = ("precision", "samples_per_s", "speedup", "step_time_ms", "peak
                   "optimizer_state_bytes", "bytes_per_param",
                   "val_acc_mean", "val_acc_std", "delta_acc_pp", "final_loss_mean",
                   "skipped_steps", "speedup_low", "speedup_high", "timing_reliable",
-                  "timing_note", "verdict")
+                  "timing_note", "verdict", "data_wait_frac")
 #: A run logs about this many training records, so every loss curve has enough points.
 CURVE_POINTS = 100
 #: The most timed (or warm-up) steps per precision: a median settles within tens of steps,

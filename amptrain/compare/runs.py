@@ -128,14 +128,16 @@ def train_runs(config: RunConfig, precisions: list[str], seeds: list[int], out: 
             except TrainingHalted as exc:
                 log.info("compare: %s seed %d stopped: %s", precision, seed, exc)
                 record.update(val_loss=None, final_loss=None, skipped_steps=None,
-                              steps=None, halted=str(exc), train_samples_per_s=None)
+                              steps=None, halted=str(exc), train_samples_per_s=None,
+                              data_wait_frac=None)
             else:
                 # The task's metrics by name: val_acc, or val_perplexity, val_rmse, ...
                 record.update({f"val_{k}": finite(v) for k, v in result.val_metrics.items()})
                 record.update(val_loss=finite(result.val_loss),
                               final_loss=finite(result.final_loss),
                               skipped_steps=result.skipped_steps, steps=result.steps, halted=None,
-                              train_samples_per_s=result.samples_per_s)
+                              train_samples_per_s=result.samples_per_s,
+                              data_wait_frac=result.data_wait_frac)
             record["wall_s"] = round(time.perf_counter() - started, 3)
             record.update(probe.facts)
             runs.append(record)

@@ -83,6 +83,9 @@ def summarise(baseline: str, precisions: list[str], runs: list[dict[str, Any]],
             "timing_reliable": s.get("timing_reliable"),
             "timing_note": s.get("timing_note"),
             "verdict": "failed" if halted else judged,
+            # The training runs' median share of time spent waiting for data.
+            "data_wait_frac": _mean([r["data_wait_frac"] for r in mine
+                                     if r.get("data_wait_frac") is not None]),
         }
         names = summary_fields(task)
         rows.append({name: row[k] for k, name in zip(SUMMARY_FIELDS, names)})
@@ -100,3 +103,20 @@ def summary_fields(task: Task) -> tuple[str, ...]:
     key = task.primary.key
     named = dict(zip(_METRIC_FIELDS, (f"val_{key}_mean", f"val_{key}_std", task.delta_field)))
     return tuple(named.get(k, k) for k in SUMMARY_FIELDS)
+
+
+#: A precision that waits for data this share of its training time is input-bound.
+DATA_WAIT_LIMIT = 0.2
+
+
+def data_wait_warning(rows: list[dict[str, Any]]) -> str | None:
+    """A line when the input pipeline, not the precision, limits a run's speed."""
+    slow = [(r["precision"], r["data_wait_frac"]) for r in rows
+            if r.get("data_wait_frac") is not None and r["data_wait_frac"] >= DATA_WAIT_LIMIT]
+    if not slow:
+        return None
+    named = ", ".join(f"{p} {100 * w:.0f}%" for p, w in slow)
+    return (f"the input pipeline limits the speedup: training waited for data ({named} of "
+            f"its time), so a faster precision cannot go faster; raise --num-workers (images, "
+            f"your own Dataset) or tokenize text once with `amptrain prepare` and train on "
+            f"--data tokens:DIR")

@@ -6,7 +6,7 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from ..choices import LOSSES, PRECISION_NAMES, TASK_CHOICES, WEIGHT_UPDATES
+from ..choices import AUGMENTATIONS, LOSSES, PRECISION_NAMES, TASK_CHOICES, WEIGHT_UPDATES
 from ..errors import UserError, flag
 from ..loggers import parse_names as parse_logger_names
 from .options import (
@@ -24,6 +24,8 @@ SCHEDULERS = ("none", "cosine", "onecycle")
 LR_SCALING = ("none", "linear", "sqrt")
 STRATEGIES = ("auto", "ddp", "fsdp", "dp")
 DEFAULT_LR = {"adamw": 1e-3, "adamw8bit": 1e-3, "sgd": 0.05}
+#: Data that --augment applies to (images finished on the device).
+AUGMENTED_DATA = ("imagefolder:", "cifar10:", "idx:")
 #: Lightning's bound: numpy seeds take 32 bits, and a seed is a name, not a size.
 MAX_SEED = 2 ** 32 - 1
 #: The longest --seq-len: attention costs seq_len^2 per block, so a mistyped length (a
@@ -92,12 +94,18 @@ class BatchingConfig:
         None, "memory a step may use, for --micro-batch-size auto (default: the GPU's own "
               "limit; on CPU the RAM available now; CPU counts peak RSS)", kind=float)
     accumulate: int | None = option(None, "micro-batches accumulated per optimizer step", kind=int)
-    num_workers: int = option(0, "DataLoader worker processes (in-memory data needs none)")
+    num_workers: int | str = option(
+        "auto", "DataLoader worker processes for data decoded while training (image "
+                "folders, your own Dataset), or auto: up to 4, one core left to training "
+                "(in-memory and token data need none)", kind=str, integer_or_word=True)
 
     def __post_init__(self) -> None:
         require_positive(self, "batch_size")
         require_positive(self, "accumulate", optional=True)
-        require_non_negative(self, "num_workers")
+        workers = self.num_workers
+        if workers != "auto" and (not isinstance(workers, int) or isinstance(workers, bool)
+                                  or workers < 0):
+            raise UserError(f"{flag('num_workers')} must be >= 0 or auto (got {workers!r})")
         micro = self.micro_batch_size
         if micro is not None and micro != "auto":
             if not isinstance(micro, int) or isinstance(micro, bool) or micro < 1:
@@ -226,11 +234,20 @@ class LoggingConfig:
     logger: str = option("tensorboard", "experiment trackers beside metrics.jsonl, "
                                         "comma-separated: tensorboard, mlflow (DIR/mlruns), "
                                         "csv (DIR/metrics.csv), or none", comma_list=True)
+    eval_batches: int | None = option(None, "evaluate on a fixed sample of N validation "
+                                            "batches of --batch-size (default: the whole "
+                                            "split)", kind=int)
+    final_eval_full: bool = option(False, "the final evaluation reads the whole validation "
+                                          "split (with --eval-batches)")
 
     def __post_init__(self) -> None:
         require_positive(self, "log_every")
         require_positive(self, "eval_every", optional=True)
         parse_logger_names(self.logger)
+        require_positive(self, "eval_batches", optional=True)
+        if self.final_eval_full and self.eval_batches is None:
+            raise UserError(f"{flag('final_eval_full')} applies with {flag('eval_batches')} "
+                            f"(without it every evaluation reads the whole split)")
 
 
 @dataclass
@@ -291,7 +308,7 @@ class RunConfig(TrainConfig):
                                "keras:FILE.keras)", group="run")
     data: str = option("digits", "dataset (digits, synthetic-image, synthetic-seq, idx:DIR, "
                                  "cifar10:DIR, imagefolder:DIR, npz:FILE, csv-text:FILE, "
-                                 "text:PATH)",
+                                 "text:PATH, tokens:DIR, module:pkg.mod.factory)",
                        group="run")
     val_fraction: float = option(0.2, "validation share when the data has no split", group="run")
     seq_len: int | None = option(None, "text: data: tokens per training block (default 128; "
@@ -300,6 +317,10 @@ class RunConfig(TrainConfig):
                                          "vocabulary 256) or hf:DIR (a local Hugging Face "
                                          "tokenizer; an hf: model brings its own)", kind=str,
                                    group="run")
+    augment: str = option("none", "image data: training-batch augmentation on the device: "
+                                  "flip, crop-flip (pad + random crop + flip, CIFAR), rrc-flip "
+                                  "(random resized crop + flip, ImageNet)", group="run",
+                          choices=AUGMENTATIONS)
     text_glob: str | None = option(None, "text: data: which files of a directory are read "
                                          "(e.g. '*.py'; default: every text file)", kind=str,
                                    group="run")
@@ -316,9 +337,21 @@ class RunConfig(TrainConfig):
                             f"{self.tokenizer!r})")
         text_only = [name for name in ("seq_len", "tokenizer", "text_glob")
                      if getattr(self, name) is not None]
-        if text_only and not str(self.data).startswith("text:"):
+        if str(self.data).startswith("tokens:"):  # prepared shards: only the block size
+            text_only = [name for name in text_only if name != "seq_len"]
+        if text_only and not str(self.data).startswith(("text:", "tokens:")):
             raise UserError(f"{flag(text_only[0])} applies to text: data (language "
                             f"modelling); {flag('data')} is {self.data}")
+        if text_only and str(self.data).startswith("tokens:"):
+            raise UserError(f"{flag(text_only[0])} was fixed when the shards were prepared "
+                            f"(`amptrain prepare`); {flag('data')} is {self.data}")
+        if self.augment not in AUGMENTATIONS:
+            raise UserError(f"{flag('augment')} must be one of {', '.join(AUGMENTATIONS)} "
+                            f"(got {self.augment!r})")
+        if self.augment != "none" and not str(self.data).startswith(AUGMENTED_DATA):
+            raise UserError(f"{flag('augment')} applies to image files decoded while training "
+                            f"({', '.join(d + 'DIR' for d in AUGMENTED_DATA)}); "
+                            f"{flag('data')} is {self.data}")
         if not 0.0 < self.val_fraction < 1.0:
             raise UserError(f"{flag('val_fraction')} must be between 0 and 1 "
                             f"(got {self.val_fraction})")

@@ -108,6 +108,8 @@ class DataOptions:
     text_glob: str | None = None
     #: The run's --task: loaders whose files can hold either (npz) follow it.
     task: str | None = None
+    #: --augment for image data that is finished on the device (see data/augment.py).
+    augment: str | None = None
 
 
 DataFactory = Callable[[str, DataOptions], DataBundle]
@@ -291,18 +293,58 @@ def normalise(x: torch.Tensor, mean: Sequence[float], std: Sequence[float]) -> t
     return x.sub_(m).div_(s)
 
 
+class ImageTensors(TensorData):
+    """uint8 images ``N x C x H x W`` and labels in memory (4x smaller than float32);
+    :attr:`on_device` standardises (and, when training, augments) each batch on the
+    device (see :mod:`amptrain.data.augment`)."""
+
+    def __init__(self, images: torch.Tensor, labels: torch.Tensor, *, on_device: Any) -> None:
+        super().__init__(images, labels)
+        self.on_device = on_device
+
+    def to(self, device: torch.device) -> "ImageTensors":
+        return ImageTensors(*(t.to(device) for t in self.tensors), on_device=self.on_device)
+
+
+def uint8_channel_stats(x: torch.Tensor, chunk: int = 4096) -> tuple[list[float], list[float]]:
+    """Per-channel mean and std of uint8 images scaled to [0, 1], without a float copy of
+    the whole set (sums in float64, a chunk at a time)."""
+    channels = x.shape[1]
+    total = torch.zeros(channels, dtype=torch.float64)
+    squares = torch.zeros(channels, dtype=torch.float64)
+    for start in range(0, len(x), chunk):
+        part = x[start:start + chunk].transpose(0, 1).reshape(channels, -1).double() / 255.0
+        total += part.sum(dim=1)
+        squares += (part * part).sum(dim=1)
+    n = x.numel() // channels
+    mean = total / n
+    var = (squares - n * mean * mean) / max(n - 1, 1)
+    return mean.tolist(), var.clamp(min=0).sqrt().clamp(min=1e-6).tolist()
+
+
 def image_bundle(x_train: torch.Tensor, y_train: torch.Tensor,
                  x_val: torch.Tensor | None, y_val: torch.Tensor | None, *,
                  num_classes: int, class_names: list[str], options: DataOptions,
                  fitted: dict[str, Any] | None = None) -> DataBundle:
-    """Split (when there is no validation set), normalise with the training split's
-    per-channel statistics, and bundle N x C x H x W float images."""
+    """Split (when there is no validation set) and bundle N x C x H x W uint8 images, kept
+    uint8 until the device, where they are standardised with the training split's
+    per-channel statistics (and augmented with ``options.augment`` when training)."""
+    from .augment import DeviceImages
+
     if x_val is None or y_val is None:
         train_idx, val_idx = split_indices(len(y_train), options.val_fraction)
         x_train, y_train, x_val, y_val = (x_train[train_idx], y_train[train_idx],
                                           x_train[val_idx], y_train[val_idx])
-    mean, std = channel_stats(x_train, options.fitted)
-    x_train, x_val = normalise(x_train, mean, std), normalise(x_val, mean, std)
-    return DataBundle(TensorData(x_train, y_train), TensorData(x_val, y_val), num_classes,
-                      tuple(x_train.shape[1:]), "image", class_names=class_names,
+    if options.fitted and "mean" in options.fitted and "std" in options.fitted:
+        mean, std = list(options.fitted["mean"]), list(options.fitted["std"])
+        if len(mean) != x_train.shape[1]:
+            raise UserError(f"the data has {x_train.shape[1]} channels but the run was "
+                            f"trained on {len(mean)}; check --data")
+    else:
+        mean, std = uint8_channel_stats(x_train)
+    train = ImageTensors(x_train, y_train,
+                         on_device=DeviceImages(mean, std, options.augment or "none"))
+    val = ImageTensors(x_val, y_val, on_device=DeviceImages(mean, std))
+    return DataBundle(train, val, num_classes, tuple(x_train.shape[1:]), "image",
+                      class_names=class_names,
                       fitted={"mean": mean, "std": std, **(fitted or {})})

@@ -3,9 +3,12 @@
 The text becomes one token stream, cut into non-overlapping blocks of ``--seq-len``
 tokens: a sample is a block ``x`` and the same tokens shifted by one, ``y`` (next-token
 targets). Validation is the last ``--val-fraction`` of the stream, so no training block
-overlaps it. Blocks are in-memory :class:`TokenBlocks` (views of the one stream: no copy),
-so they are batched, shuffled and sharded exactly as every other dataset (the order
-depends only on the seed and the global batch).
+overlaps it. The tokens are cached as token shards (see :mod:`.tokenizing`: keyed by the
+files and the tokenizer, under ``$AMPTRAIN_CACHE`` or ``~/.cache/amptrain``) and read
+from disk as :class:`~amptrain.data.tokens.TokenBlockData`, so a second run starts
+without tokenizing again; when the cache cannot be written, the stream is tokenized into
+memory as :class:`TokenBlocks`. Either way blocks are batched, shuffled and sharded exactly
+as every other dataset (the order depends only on the seed and the global batch).
 
 Tokenizers: the built-in :class:`ByteTokenizer` (UTF-8 bytes, vocabulary 256, no files,
 nothing to download), or a model's own (``--tokenizer hf:DIR``, or the tokenizer of an
@@ -28,11 +31,11 @@ import torch
 from ..errors import UserError, flag
 from ..pathkind import not_regular_reason
 from .core import DataBundle, DataOptions, TensorData, register
+from .shards import open_stream
+from .tokenizing import cached_corpus
+from .tokens import DEFAULT_SEQ_LEN, stream_bundle
 
 log = logging.getLogger("amptrain")
-
-#: Default block size (tokens per sample) of ``text:`` data.
-DEFAULT_SEQ_LEN = 128
 #: Bytes read to decide that a file is binary (a NUL byte among them).
 _SNIFF_BYTES = 8192
 
@@ -57,6 +60,10 @@ class ByteTokenizer:
 
     name = "byte"
     vocab_size = 256
+    #: Identity of the vocabulary (token shards and the ``text:`` cache record it).
+    fingerprint = "6279746573" + "0" * 54   # b"bytes", padded to 64 hex digits
+    #: No end-of-text id: documents are separated by a blank line.
+    eot_id = None
 
     def encode_stream(self, text: str) -> list[int]:
         return list(text.encode("utf-8"))
@@ -151,6 +158,12 @@ def text_corpus(argument: str, options: DataOptions) -> DataBundle:
     if not hasattr(tokenizer, "encode_stream"):
         raise UserError(f"--data {spec}: the tokenizer {getattr(tokenizer, 'name', '?')} "
                         f"cannot encode a running text")
+    cached = cached_corpus(path, tokenizer, glob=options.text_glob, spec=spec)
+    if cached is not None:  # shards read from disk: the text is not read again next time
+        shards = open_stream(cached, spec)
+        n_val = int(round(len(shards) * options.val_fraction))
+        return stream_bundle(shards, n_val, seq_len, spec, int(tokenizer.vocab_size),
+                             tokenizer.name)
     texts = read_texts(path, options.text_glob, spec)
     stream = tokenize(texts, tokenizer)
     text_bytes = sum(len(t.encode("utf-8")) for t in texts) + 2 * (len(texts) - 1)

@@ -1,20 +1,54 @@
-"""``imagefolder:DIR``: one subfolder of images per class, decoded with Pillow."""
+"""``imagefolder:DIR``: one subfolder of images per class, decoded with Pillow.
+
+Streamed: only the file list is held; each image is decoded when its batch is read, in
+DataLoader worker processes (``--num-workers``), and travels as uint8 until the device,
+where :class:`~amptrain.data.augment.DeviceImages` standardises (and augments) the batch.
+The per-channel statistics, and with ``channels=auto`` whether the images are grayscale,
+come from a fixed sample of :data:`STATS_SAMPLE` training images, so start-up does not
+grow with the folder.
+"""
 from __future__ import annotations
 
 import warnings
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
+from torch.utils.data import Dataset
 
 from ..errors import UserError
-from .core import DataBundle, DataOptions, image_bundle, path_and_options, register
+from .augment import DeviceImages
+from .core import SPLIT_SEED, DataBundle, DataOptions, path_and_options, register, split_indices
 
 IMAGE_SUFFIXES = {".png", ".jpg", ".jpeg", ".bmp", ".gif", ".webp", ".tif", ".tiff", ".ppm",
                   ".pgm", ".pbm"}
 GRAY_MODES = {"1", "L", "LA", "I", "I;16", "I;16B", "I;16L", "F"}
 #: Subfolders that, next to ``train/``, hold the validation split (first found wins).
 VAL_DIRS = ("val", "valid", "validation", "test")
+#: Training images decoded at start-up for the channel statistics.
+STATS_SAMPLE = 256
+
+
+class ImageFiles(Dataset):
+    """Image files decoded on demand to uint8 ``C x size x size`` (and their labels);
+    :attr:`on_device` finishes each batch on the device."""
+
+    def __init__(self, samples: list[tuple[Path, int]], size: int, channels: int, spec: str,
+                 on_device: DeviceImages) -> None:
+        self.samples = samples
+        self.size = size
+        self.channels = channels
+        self.spec = spec
+        self.on_device = on_device
+
+    def __len__(self) -> int:
+        return len(self.samples)
+
+    def __getitem__(self, index: int) -> tuple[torch.Tensor, int]:
+        path, label = self.samples[index]
+        image, _ = decode(path, self.size, self.spec)
+        return torch.from_numpy(_to_channels(image, self.channels).copy()), label
 
 
 def class_folders(root: Path) -> list[Path]:
@@ -103,8 +137,9 @@ def imagefolder(argument: str, options: DataOptions) -> DataBundle:
     validation split; without one a seeded share of the images validates.
 
     Every image is resized (shorter side to ``size``, centre crop) to size x size, made
-    grayscale (1 channel) when all images are, RGB otherwise, and standardised per
-    channel with the training split's statistics.
+    grayscale (1 channel) when the sampled training images all are, RGB otherwise, and
+    standardised per channel with the training split's statistics (see the module
+    docstring); ``--augment`` applies to training batches.
     """
     spec = f"imagefolder:{argument}"
     root, o = path_and_options(argument, {"size": 32, "channels": "auto"}, spec, what="directory")
@@ -123,13 +158,33 @@ def imagefolder(argument: str, options: DataOptions) -> DataBundle:
     if len(class_names) < 2:
         raise UserError(f"--data {spec}: needs at least two class folders, found "
                         f"{len(class_names)} in {train_root}")
-    if channels is None and options.fitted and "mean" in options.fitted:
-        channels = len(options.fitted["mean"])  # as the training run decided
-    x, y = load_images(train_samples, o["size"], channels, spec)
-    x_val = y_val = None
+    fitted = options.fitted or {}
+    if channels is None and "mean" in fitted:
+        channels = len(fitted["mean"])  # as the training run decided
     if val_root is not None:
         val_samples = scan(val_root, class_names, spec)
-        x_val, y_val = load_images(val_samples, o["size"], x.shape[1], spec)
-    return image_bundle(x, y, x_val, y_val, num_classes=len(class_names),
-                        class_names=class_names, options=options,
-                        fitted={"class_names": class_names})
+    else:
+        train_idx, val_idx = split_indices(len(train_samples), options.val_fraction)
+        train_samples, val_samples = ([train_samples[i] for i in train_idx.tolist()],
+                                      [train_samples[i] for i in val_idx.tolist()])
+    channels, mean, std = _statistics(train_samples, o["size"], channels, fitted, spec)
+    augment = options.augment or "none"
+    train = ImageFiles(train_samples, o["size"], channels, spec,
+                       DeviceImages(mean, std, augment))
+    val = ImageFiles(val_samples, o["size"], channels, spec, DeviceImages(mean, std))
+    return DataBundle(train, val, len(class_names), (channels, o["size"], o["size"]), "image",
+                      class_names=class_names,
+                      fitted={"mean": mean, "std": std, "class_names": class_names})
+
+
+def _statistics(samples: list[tuple[Path, int]], size: int, channels: int | None,
+                fitted: dict[str, Any], spec: str) -> tuple[int, list[float], list[float]]:
+    """(channels, per-channel mean, std): a training run's, or from a seeded sample."""
+    if "mean" in fitted and "std" in fitted and channels is not None:
+        return channels, list(fitted["mean"]), list(fitted["std"])
+    order = torch.randperm(len(samples), generator=torch.Generator().manual_seed(SPLIT_SEED))
+    picked = [samples[i] for i in sorted(order[:STATS_SAMPLE].tolist())]
+    x, _ = load_images(picked, size, channels, spec)
+    flat = x.transpose(0, 1).reshape(x.shape[1], -1).double()
+    return (int(x.shape[1]), flat.mean(dim=1).tolist(),
+            flat.std(dim=1).clamp(min=1e-6).tolist())

@@ -12,6 +12,7 @@ TB_TAGS = {
     "grad_norm": "train/grad_norm", "skipped_steps": "train/skipped_steps",
     "samples_per_s": "train/samples_per_s", "val_loss": "val/loss", "val_acc": "val/acc",
     "peak_mem_bytes": "system/peak_mem_bytes", "tokens_per_s": "train/tokens_per_s",
+    "data_wait_frac": "train/data_wait_frac",
 }
 
 

@@ -14,14 +14,15 @@ from ..errors import UserError
 from .core import ModelInputs, image_channels, register, register_text_encoder
 
 
-def import_factory(argument: str, spec: str) -> Callable[..., Any]:
-    """``pkg.mod.factory`` (or ``pkg.mod:factory``) imported, from the current directory too."""
+def import_factory(argument: str, spec: str, option: str = "--model") -> Callable[..., Any]:
+    """``pkg.mod.factory`` (or ``pkg.mod:factory``) imported, from the current directory too;
+    errors name ``option`` (``--data`` for a data factory)."""
     module_name, sep, attribute = argument.partition(":")
     if not sep:
         module_name, _, attribute = argument.rpartition(".")
     if not module_name or not attribute:
-        raise UserError(f"--model {spec}: give the factory as module:PACKAGE.MODULE.FUNCTION, "
-                        f"e.g. --model module:mymodels.build")
+        raise UserError(f"{option} {spec}: give the factory as module:PACKAGE.MODULE.FUNCTION, "
+                        f"e.g. {option} module:mymodels.build")
     # `python -m amptrain` puts the working directory on sys.path, the `amptrain` script
     # does not; both should find ./mymodels.py.
     if os.getcwd() not in sys.path and "" not in sys.path:
@@ -29,14 +30,14 @@ def import_factory(argument: str, spec: str) -> Callable[..., Any]:
     try:
         module = importlib.import_module(module_name)
     except ImportError as exc:
-        raise UserError(f"--model {spec}: cannot import {module_name} ({exc}); is it on "
+        raise UserError(f"{option} {spec}: cannot import {module_name} ({exc}); is it on "
                         f"PYTHONPATH or in the current directory?") from None
     except SyntaxError as exc:
-        raise UserError(f"--model {spec}: {exc.filename}:{exc.lineno}: syntax error in "
+        raise UserError(f"{option} {spec}: {exc.filename}:{exc.lineno}: syntax error in "
                         f"{module_name}") from None
     factory = getattr(module, attribute, None)
     if not callable(factory):
-        raise UserError(f"--model {spec}: {module_name} has no callable {attribute!r}")
+        raise UserError(f"{option} {spec}: {module_name} has no callable {attribute!r}")
     return factory
 
 

@@ -47,6 +47,8 @@ class LanguageModelTask(Task):
         targets = targets_of(train_data)
         if targets is not None and targets.ndim == 2:
             self.seq_len = int(targets.shape[1])
+        elif getattr(train_data, "seq_len", None):  # blocks read from disk (tokens:, text:)
+            self.seq_len = int(train_data.seq_len)
         # A fact of the text, not something learnt: evaluation on another corpus uses its own.
         self.bytes_per_token = getattr(train_data, "bytes_per_token", None) \
             or self.bytes_per_token

@@ -67,6 +67,7 @@ class TrainerBase:
     _loss_sum: torch.Tensor
     _loss_samples: int
     _samples_since_log: int
+    _data_wait_s: float
     _last_log_time: float
     _last_log_step: int
     _last_saved_step: int | None
@@ -91,7 +92,7 @@ class TrainerBase:
 
     # Implemented by the Trainer; declared here for the parts that call them.
     def evaluate(self, model: nn.Module | None = None, data: Any = None, *,
-                 write_dir: str | Path | None = None) -> EvalResult:
+                 write_dir: str | Path | None = None, full: bool = False) -> EvalResult:
         raise NotImplementedError
 
     def load_weights(self, state: dict[str, torch.Tensor]) -> None:

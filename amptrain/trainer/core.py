@@ -35,6 +35,7 @@ from ..precision import NonFiniteHalt, Precision, StepOutcome
 from ..reproducibility import seed_everything, tune_backends
 from ..snapshot import StepStart
 from ..steps import LossFn, forward_batch
+from ..streams import as_dataset
 from ..tasks import ClassificationTask, EvalResult, Task, resolve_task
 from .batching import BatchPlanningMixin
 from .checkpointing import CheckpointingMixin
@@ -109,6 +110,7 @@ class Trainer(CheckpointingMixin, ReportingMixin, BatchPlanningMixin, DataMixin)
         self._loss_sum = torch.zeros((), device=self.device)
         self._loss_samples = 0
         self._samples_since_log = 0
+        self._data_wait_s = 0.0  # host time spent waiting for windows since the last log
         self._last_log_time = 0.0
         self._last_log_step = 0
         self._last_saved_step: int | None = None
@@ -153,6 +155,9 @@ class Trainer(CheckpointingMixin, ReportingMixin, BatchPlanningMixin, DataMixin)
                                               loss_fn=loss_fn, class_names=class_names)
         if self.model is not None:  # a second fit: a new model, trained from step 0
             self._reset()
+        # A list of samples is a dataset (streams stay streams: see amptrain.streams).
+        train_data = as_dataset(train_data, "train_data")
+        val_data = as_dataset(val_data, "val_data") if val_data is not None else None
         if task is not None and not isinstance(task, Task):
             raise UserError(f"task must be an amptrain.tasks.Task (got {type(task).__name__}); "
                             f"name a built-in one with the {flag('task')} option")
@@ -250,10 +255,12 @@ class Trainer(CheckpointingMixin, ReportingMixin, BatchPlanningMixin, DataMixin)
         self._resolve_pending()
 
     def evaluate(self, model: nn.Module | None = None, data: Any = None, *,
-                 write_dir: str | Path | None = None) -> EvalResult:
+                 write_dir: str | Path | None = None, full: bool = False) -> EvalResult:
         """The loss and the task's metrics on ``data`` under the training autocast.
 
-        With ``write_dir`` the task's eval reports go there (rank 0 only).
+        With ``write_dir`` the task's eval reports go there (rank 0 only). With the
+        ``eval_batches`` option only a fixed sample of that many batches is read, unless
+        ``full``.
         """
         model = model if model is not None else self.model
         data = data if data is not None else self._val_data
@@ -261,7 +268,9 @@ class Trainer(CheckpointingMixin, ReportingMixin, BatchPlanningMixin, DataMixin)
             raise UserError("evaluate() needs a model and data (or a finished fit)")
         micro, accumulate = self.config.batching.split(self.strategy.world_size)
         # No gradients to hold: one pass per per-device batch.
-        windows = self._windows(data, micro * accumulate, 1, shuffle=False)
+        sample = None if full else self.config.logging.eval_batches
+        windows = self._windows(data, micro * accumulate, 1, shuffle=False,
+                                sample_batches=sample)
         with self.precision.installed() if self._torn_down else contextlib.nullcontext():
             result = evaluate_pass(model, windows, precision=self.precision, task=self.task,
                                    strategy=self.strategy, logger=self.logger,
@@ -326,7 +335,7 @@ class Trainer(CheckpointingMixin, ReportingMixin, BatchPlanningMixin, DataMixin)
             # Epochs count from 0, as in metrics.jsonl and the log lines: "epoch 0 (0-2)".
             self.logger.bar(len(self.train_windows),
                             f"epoch {self.epoch} (0-{c.schedule.epochs - 1})", start)
-            for window in self.train_windows.epoch(self.epoch, start):
+            for window in self._timed(self.train_windows.epoch(self.epoch, start)):
                 self._train_step(window)
                 self._step_epoch = self.epoch
                 self.step += 1
@@ -336,7 +345,9 @@ class Trainer(CheckpointingMixin, ReportingMixin, BatchPlanningMixin, DataMixin)
                 self._agree_on_stop()
                 if self._done():
                     break
-            if self.window_in_epoch >= len(self.train_windows):
+            # A stream (amptrain.streams) has no length: its epoch ends when it runs out.
+            if self.window_in_epoch >= len(self.train_windows) \
+                    or getattr(self.train_windows, "ended", False):
                 self.epoch += 1
                 self.window_in_epoch = 0
                 self._end_of_epoch()

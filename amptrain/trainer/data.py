@@ -4,19 +4,33 @@ model's outputs fit the targets."""
 from __future__ import annotations
 
 import functools
-from typing import Any
+import os
+import time
+from typing import Any, Iterator
 
 import torch
 from torch.utils.data import DataLoader, Dataset
 
 from .. import datacheck
-from ..batches import DatasetWindows, GlobalBatchPlan, LoaderWindows
+from ..batches import DatasetWindows, GlobalBatchPlan, LoaderWindows, Window
+from ..data.core import SPLIT_SEED
 from ..steps import forward_batch
+from ..streams import as_dataset, is_stream, stream_windows
 from .base import TrainerBase
 
 #: In-memory datasets up to this size are moved to the accelerator once, so batches
 #: are sliced there instead of being copied over every step.
 DEVICE_DATA_LIMIT_BYTES = 1 << 30
+
+
+def eval_sample(num_samples: int, count: int) -> torch.Tensor | None:
+    """The fixed evaluation sample: ``count`` of ``num_samples`` indices, drawn with the
+    split seed (never --seed: every run and every evaluation of a run sees the same
+    samples), sorted so that reads from disk run forwards; None when it is all of them."""
+    if count >= num_samples:
+        return None
+    order = torch.randperm(num_samples, generator=torch.Generator().manual_seed(SPLIT_SEED))
+    return order[:count].sort().values
 
 
 class DataMixin(TrainerBase):
@@ -45,19 +59,66 @@ class DataMixin(TrainerBase):
         finally:
             self.model.train(was_training)
 
-    def _windows(self, data: Any, micro: int, accumulate: int, shuffle: bool) -> Any:
+    def _timed(self, windows: Iterator[Window]) -> Iterator[Window]:
+        """``windows``, adding the host time spent waiting for each to ``_data_wait_s``.
+
+        Host clock only, no device sync: on an accelerator the host runs ahead of the
+        device, so this is the time the loop could not queue work because data was not
+        ready -- what ``data_wait_frac`` reports (0: the input pipeline keeps up).
+        """
+        iterator = iter(windows)
+        while True:
+            started = time.perf_counter()
+            try:
+                window = next(iterator)
+            except StopIteration:
+                return
+            self._data_wait_s += time.perf_counter() - started
+            yield window
+
+    def _windows(self, data: Any, micro: int, accumulate: int, shuffle: bool,
+                 sample_batches: int | None = None) -> Any:
+        """Windows of ``data``; ``sample_batches`` (evaluation) restricts them to a fixed
+        sample of that many global batches (``--eval-batches``)."""
+        data = as_dataset(data, "train_data" if shuffle else "val_data")
+        if is_stream(data):  # generators, IterableDatasets: read in order
+            return stream_windows(data, micro=micro, accumulate=accumulate, device=self.device,
+                                  world_size=self.strategy.world_size, rank=self.strategy.rank,
+                                  max_steps=self.config.schedule.max_steps, training=shuffle,
+                                  limit=sample_batches,
+                                  num_workers=self._workers_for(data),
+                                  keyword="train_data" if shuffle else "val_data")
         if isinstance(data, Dataset) and hasattr(data, "__len__") \
                 and not isinstance(data, DataLoader):
             data = self._maybe_on_device(data)
             world = self.strategy.world_size
-            plan = GlobalBatchPlan(len(data), micro * accumulate * world, micro,
+            subset = None
+            if sample_batches is not None:
+                subset = eval_sample(len(data), sample_batches * self.config.batching.batch_size)
+            plan = GlobalBatchPlan(len(data) if subset is None else len(subset),
+                                   micro * accumulate * world, micro,
                                    world_size=world, rank=self.strategy.rank,
                                    seed=self.config.seed, shuffle=shuffle)
             return DatasetWindows(data, plan, self.device,
-                                  num_workers=self.config.batching.num_workers)
+                                  num_workers=self._workers_for(data), subset=subset)
         # Only evaluation reads data unshuffled.
         data = self.strategy.shard_loader(data, seed=self.config.seed, evaluation=not shuffle)
-        return LoaderWindows(data, accumulate, self.device, self.strategy.world_size)
+        return LoaderWindows(data, accumulate, self.device, self.strategy.world_size,
+                             limit=sample_batches)
+
+    def _workers_for(self, data: Any) -> int:
+        """--num-workers, with auto resolved: none for data already in memory or read as
+        whole batches (tokens), else up to 4 processes, one core left to training."""
+        workers = self.config.batching.num_workers
+        if workers != "auto":
+            return int(workers)
+        if hasattr(data, "tensors") or hasattr(data, "read_batch"):
+            return 0
+        try:
+            cores = len(os.sched_getaffinity(0))
+        except AttributeError:  # not Linux
+            cores = os.cpu_count() or 1
+        return max(0, min(4, cores - 1))
 
     def _maybe_on_device(self, data: Any) -> Any:
         if self.device.type == "cpu" or not hasattr(data, "tensors") or not hasattr(data, "to"):

@@ -33,12 +33,15 @@ class ReportingMixin(TrainerBase):
             "grad_norm": float(grad_norm.item()) if grad_norm is not None else None,
             "skipped_steps": self.precision.skipped_steps,
             "samples_per_s": self._samples_since_log / elapsed if elapsed > 0 else None,
+            # Share of the training time spent waiting for the next window (host clock).
+            "data_wait_frac": min(1.0, self._data_wait_s / elapsed) if elapsed > 0 else None,
             "peak_mem_bytes": self.memory.peak(),
         }
         record.update(self.task.throughput(record["samples_per_s"]))  # an LM's tokens_per_s
         self._loss_sum.zero_()
         self._loss_samples = 0
         self._samples_since_log = 0
+        self._data_wait_s = 0.0
         self._last_log_time = time.perf_counter()
         self._last_log_step = self.step
         self._record(record)
@@ -47,13 +50,15 @@ class ReportingMixin(TrainerBase):
         self._resolve_pending()
         started = time.perf_counter()
         write_dir = self.out / "eval" if (final and self.out is not None) else None
-        if final and self.last_eval is not None and self._last_eval_step == self.step:
+        full = final and self.config.logging.final_eval_full
+        if final and not full and self.last_eval is not None \
+                and self._last_eval_step == self.step:
             # --eval-every just evaluated this step: the same weights, so write its reports
             # instead of a second pass (and a second, identical record).
             if write_dir is not None and self.strategy.is_main:
                 self.last_eval.write(write_dir)
             return
-        result = self.evaluate(self.model, self._val_data, write_dir=write_dir)
+        result = self.evaluate(self.model, self._val_data, write_dir=write_dir, full=full)
         self.last_eval = result
         self._last_eval_step = self.step
         if record:
@@ -113,6 +118,7 @@ class ReportingMixin(TrainerBase):
         train = [r for r in self.history if "loss" in r]
         speeds = [r["samples_per_s"] for r in train if r.get("samples_per_s")]
         tokens = [r["tokens_per_s"] for r in train if r.get("tokens_per_s")]
+        waits = [r["data_wait_frac"] for r in train if r.get("data_wait_frac") is not None]
         return FitResult(
             precision=self.precision.name, steps=self.step, epochs_completed=self.epoch,
             final_loss=train[-1]["loss"] if train else None,
@@ -122,5 +128,6 @@ class ReportingMixin(TrainerBase):
             skipped_steps=self.precision.skipped_steps,
             samples_per_s=float(np.median(speeds)) if speeds else None,
             tokens_per_s=float(np.median(tokens)) if tokens else None,
+            data_wait_frac=float(np.median(waits)) if waits else None,
             peak_mem_bytes=self.memory.peak(),
             out=str(self.out) if self.out else None, history=list(self.history))

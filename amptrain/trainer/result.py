@@ -26,6 +26,8 @@ class FitResult:
     val_metrics: dict[str, float] = field(default_factory=dict)
     #: Language models: the median training tokens per second.
     tokens_per_s: float | None = None
+    #: The median share of training time spent waiting for data (0: the input keeps up).
+    data_wait_frac: float | None = None
 
     def nonfinite_metrics(self) -> list[str]:
         """Names of the final metrics that are NaN or infinite (a diverged run)."""

@@ -20,7 +20,7 @@ SUMMARY_FIELDS = ["precision", "samples_per_s", "speedup", "step_time_ms", "peak
                   "optimizer_state_bytes", "bytes_per_param", "val_acc_mean", "val_acc_std",
                   "delta_acc_pp", "final_loss_mean",
                   "skipped_steps", "speedup_low", "speedup_high", "timing_reliable",
-                  "timing_note", "verdict"]
+                  "timing_note", "verdict", "data_wait_frac"]
 PRECISIONS = ["32-true", "16-mixed", "bf16-mixed"]
 SEEDS = [0, 1]
 

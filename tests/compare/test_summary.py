@@ -77,3 +77,15 @@ def test_json_gets_null_for_a_diverged_value():
     assert finite(0.25) == 0.25 and finite(0.0) == 0.0
     assert finite(None) is None
     assert finite(math.nan) is None and finite(math.inf) is None and finite(-math.inf) is None
+
+
+def test_input_bound_precisions_are_named_with_the_remedy():
+    from amptrain.compare.summary import data_wait_warning
+
+    rows = [{"precision": "32-true", "data_wait_frac": 0.05},
+            {"precision": "bf16-mixed", "data_wait_frac": 0.4},
+            {"precision": "16-mixed", "data_wait_frac": None}]
+    warning = data_wait_warning(rows)
+    assert warning is not None and "bf16-mixed 40%" in warning and "32-true" not in warning
+    assert "--num-workers" in warning and "amptrain prepare" in warning
+    assert data_wait_warning(rows[:1]) is None

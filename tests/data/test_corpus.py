@@ -14,13 +14,18 @@ def _options(**kwargs) -> DataOptions:
     return DataOptions(**{"seq_len": 16, **kwargs})
 
 
+def _blocks(data) -> tuple[torch.Tensor, torch.Tensor]:
+    """Every block of a split, in order (text: data is read from memory-mapped shards)."""
+    return data.read_batch(range(len(data)))
+
+
 def test_a_file_becomes_next_token_blocks_with_a_held_out_tail(tmp_path):
     path = tmp_path / "fox.txt"
     path.write_text(TEXT)
     bundle = build_data(f"text:{path}", _options(val_fraction=0.25))
     assert bundle.task == "lm" and bundle.kind == "lm" and bundle.vocab_size == 256
     assert bundle.input_shape == (16,) and bundle.class_names == []
-    x, y = bundle.train.tensors
+    x, y = _blocks(bundle.train)
     assert x.dtype == y.dtype == torch.long and x.shape == y.shape and x.shape[1] == 16
     stream = torch.tensor(list(TEXT.encode()))
     n_val = round(len(stream) * 0.25)
@@ -28,7 +33,7 @@ def test_a_file_becomes_next_token_blocks_with_a_held_out_tail(tmp_path):
     assert torch.equal(x.flatten(), stream[:x.numel()])
     assert torch.equal(y.flatten(), stream[1:x.numel() + 1])
     assert x.numel() + 1 <= len(stream) - n_val  # no training token from the held-out tail
-    val_x, _ = bundle.val.tensors
+    val_x, _ = _blocks(bundle.val)
     assert torch.equal(val_x.flatten(), stream[len(stream) - n_val:][:val_x.numel()])
     assert bundle.fitted == {"tokenizer": "byte", "seq_len": 16, "bytes_per_token": 1.0}
 
@@ -52,7 +57,7 @@ def test_directory_is_read_recursively_in_order_and_skips_what_is_not_text(tmp_p
     caplog.set_level("INFO", logger="amptrain")
     bundle = build_data(f"text:{tmp_path}", _options())
     assert "skipped 1 binary and 1 not UTF-8 file(s) of 5" in caplog.text
-    stream = torch.cat([bundle.train.tensors[0].flatten()])
+    stream = _blocks(bundle.train)[0].flatten()
     start = bytes(stream[:11].tolist()).decode()
     assert start == "print('a')\n"  # a.py comes first: sorted paths
     only_py = build_data(f"text:{tmp_path}", _options(text_glob="*.py"))

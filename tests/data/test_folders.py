@@ -1,7 +1,11 @@
 """amptrain/data/folders.py: ``imagefolder:DIR``, one subfolder of images per class."""
 from __future__ import annotations
 
+import pytest
+import torch
+
 from amptrain.data import DataOptions, build_data
+from amptrain.errors import UserError
 from tests.data.conftest import assert_data_error
 
 
@@ -19,13 +23,21 @@ def write_folder(root, classes=("cat", "dog"), per_class=5, mode="RGB") -> None:
             write_png(root / name / f"{i}.png", (12 + i, 9 + 2 * i), colors[c], mode)
 
 
+def _all(data):
+    """Every sample of a streamed split as the model sees it (standardised on the device)."""
+    x = torch.stack([data[i][0] for i in range(len(data))])
+    y = torch.tensor([data[i][1] for i in range(len(data))])
+    assert x.dtype == torch.uint8  # uint8 until the device
+    return data.on_device((x, y), training=False, key=(0,))
+
+
 def test_imagefolder_decodes_resizes_and_normalises(tmp_path):
     write_folder(tmp_path / "pets")
     (tmp_path / "pets" / "cat" / "notes.txt").write_text("not an image: ignored")
     data = build_data(f"imagefolder:{tmp_path / 'pets'},size=8", DataOptions(val_fraction=0.2))
     assert data.class_names == ["cat", "dog"] and data.input_shape == (3, 8, 8)
     assert len(data.train) == 8 and len(data.val) == 2
-    x, y = data.train.tensors
+    x, y = _all(data.train)
     # Red cats, blue dogs: after per-channel standardisation channel 0 separates them.
     assert (x[y == 0][:, 0].mean() > 0) and (x[y == 1][:, 0].mean() < 0)
     assert x.transpose(0, 1).reshape(3, -1).mean(dim=1).abs().max() < 1e-4
@@ -37,20 +49,27 @@ def test_imagefolder_train_val_subdirs_and_grayscale(tmp_path):
     data = build_data(f"imagefolder:{tmp_path}")
     assert data.input_shape == (1, 32, 32) and data.num_classes == 3
     assert len(data.train) == 15 and len(data.val) == 4
-    assert sorted(set(data.val.tensors[1].tolist())) == [0, 2]  # folder names, not positions
+    assert sorted(set(_all(data.val)[1].tolist())) == [0, 2]  # folder names, not positions
     rgb = build_data(f"imagefolder:{tmp_path},channels=3,size=4")
     assert rgb.input_shape == (3, 4, 4)
+
+
+def _read_error(spec, pattern):
+    """Images are decoded when read (the statistics' sample at once, the rest streamed)."""
+    with pytest.raises(UserError, match=pattern):
+        data = build_data(spec)
+        _all(data.train), _all(data.val)
 
 
 def test_imagefolder_malformed(tmp_path):
     root = tmp_path / "imgs"
     write_folder(root)
     (root / "dog" / "broken.png").write_bytes(b"\x89PNG\r\n\x1a\n definitely not a png")
-    assert_data_error(f"imagefolder:{root}", r"cannot decode image .*broken.png")
+    _read_error(f"imagefolder:{root}", r"cannot decode image .*broken.png")
     (root / "dog" / "broken.png").unlink()
     good = (root / "dog" / "0.png").read_bytes()
     (root / "dog" / "0.png").write_bytes(good[: len(good) // 2])  # truncated PNG
-    assert_data_error(f"imagefolder:{root}", r"cannot decode image .*0.png")
+    _read_error(f"imagefolder:{root}", r"cannot decode image .*0.png")
     (root / "dog" / "0.png").write_bytes(good)
     (root / "empty").mkdir()
     assert_data_error(f"imagefolder:{root}", "class folder .*empty has no images")

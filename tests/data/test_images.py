@@ -48,7 +48,8 @@ def test_idx_reads_mnist_files(tmp_path, compress):
     assert data.num_classes == 10 and len(data.train) == 40 and len(data.val) == 12
     assert torch.equal(data.train.tensors[1], torch.as_tensor(labels, dtype=torch.long))
     assert torch.equal(data.val.tensors[1], torch.as_tensor(test_labels, dtype=torch.long))
-    x = data.train.tensors[0]
+    assert data.train.tensors[0].dtype == torch.uint8  # uint8 until the device
+    x = _standardised(data.train)
     assert abs(x.mean().item()) < 1e-4 and abs(x.std().item() - 1) < 1e-2  # standardised
     # Same pixel order as the file: the standardisation is monotonic per image.
     first = x[0, 0].flatten()
@@ -102,6 +103,11 @@ CIFAR_NAMES = ["airplane", "automobile", "bird", "cat", "deer", "dog", "frog", "
                "truck"]
 
 
+def _standardised(data):
+    """The images as the model sees them: standardised on the device (not augmented)."""
+    return data.on_device(data.tensors, training=False, key=(0,))[0]
+
+
 def cifar_batch(n: int, seed: int, bytes_keys: bool = True) -> dict:
     rng = np.random.default_rng(seed)
     batch = {"batch_label": "training batch", "data": rng.integers(0, 256, (n, 3072), dtype=np.uint8),
@@ -128,7 +134,8 @@ def test_cifar10_reads_pickle_batches(tmp_path, bytes_keys):
     raw = cifar_batch(10, 1)
     assert data.train.tensors[1][:10].tolist() == raw[b"labels"]
     # Pixel (channel 0, row 0, col 1) is byte 1 of the row-major R plane.
-    x = data.train.tensors[0]
+    assert data.train.tensors[0].dtype == torch.uint8  # uint8 until the device
+    x = _standardised(data.train)
     mean, std = data.fitted["mean"][0], data.fitted["std"][0]
     assert x[0, 0, 0, 1].item() * std + mean == pytest.approx(raw[b"data"][0, 1] / 255, abs=1e-5)
     assert x.transpose(0, 1).reshape(3, -1).mean(dim=1).abs().max() < 1e-4  # per channel

@@ -112,3 +112,33 @@ def test_in_memory_data_moves_to_the_accelerator_once():
 
     huge = Huge(torch.zeros(4, 2), torch.zeros(4, dtype=torch.long))
     assert Trainer._maybe_on_device(fake, huge) is huge and moved == ["cuda"]
+
+
+class Sleepy(torch.utils.data.Dataset):
+    """A dataset whose every sample takes a while to load (a slow disk, a slow decoder)."""
+
+    def __init__(self, data: TensorData, seconds: float) -> None:
+        self.data, self.seconds = data, seconds
+
+    def __len__(self) -> int:
+        return len(self.data)
+
+    def __getitem__(self, index: int):
+        import time
+
+        time.sleep(self.seconds)
+        return self.data[index]
+
+
+def test_data_wait_is_logged_as_a_share_of_training_time(tmp_path):
+    import json
+
+    trainer = _trainer(max_steps=4, log_every=2, batch_size=8, out=str(tmp_path / "run"))
+    result = trainer.fit(tiny_mlp(), Sleepy(tiny_classification(n=64), 0.01))
+    records = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").open()]
+    waits = [r["data_wait_frac"] for r in records if "loss" in r]
+    assert len(waits) == 2 and all(0.0 <= w <= 1.0 for w in waits)
+    assert result.data_wait_frac == pytest.approx(sum(waits) / 2)  # the median of two
+    from amptrain.logs import tb_tag
+
+    assert tb_tag("data_wait_frac") == "train/data_wait_frac"

@@ -1,0 +1,103 @@
+"""``amptrain prepare``: tokenize a text corpus once into token shards (``tokens:DIR``).
+
+Imports nothing heavy at import time (numpy, torch and tokenizers load in :func:`run`):
+``amptrain --help`` stays fast.
+"""
+from __future__ import annotations
+
+import argparse
+import shutil
+import time
+from pathlib import Path
+
+from ..errors import UserError
+
+HELP = "tokenize a text corpus once into token shards for --data tokens:DIR"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """The corpus, its tokenizer, the split and where the shards go."""
+    parser.add_argument("--data", required=True,
+                        help="the corpus: text:PATH (a UTF-8 file or a directory of them)")
+    parser.add_argument("--out", required=True,
+                        help="new directory for the shards and meta.json (must not exist or "
+                             "be empty)")
+    parser.add_argument("--tokenizer", default=None,
+                        help="byte (default: UTF-8 bytes, vocabulary 256) or hf:DIR (a local "
+                             "Hugging Face tokenizer)")
+    parser.add_argument("--text-glob", default=None,
+                        help="which files of a directory are read (e.g. '*.py'; default: all)")
+    parser.add_argument("--val-fraction", type=float, default=0.1,
+                        help="share of tokens, at the end of the stream, that validates "
+                             "(default: 0.1)")
+    parser.add_argument("--workers", default="auto",
+                        help="tokenizing processes: a number or auto (the usable CPUs, at "
+                             "most 8; corpora under 8 MB use one)")
+    parser.add_argument("--no-progress", action="store_true", help="no progress bar")
+
+
+def run(args: argparse.Namespace) -> int:
+    """Tokenize; print what was written and how to train on it."""
+    from ..data.tokenizing import PARALLEL_BYTES, default_workers, prepare_corpus
+    from ..runner import text_encoder
+
+    spec = str(args.data)
+    kind, _, argument = spec.partition(":")
+    if kind != "text" or not argument:
+        raise UserError(f"--data {spec}: prepare reads text:PATH (a UTF-8 file or a directory "
+                        f"of them)")
+    path = Path(argument).expanduser()
+    if not path.exists():
+        raise UserError(f"--data {spec}: no such file or directory {argument!r}")
+    if not 0.0 < args.val_fraction < 1.0:
+        raise UserError(f"--val-fraction must be between 0 and 1 (got {args.val_fraction})")
+    workers = _workers(args.workers, default_workers())
+    if args.tokenizer is not None and args.tokenizer != "byte" \
+            and not str(args.tokenizer).startswith("hf:"):
+        raise UserError(f"--tokenizer must be byte or hf:DIR (got {args.tokenizer!r})")
+    tokenizer = text_encoder("", args.tokenizer) if args.tokenizer else None
+    if tokenizer is None:
+        from ..data.corpus import ByteTokenizer
+
+        tokenizer = ByteTokenizer()
+    out = Path(args.out)
+    if out.exists() and (not out.is_dir() or any(out.iterdir())):
+        raise UserError(f"--out {out} already exists and is not an empty directory; amptrain "
+                        f"never overwrites what it did not write: choose a new directory")
+    created = not out.exists()
+    out.mkdir(parents=True, exist_ok=True)
+    started = time.perf_counter()
+    try:
+        meta = prepare_corpus(path, out, tokenizer, glob=args.text_glob,
+                              val_fraction=args.val_fraction, workers=workers,
+                              progress=not args.no_progress, spec=spec)
+    except BaseException:
+        # Only what this invocation wrote goes: the directory when it made it, else the
+        # files inside (it was empty before).
+        if created:
+            shutil.rmtree(out, ignore_errors=True)
+        else:
+            for child in out.iterdir():
+                child.unlink()
+        raise
+    seconds = time.perf_counter() - started
+    workers = workers if meta.text_bytes >= PARALLEL_BYTES else 1
+    mb = meta.text_bytes / 1e6
+    print(f"prepared: {meta.tokens} tokens ({meta.dtype}, {meta.bytes_per_token:.2f} bytes per "
+          f"token, {meta.tokenizer} tokenizer) from {meta.documents} documents in "
+          f"{len(meta.shards)} shard(s); {meta.val_tokens} tokens validate")
+    print(f"took {seconds:.1f} s ({mb / max(seconds, 1e-9):.1f} MB/s of text, {workers} "
+          f"process(es)); train with: amptrain train --model gpt --data tokens:{out}")
+    return 0
+
+
+def _workers(value: str, auto: int) -> int:
+    if str(value) == "auto":
+        return auto
+    try:
+        number = int(value)
+    except ValueError:
+        number = 0
+    if number < 1:
+        raise UserError(f"--workers must be a positive integer or auto (got {value!r})")
+    return number

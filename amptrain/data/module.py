@@ -1,0 +1,166 @@
+"""``module:pkg.mod.factory``: the user's own Datasets.
+
+The factory is called with the keywords it accepts among ``seed`` and ``val_fraction``
+and returns ``(train, val)``: map-style Datasets (``val`` may be None), or an
+``IterableDataset`` for training (then ``--max-steps`` is needed) -- or a ready
+:class:`~amptrain.data.DataBundle`. What a built-in model needs to know is read from the
+first training sample ``(x, y)``:
+
+* ``x`` float with 3 dimensions: an image ``C x H x W``; other float: features;
+  integer ids ``L``: a sequence (the dataset's ``vocab_size`` attribute is then needed);
+* ``y`` a whole number: a class label. The number of classes is the dataset's
+  ``classes`` (a list of names, torchvision's convention) or ``num_classes``, else the
+  largest of its ``targets`` (also torchvision's) or, for up to
+  :data:`SCAN_LIMIT` samples, of every label (+1);
+* ``y`` float: a regression target (one value or a row of values);
+* ``y`` integer ids of ``x``'s shape: next-token targets (a language model).
+
+A dataset may also say what it is with a ``task`` attribute (``"lm"``, ``"regression"``).
+Anything else is one line naming ``--data``.
+"""
+from __future__ import annotations
+
+import inspect
+from typing import Any
+
+import numpy as np
+import torch
+from torch.utils.data import Dataset, IterableDataset
+
+from ..errors import UserError
+from .core import DataBundle, DataOptions, register
+
+#: Labels are read one by one (each a __getitem__ call) only for datasets up to this size.
+SCAN_LIMIT = 20000
+
+
+@register("module")
+def user_data(argument: str, options: DataOptions) -> DataBundle:
+    """``module:pkg.mod.factory`` -> ``(train, val)`` Datasets (val may be None)."""
+    from ..models.external import import_factory
+
+    spec = f"module:{argument}"
+    factory = import_factory(argument, spec, option="--data")
+    result = _call(factory, options, spec)
+    if isinstance(result, DataBundle):
+        return result
+    if not isinstance(result, (tuple, list)) or len(result) != 2:
+        what = (f"a {type(result).__name__}" if not isinstance(result, (tuple, list))
+                else f"{len(result)} values")
+        raise UserError(f"--data {spec}: the factory returned {what}; it must return "
+                        f"(train, val): two torch Datasets, val may be None")
+    train, val = result
+    _check_split(train, "train", spec)
+    if val is not None:
+        _check_split(val, "val", spec)
+    x, y = _first_sample(train, spec)
+    input_shape, kind = tuple(x.shape), _kind(x)
+    task = getattr(train, "task", None) or _task_of(x, y)
+    vocab = getattr(train, "vocab_size", None)
+    if (kind == "sequence" or task == "lm") and not vocab:
+        raise UserError(f"--data {spec}: samples are token ids; give the train Dataset a "
+                        f"vocab_size attribute (the number of distinct ids)")
+    names: list[str] = []
+    if task == "lm":
+        outputs = int(vocab or 0)
+        kind = "lm"
+    elif task == "regression":
+        outputs = max(1, int(y.numel()))
+    else:
+        names = _class_names(train, spec)
+        outputs = len(names)
+    return DataBundle(train, val, outputs, input_shape, kind, class_names=names,
+                      vocab_size=int(vocab) if vocab else None,
+                      task=None if task == "classification" else task,
+                      fitted={"class_names": names} if names else {})
+
+
+def _call(factory: Any, options: DataOptions, spec: str) -> Any:
+    offered = {"seed": options.seed, "val_fraction": options.val_fraction}
+    try:
+        parameters = inspect.signature(factory).parameters
+    except (TypeError, ValueError):
+        parameters = {}  # type: ignore[assignment]
+    takes_any = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters.values())
+    kwargs = {k: v for k, v in offered.items() if takes_any or k in parameters}
+    try:
+        return factory(**kwargs)
+    except UserError:
+        raise
+    except Exception as exc:  # the user's code: its failure is reported, not ours
+        text = str(exc).strip()
+        raise UserError(f"--data {spec}: the factory raised {type(exc).__name__}"
+                        f"{': ' + text.splitlines()[0] if text else ''}") from None
+
+
+def _check_split(data: Any, which: str, spec: str) -> None:
+    if isinstance(data, IterableDataset):
+        return
+    if not isinstance(data, Dataset) or not hasattr(data, "__len__"):
+        raise UserError(f"--data {spec}: the factory's {which} split is a "
+                        f"{type(data).__name__}, not a torch Dataset with a length (or an "
+                        f"IterableDataset)")
+    if len(data) == 0:
+        raise UserError(f"--data {spec}: the factory's {which} Dataset is empty")
+
+
+def _as_tensor(value: Any, what: str, spec: str) -> torch.Tensor:
+    try:
+        return torch.as_tensor(np.asarray(value) if not isinstance(value, torch.Tensor)
+                               else value)
+    except (TypeError, ValueError, RuntimeError):
+        raise UserError(f"--data {spec}: a sample's {what} is a {type(value).__name__}, not "
+                        f"a tensor, array or number") from None
+
+
+def _first_sample(data: Any, spec: str) -> tuple[torch.Tensor, torch.Tensor]:
+    try:
+        sample = next(iter(data)) if isinstance(data, IterableDataset) else data[0]
+    except StopIteration:
+        raise UserError(f"--data {spec}: the factory's train IterableDataset yields "
+                        f"nothing") from None
+    except Exception as exc:
+        raise UserError(f"--data {spec}: reading the first training sample raised "
+                        f"{type(exc).__name__}: {str(exc).strip()[:100]}") from None
+    if not isinstance(sample, (tuple, list)) or len(sample) != 2:
+        raise UserError(f"--data {spec}: a training sample is a {type(sample).__name__}; "
+                        f"amptrain reads samples as (input, target) pairs")
+    return _as_tensor(sample[0], "input", spec), _as_tensor(sample[1], "target", spec)
+
+
+def _kind(x: torch.Tensor) -> str:
+    if not x.is_floating_point():
+        return "sequence"
+    return "image" if x.ndim == 3 else "features"
+
+
+def _task_of(x: torch.Tensor, y: torch.Tensor) -> str:
+    if y.is_floating_point() and not (y.ndim == 0 and float(y).is_integer()):
+        return "regression"
+    if y.ndim >= 1 and y.shape == x.shape and not x.is_floating_point():
+        return "lm"
+    return "classification"
+
+
+def _class_names(data: Any, spec: str) -> list[str]:
+    classes = getattr(data, "classes", None)
+    if isinstance(classes, (list, tuple)) and len(classes) >= 2:
+        return [str(c) for c in classes]
+    count = getattr(data, "num_classes", None)
+    if count is None:
+        targets = getattr(data, "targets", None)
+        if targets is not None and len(targets):
+            count = int(np.max(np.asarray(targets))) + 1
+        elif isinstance(data, IterableDataset) or len(data) > SCAN_LIMIT:
+            raise UserError(f"--data {spec}: cannot tell how many classes there are without "
+                            f"reading every sample; give the train Dataset a classes list "
+                            f"(names) or a num_classes attribute")
+        else:
+            count = 1 + max(int(_as_tensor(data[i][1], "target", spec))
+                            for i in range(len(data)))
+    if int(count) < 2:
+        raise UserError(f"--data {spec}: needs at least two classes, found {count}")
+    return [str(i) for i in range(int(count))]
+
+
+__all__ = ["user_data"]

@@ -1,0 +1,78 @@
+"""Token shards: the format round trip, and every damaged directory is one clear error."""
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from amptrain.data.shards import (HEADER_BYTES, META, ShardsMeta, ShardWriter, dtype_for,
+                                  open_stream, write_shard)
+from amptrain.errors import UserError
+
+PRINT = "ab" * 32
+
+
+def _prepared(directory, ids, *, shard_tokens=100, vocab=300, fingerprint=PRINT):
+    dtype = dtype_for(vocab)
+    writer = ShardWriter(directory, dtype, fingerprint, shard_tokens=shard_tokens)
+    writer.write(ids[:37])
+    writer.write(ids[37:])  # appends continue across calls and across shard files
+    shards = writer.close()
+    meta = ShardsMeta(tokenizer="test", fingerprint=fingerprint, vocab_size=vocab,
+                      dtype=dtype.name, eot_id=None, shards=shards, tokens=len(ids),
+                      text_bytes=2 * len(ids), documents=1, val_tokens=10)
+    meta.write(directory)
+    return meta
+
+
+@pytest.mark.parametrize("vocab, dtype", [(300, "uint16"), (65536, "uint16"),
+                                          (65537, "uint32")])
+def test_round_trip_across_shard_boundaries(tmp_path, vocab, dtype):
+    ids = np.random.default_rng(0).integers(0, vocab, 250)
+    meta = _prepared(tmp_path, ids, vocab=vocab)
+    assert meta.dtype == dtype and [s["tokens"] for s in meta.shards] == [100, 100, 50]
+    stream = open_stream(tmp_path, "tokens:x")
+    assert len(stream) == 250 and stream.meta.bytes_per_token == 2.0
+    for start, count in [(0, 250), (95, 10), (199, 2), (240, 10), (0, 1)]:
+        np.testing.assert_array_equal(stream.read(start, count), ids[start:start + count])
+    assert stream.read(95, 10).dtype == np.int64
+    on_disk = (tmp_path / "shard_00000.bin").stat().st_size
+    assert on_disk == HEADER_BYTES + 100 * np.dtype(dtype).itemsize
+
+
+def _damage(directory, how):
+    shard = directory / "shard_00001.bin"
+    if how == "truncated":
+        shard.write_bytes(shard.read_bytes()[:-3])
+    elif how == "other tokenizer":
+        write_shard(shard, np.arange(100, dtype=np.uint16), "cd" * 32)
+    elif how == "missing shard":
+        shard.unlink()
+    elif how == "not a shard":
+        shard.write_bytes(b"hello" * 100)
+    elif how == "empty":
+        meta = json.loads((directory / META).read_text())
+        meta.update(shards=[], tokens=0)
+        (directory / META).write_text(json.dumps(meta))
+    elif how == "no meta":
+        (directory / META).unlink()
+    elif how == "bad meta":
+        (directory / META).write_text("{not json")
+
+
+@pytest.mark.parametrize("how, fragment", [
+    ("truncated", "shard_00001.bin is truncated"),
+    ("other tokenizer", "written by another tokenizer"),
+    ("missing shard", "cannot read shard"),
+    ("not a shard", "not an amptrain token shard"),
+    ("empty", "holds 0 tokens: the corpus was empty"),
+    ("no meta", "has no meta.json"),
+    ("bad meta", "not a readable token-shard description"),
+])
+def test_a_damaged_directory_is_one_clear_error(tmp_path, how, fragment):
+    _prepared(tmp_path, np.arange(250) % 300)
+    _damage(tmp_path, how)
+    with pytest.raises(UserError, match="--data tokens:x") as error:
+        open_stream(tmp_path, "tokens:x")
+    assert fragment in str(error.value)
