@@ -161,6 +161,10 @@ def _mlp3():
     return tiny_mlp(features=8, classes=3)
 
 
+def _loader(samples):
+    return torch.utils.data.DataLoader(samples, batch_size=16)
+
+
 LIBRARY_HOSTILE = [
     # (id, Trainer keywords, fit arguments as a function of (data, model), fragment)
     ("unknown-keyword", dict(lrr=0.1), None, "unknown keyword 'lrr' for Trainer"),
@@ -219,11 +223,11 @@ LIBRARY_HOSTILE = [
      "val_data: input 0 has shape (5,) per sample, but train_data's has (8,)"),
     ("labels-all-distinct", {}, lambda d, m: dict(model=m, train_data=TensorData(
         d.tensors[0], torch.arange(200))), "every one of the 200 training labels is distinct"),
-    ("dict-batch-unknown-key", {}, lambda d, m: dict(model=m, train_data=torch.utils.data.DataLoader(
-        [{"inputs": x, "labels": y} for x, y in zip(*d.tensors)], batch_size=16)),
+    ("dict-batch-unknown-key", {}, lambda d, m: dict(model=m, train_data=_loader(
+        [{"inputs": x, "labels": y} for x, y in zip(*d.tensors)])),
      "has no parameter 'inputs'"),
-    ("dict-batch-without-labels", {}, lambda d, m: dict(model=_Keyword(), train_data=torch.utils.data.DataLoader(
-        [{"x": x} for x in d.tensors[0]], batch_size=16)),
+    ("dict-batch-without-labels", {}, lambda d, m: dict(model=_Keyword(), train_data=_loader(
+        [{"x": x} for x in d.tensors[0]])),
      "a dict batch carries its targets under 'labels'"),
     ("loss-not-scalar", {}, lambda d, m: dict(model=m, train_data=d,
                                               loss_fn=lambda out, y: (out - out.detach()).sum(1)),
