@@ -189,6 +189,8 @@ def main() -> None:
     speeds = alternate({"1": 1, "2": 2}, args.reps, prepare)
     lines += ["", "| prepare processes | MB/s (median) | spread |", "|---|---:|---:|"]
     lines += [f"| {k} | {median(v):.1f} | {spread(v)} |" for k, v in speeds.items()]
+    print("\n".join(lines), flush=True)
+    shown = len(lines)
 
     # tokens: big vs tiny
     shards = {"big": work / "shards-big", "tiny": work / "shards-tiny"}
@@ -219,6 +221,8 @@ def main() -> None:
               f"{v['first_step_s']:.2f} | - |" for k, v in first_text.items()]
     lines += token_row("text: second run", alternate({"tiny": f"text:{tiny}",
                                                       "50 MB": f"text:{big}"}, args.reps, train))
+    print("\n".join(lines[shown:]), flush=True)
+    shown = len(lines)
 
     # images
     folders = {n: work / f"images-{n}" for n in (1000, args.images)}
@@ -248,7 +252,7 @@ def main() -> None:
                      f"{median([r['samples_per_s'] for r in results]):.0f} | "
                      f"{median([r['data_wait_frac'] for r in results]):.2f} |")
     report = "\n".join(lines)
-    print(report)
+    print("\n".join(lines[shown:]), flush=True)
     if args.write:
         import platform
 

@@ -61,7 +61,7 @@ def test_tensorboard_events_hold_the_documented_tags(tmp_path):
     logger = RunLogger(run, progress=False, stream=io.StringIO())
     logger.log(record(1, loss=2.0, lr=0.01, loss_scale=1024.0, grad_norm=3.5, skipped_steps=0,
                       samples_per_s=1000.0, peak_mem_bytes=4096, extra=1.0,
-                      tokens_per_s=64000.0))
+                      tokens_per_s=64000.0, data_wait_frac=0.25))
     logger.log(record(2, loss=1.5, lr=0.01, loss_scale=float("inf"), skipped_steps=True))
     logger.log({"step": 2, "val_loss": 1.25, "val_acc": 0.5})
     # Every task's metrics get val/<metric> tags (regression, language models).
@@ -72,6 +72,7 @@ def test_tensorboard_events_hold_the_documented_tags(tmp_path):
     assert set(series) == set(TB_TAGS.values()) | {"val/rmse", "val/perplexity"}
     assert series["val/perplexity"] == [(3, 2.5)]
     assert series["train/tokens_per_s"] == [(1, 64000.0)]
+    assert series["train/data_wait_frac"] == [(1, 0.25)]
     assert series["train/loss"] == [(1, 2.0), (2, 1.5)]
     assert series["train/lr"] == [(1, pytest.approx(0.01)), (2, pytest.approx(0.01))]
     assert series["train/loss_scale"] == [(1, 1024.0)]  # inf is not logged

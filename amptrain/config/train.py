@@ -317,13 +317,13 @@ class RunConfig(TrainConfig):
                                          "vocabulary 256) or hf:DIR (a local Hugging Face "
                                          "tokenizer; an hf: model brings its own)", kind=str,
                                    group="run")
+    text_glob: str | None = option(None, "text: data: which files of a directory are read "
+                                         "(e.g. '*.py'; default: every text file)", kind=str,
+                                   group="run")
     augment: str = option("none", "image data: training-batch augmentation on the device: "
                                   "flip, crop-flip (pad + random crop + flip, CIFAR), rrc-flip "
                                   "(random resized crop + flip, ImageNet)", group="run",
                           choices=AUGMENTATIONS)
-    text_glob: str | None = option(None, "text: data: which files of a directory are read "
-                                         "(e.g. '*.py'; default: every text file)", kind=str,
-                                   group="run")
 
     def __post_init__(self) -> None:
         super().__post_init__()

@@ -138,7 +138,7 @@ def test_every_flat_name_is_unique_and_reaches_its_value():
 
 def test_run_config_adds_the_run_options():
     assert set(config_fields(RunConfig)) - set(config_fields(TrainConfig)) == \
-        {"model", "data", "val_fraction", "seq_len", "tokenizer", "text_glob"}
+        {"model", "data", "val_fraction", "seq_len", "tokenizer", "text_glob", "augment"}
 
 
 # ------------------------------------------------------------- build, to_dict, replace

@@ -185,8 +185,8 @@ def test_run_config_adds_model_data_and_validation_share():
         ("mlp", "digits", 3, 0.1)
     default = RunConfig()
     assert (default.model, default.data, default.val_fraction) == ("cnn", "digits", 0.2)
-    assert list(config_fields(RunConfig))[-6:] == ["model", "data", "val_fraction", "seq_len",
-                                                   "tokenizer", "text_glob"]
+    assert list(config_fields(RunConfig))[-7:] == ["model", "data", "val_fraction", "seq_len",
+                                                   "tokenizer", "text_glob", "augment"]
     assert config_fields(RunConfig)["model"].metadata["group"] == "run"
 
 
