@@ -7,7 +7,44 @@ import torch
 from torch import nn
 
 from ..errors import UserError
+from ..precision import Precision
+from ..precision.master import FP32_NORM_TYPES
+from ..precision.islands import match_modules
 from .ddp import ProcessGroupStrategy
+
+
+def fsdp_policy(precision: Precision, fp32: bool = False) -> Any:
+    """FSDP2's ``MixedPrecisionPolicy`` for ``precision``'s mode (``fp32``: for modules kept
+    fp32), read from its :class:`~amptrain.precision.modes.ModeSpec`.
+
+    FSDP keeps each rank's shard of the weights in fp32 -- the master copy -- gathers
+    them in the compute dtype for forward/backward and reduce-scatters gradients in
+    fp32. So ``X-mixed`` and ``X-master`` both map to (param X, reduce fp32) and the
+    fp32 modes to no casts. ``X-true`` (no fp32 copy anywhere) has no FSDP equivalent.
+    """
+    from torch.distributed.fsdp import MixedPrecisionPolicy
+
+    spec = precision.spec
+    if spec.half_weights and not spec.master_weights:
+        mixed = "16-mixed" if spec.param_dtype == torch.float16 else "bf16-mixed"
+        raise UserError(f"--precision {precision.name} keeps no fp32 weights, but FSDP shards "
+                        f"fp32 weights and casts them for each forward: use --precision "
+                        f"{mixed} with --strategy fsdp")
+    if fp32 or spec.compute_dtype is None:
+        return MixedPrecisionPolicy(reduce_dtype=torch.float32)
+    return MixedPrecisionPolicy(param_dtype=spec.compute_dtype, reduce_dtype=torch.float32)
+
+
+def fsdp_fp32_modules(precision: Precision, model: nn.Module) -> list[nn.Module]:
+    """Modules whose weights must stay fp32 under FSDP (``keep_fp32`` islands and norm
+    layers): FSDP casts per parameter group, so each needs a group of its own."""
+    if precision.spec.compute_dtype is None:
+        return []
+    islands = list(match_modules(model, precision.keep_patterns(model)).values())
+    inside = {id(m) for island in islands for m in island.modules()}
+    norms = [m for m in model.modules()
+             if isinstance(m, FP32_NORM_TYPES) and id(m) not in inside]
+    return islands + norms
 
 
 class FSDPStrategy(ProcessGroupStrategy):
@@ -28,13 +65,13 @@ class FSDPStrategy(ProcessGroupStrategy):
             raise UserError("--strategy fsdp replaces the model's parameters by shards: let "
                             "amptrain build the optimizer (pass none to fit())")
         super().prepare_model(model, precision, optimizer)
-        policy = precision.fsdp_policy()
-        fp32_modules = precision.fsdp_fp32_modules(model)
+        policy = fsdp_policy(precision)
+        fp32_modules = fsdp_fp32_modules(precision, model)
         fp32_ids = {id(m) for m in fp32_modules}
         # Innermost groups first: a group owns the parameters its sub-groups do not.
         for module in fp32_modules:
             if any(True for _ in module.parameters()):
-                fully_shard(module, mp_policy=precision.fsdp_policy(fp32=True))
+                fully_shard(module, mp_policy=fsdp_policy(precision, fp32=True))
         for block in _shard_units(model):
             if id(block) not in fp32_ids:
                 fully_shard(block, mp_policy=policy)

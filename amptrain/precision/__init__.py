@@ -38,7 +38,7 @@ from .islands import (
     install_fp32_islands,
     match_modules,
 )
-from .master import (FP32_NORM_TYPES, MasterWeights, cast_model, check_no_shared_kept,
+from .master import (MasterWeights, cast_model, check_no_shared_kept,
                      is_fsdp_sharded, modules_kept_fp32)
 from .maths import set_tf32
 from .misuse import CallOrder
@@ -242,37 +242,6 @@ class Precision:
         """
         self._agree = agree
         self.guard.agree = agree
-
-    def fsdp_policy(self, fp32: bool = False) -> Any:
-        """FSDP2's ``MixedPrecisionPolicy`` for this mode (``fp32``: for modules kept fp32).
-
-        FSDP keeps each rank's shard of the weights in fp32 -- the master copy -- gathers
-        them in the compute dtype for forward/backward and reduce-scatters gradients in
-        fp32. So ``X-mixed`` and ``X-master`` both map to (param X, reduce fp32) and the
-        fp32 modes to no casts. ``X-true`` (no fp32 copy anywhere) has no FSDP equivalent.
-        """
-        from torch.distributed.fsdp import MixedPrecisionPolicy
-
-        if self.spec.half_weights and not self.spec.master_weights:
-            mixed = "16-mixed" if self.spec.param_dtype == torch.float16 else "bf16-mixed"
-            raise UserError(f"--precision {self.name} keeps no fp32 weights, but FSDP shards "
-                            f"fp32 weights and casts them for each forward: use --precision "
-                            f"{mixed} with --strategy fsdp")
-        if fp32 or self.spec.compute_dtype is None:
-            return MixedPrecisionPolicy(reduce_dtype=torch.float32)
-        return MixedPrecisionPolicy(param_dtype=self.spec.compute_dtype,
-                                    reduce_dtype=torch.float32)
-
-    def fsdp_fp32_modules(self, model: nn.Module) -> list[nn.Module]:
-        """Modules whose weights must stay fp32 under FSDP (``keep_fp32`` islands and norm
-        layers): FSDP casts per parameter group, so each needs a group of its own."""
-        if self.spec.compute_dtype is None:
-            return []
-        islands = list(match_modules(model, self.keep_patterns(model)).values())
-        inside = {id(m) for island in islands for m in island.modules()}
-        norms = [m for m in model.modules()
-                 if isinstance(m, FP32_NORM_TYPES) and id(m) not in inside]
-        return islands + norms
 
     def keep_patterns(self, model: nn.Module) -> list[str]:
         """``keep_fp32`` plus the patterns the model asks for itself (a Keras model's output

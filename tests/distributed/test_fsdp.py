@@ -6,7 +6,7 @@ import torch
 from torch import nn
 
 from amptrain import checkpoint
-from amptrain.distributed.fsdp import _shard_units
+from amptrain.distributed.fsdp import _shard_units, fsdp_fp32_modules, fsdp_policy
 from amptrain.errors import UserError
 from amptrain.precision import Precision
 from tests.conftest import tiny_mlp
@@ -44,20 +44,20 @@ def test_fsdp_trains_and_its_checkpoint_loads_on_one_device(scenarios):
     ("bf16-master", torch.bfloat16, torch.float32)])
 def test_fsdp_policy_follows_the_precision(name, param, reduce):
     precision = Precision(name, device="cpu")
-    policy = precision.fsdp_policy()
+    policy = fsdp_policy(precision)
     assert (policy.param_dtype, policy.reduce_dtype) == (param, reduce)
-    assert precision.fsdp_policy(fp32=True).param_dtype is None
+    assert fsdp_policy(precision, fp32=True).param_dtype is None
 
 
 @pytest.mark.parametrize("name", ["16-true", "bf16-true"])
 def test_fsdp_refuses_modes_without_fp32_weights(name):
     with pytest.raises(UserError, match="-mixed with --strategy fsdp"):
-        Precision(name, device="cpu").fsdp_policy()
+        fsdp_policy(Precision(name, device="cpu"))
 
 
 def test_fsdp_groups_blocks_and_keeps_fp32_modules_apart():
     model = nn.Sequential(nn.Linear(4, 8), nn.BatchNorm1d(8), nn.ReLU(), nn.Linear(8, 2))
     assert _shard_units(model) == [model[0], model[1], model[3]]
-    fp32 = Precision("bf16-mixed", device="cpu", keep_fp32=["3"]).fsdp_fp32_modules(model)
+    fp32 = fsdp_fp32_modules(Precision("bf16-mixed", device="cpu", keep_fp32=["3"]), model)
     assert fp32 == [model[3], model[1]]
-    assert Precision("32-true", device="cpu").fsdp_fp32_modules(model) == []
+    assert fsdp_fp32_modules(Precision("32-true", device="cpu"), model) == []
