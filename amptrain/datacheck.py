@@ -14,6 +14,7 @@ import torch
 from torch import nn
 
 from .errors import UserError, flag
+from .tasks import Task
 
 
 def dataset_length(data: Any, keyword: str) -> int | None:
@@ -69,7 +70,7 @@ def check_dataset(data: Any, keyword: str) -> None:
 
 
 def check_fit_arguments(model: Any, train_data: Any, val_data: Any, *, optimizer: Any,
-                        loss_fn: Any, class_names: Any) -> list[str] | None:
+                        loss_fn: Any, class_names: Any, task: Any = None) -> list[str] | None:
     """One clear error per wrong argument of ``Trainer.fit``, before anything is built;
     returns the class names as a list (or None)."""
     if not isinstance(model, nn.Module):
@@ -84,6 +85,9 @@ def check_fit_arguments(model: Any, train_data: Any, val_data: Any, *, optimizer
     if class_names is not None and (isinstance(class_names, str) or not all(
             isinstance(n, str) for n in class_names)):
         raise UserError("class_names must be a list of strings, one per class")
+    if task is not None and not isinstance(task, Task):
+        raise UserError(f"task must be an amptrain.tasks.Task (got {type(task).__name__}); "
+                        f"name a built-in one with the {flag('task')} option")
     check_dataset(train_data, "train_data")
     if val_data is not None:
         check_dataset(val_data, "val_data")

@@ -67,6 +67,28 @@ def stop_on_signals(trainer: Any, signals: tuple[signal.Signals, ...] = STOP_SIG
             signal.signal(sig, handler if handler is not None else signal.SIG_DFL)
 
 
+def agreed_stop(requested: str | None, current: str | None, step: int, every: int,
+                strategy: Any) -> str | None:
+    """The stop all ranks act on after ``step``, given this rank's signal (``requested``)
+    and the stop already agreed on (``current``).
+
+    One process stops right after the step it was signalled in. Several must stop at
+    the same step, or the collective checkpoint would hang: they agree every ``every``
+    steps (--log-every boundaries, where the loop reads the device anyway: no extra sync
+    per step).
+    """
+    if strategy.world_size == 1:
+        return requested
+    if step % every:
+        return current
+    import torch
+
+    stop = torch.tensor([0.0 if requested is None else 1.0], device=strategy.device)
+    if strategy.reduce_sum(stop).item() > 0:
+        return requested or "SIGTERM"
+    return current
+
+
 def preempted(reason: str, step: int, checkpoint: Path | None) -> Preempted:
     """The exception that ends a stopped run, telling the user how to continue."""
     where = (f"checkpoint {checkpoint} written; continue with --resume auto" if checkpoint

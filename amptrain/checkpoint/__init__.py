@@ -41,6 +41,7 @@ from .state import (
     RUNTIME_GROUP_KEYS,
     capture_rng,
     load_optimizer_state,
+    load_weights,
     restore_rng,
     weights_mismatch,
 )
@@ -50,5 +51,5 @@ __all__ = [
     "RUNTIME_GROUP_KEYS", "SLOW_SAVE_ENV", "CheckpointWriteError", "atomic_save", "capture_rng",
     "check_compatible", "find_resume", "latest_valid", "load", "load_optimizer_state", "prune",
     "remove_unfinished", "restore_rng", "resume_message", "save_run_checkpoint",
-    "step_checkpoints", "trim_metrics", "weights_mismatch",
+    "step_checkpoints", "trim_metrics", "weights_mismatch", "load_weights",
 ]

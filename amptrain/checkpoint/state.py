@@ -44,6 +44,22 @@ def weights_mismatch(expected: dict[str, torch.Tensor], found: dict[str, Any]) -
 _QUANTISED = "__quantised_state__"
 
 
+def load_weights(model: Any, state: dict[str, torch.Tensor], strategy: Any,
+                 precision: Any) -> None:
+    """Load fp32 weights (a checkpoint's ``model`` entry) into a set-up ``model`` through
+    ``strategy`` (which may shard them); a mismatch is a UserError naming the first
+    difference, never torch's message."""
+    mismatch = weights_mismatch(model.state_dict(), state)
+    if mismatch:
+        raise UserError(f"checkpoint does not fit this model: {mismatch}")
+    try:
+        strategy.load_model_state_dict(model, precision, state)
+    except RuntimeError as exc:
+        text = str(exc).strip()
+        raise UserError(f"checkpoint does not fit this model: "
+                        f"{text.splitlines()[0] if text else type(exc).__name__}") from None
+
+
 def plain_optimizer_state(state: dict[str, Any]) -> dict[str, Any]:
     """``optimizer.state_dict()`` with tensor-subclass states (``--optimizer adamw8bit``:
     torchao's block-quantised moments) replaced by their plain tensors and metadata, so the

@@ -152,15 +152,13 @@ class Trainer(CheckpointingMixin, ReportingMixin, BatchPlanningMixin, DataMixin)
         """
         c = self.config
         names = datacheck.check_fit_arguments(model, train_data, val_data, optimizer=optimizer,
-                                              loss_fn=loss_fn, class_names=class_names)
+                                              loss_fn=loss_fn, class_names=class_names,
+                                              task=task)
         if self.model is not None:  # a second fit: a new model, trained from step 0
             self._reset()
         # A list of samples is a dataset (streams stay streams: see amptrain.streams).
         train_data = as_dataset(train_data, "train_data")
         val_data = as_dataset(val_data, "val_data") if val_data is not None else None
-        if task is not None and not isinstance(task, Task):
-            raise UserError(f"task must be an amptrain.tasks.Task (got {type(task).__name__}); "
-                            f"name a built-in one with the {flag('task')} option")
         self.task = task or resolve_task(c.task, train_data, loss=c.loss, class_names=names)
         self.loss_fn = loss_fn or self.task.loss
         if loss_fn is None:  # a caller's own loss may take other targets
@@ -285,34 +283,26 @@ class Trainer(CheckpointingMixin, ReportingMixin, BatchPlanningMixin, DataMixin)
         ``task`` defaults to classification over ``class_names``."""
         self.task = task or ClassificationTask(class_names)
         self.loss_fn = self.task.loss
-        model = model.to(self.device)
-        if self.config.channels_last and is_conv_net(model):
-            # Module.to takes memory_format at run time; torch's overloads leave it out.
-            model = model.to(memory_format=torch.channels_last)  # type: ignore[call-overload]
-        self.model, _ = self.precision.setup(model, None)
+        self.model, _ = self.precision.setup(self._placed(model), None)
         self.model.eval()
         return self.model
 
     def load_weights(self, state: dict[str, torch.Tensor]) -> None:
         """Load fp32 weights (a checkpoint's ``model`` entry) into the prepared model."""
         assert self.model is not None, "prepare() or setup() first"
-        mismatch = checkpoint.weights_mismatch(self.model.state_dict(), state)
-        if mismatch:
-            raise UserError(f"checkpoint does not fit this model: {mismatch}")
-        try:
-            self.strategy.load_model_state_dict(self.model, self.precision, state)
-        except RuntimeError as exc:
-            text = str(exc).strip()
-            raise UserError(f"checkpoint does not fit this model: "
-                            f"{text.splitlines()[0] if text else type(exc).__name__}") from None
+        checkpoint.load_weights(self.model, state, self.strategy, self.precision)
 
     # ----------------------------------------------------------------- setup
-    def _prepare_model(self, model: nn.Module, optimizer: torch.optim.Optimizer | None) -> None:
+    def _placed(self, model: nn.Module) -> nn.Module:
+        """``model`` on the device (channels-last for a conv net when asked)."""
         model = model.to(self.device)
         if self.config.channels_last and is_conv_net(model):
             # Module.to takes memory_format at run time; torch's overloads leave it out.
             model = model.to(memory_format=torch.channels_last)  # type: ignore[call-overload]
-        model = self.strategy.prepare_model(model, self.precision, optimizer)
+        return model
+
+    def _prepare_model(self, model: nn.Module, optimizer: torch.optim.Optimizer | None) -> None:
+        model = self.strategy.prepare_model(self._placed(model), self.precision, optimizer)
         fused = self.precision.allows_fused(self.config.schedule.optimizer)
         optimizer = optimizer or build_optimizer(self.config, model, fused_allowed=fused)
         self.model, self.optimizer = self.precision.setup(model, optimizer)
@@ -373,20 +363,8 @@ class Trainer(CheckpointingMixin, ReportingMixin, BatchPlanningMixin, DataMixin)
                                                                  and self.step >= max_steps)
 
     def _agree_on_stop(self) -> None:
-        """Turn a signal (``stop_requested``) into a stop at a step all ranks share.
-
-        One process stops right after the step it was signalled in. Several must stop at
-        the same step, or the collective checkpoint would hang: they agree at --log-every
-        boundaries, where the loop reads the device anyway (no extra sync per step).
-        """
-        if self.strategy.world_size == 1:
-            self._stopping = self.stop_requested
-            return
-        if self.step % self.config.logging.log_every:
-            return
-        stop = torch.tensor([0.0 if self.stop_requested is None else 1.0], device=self.device)
-        if self.strategy.reduce_sum(stop).item() > 0:
-            self._stopping = self.stop_requested or "SIGTERM"
+        self._stopping = preemption.agreed_stop(self.stop_requested, self._stopping, self.step,
+                                                self.config.logging.log_every, self.strategy)
 
     def _forward_backward(self, window: Window) -> None:
         """Forward and backward of every micro-batch of ``window``; gradients accumulate."""
