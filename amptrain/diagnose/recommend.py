@@ -330,3 +330,23 @@ def _pct(fraction: float) -> str:
     if fraction < 1e-4:
         return f"{fraction * 100:.1g}%"
     return f"{fraction * 100:.2f}%" if fraction < 0.1 else f"{fraction * 100:.1f}%"
+
+
+def computes_in_fp16(precision: str) -> bool:
+    """Whether a run in ``precision`` computed in fp16 (its overflows are fp16's)."""
+    return precision.split("-")[0] in ("16", "fp16")
+
+
+def beyond_fp16(stats: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """``stats`` with each non-finite abs-max replaced by twice fp16's max (what it is
+    known to be: beyond fp16), for the bf16 judgement of an fp16 run."""
+    judged = {}
+    for name, s in stats.items():
+        copy = dict(s)
+        for kind in ("activation", *("gradient", "param_gradient")):
+            stream = s.get(kind)
+            if stream and not math.isfinite(float(stream["abs_max"])):
+                copy[kind] = {**stream, "abs_max": 2 * FP16.max,
+                              "bf16": {**stream["bf16"], "above_max": 0.0}}
+        judged[name] = copy
+    return judged

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 from typing import Any
 
@@ -131,3 +132,15 @@ def _jsonable(value: Any) -> Any:
     if isinstance(value, (np.floating,)):
         return float(value)
     raise TypeError(f"not JSON serialisable: {type(value).__name__}")
+
+
+def strict_json(value: Any) -> Any:
+    """inf/NaN floats as the strings 'inf'/'nan' (diagnose.json is strict JSON; an
+    overflowing run records them as input maxima too)."""
+    if isinstance(value, dict):
+        return {k: strict_json(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [strict_json(v) for v in value]
+    if isinstance(value, float) and not math.isfinite(value):
+        return str(value)
+    return value

@@ -27,7 +27,6 @@ events into its calls:
 from __future__ import annotations
 
 import dataclasses
-import math
 import re
 import sys
 from pathlib import Path
@@ -43,12 +42,14 @@ from ..diagnose.recommend import (
     _casts_inputs_to_half,
     _in_island,
     attention_overflow,
+    beyond_fp16,
     bf16_trouble,
+    computes_in_fp16,
     keep_fp32_candidates,
     module_risks,
     recommend_loss_scale,
 )
-from ..diagnose.writer import write_reports
+from ..diagnose.writer import strict_json, write_reports
 from ..errors import UserError
 from ..precision.support import device_features, supported_precisions
 from ..probe import NonFiniteEvent, NonFiniteWatch
@@ -318,7 +319,7 @@ class DiagnoseSession:
         if out is None:
             return None
         try:
-            report = _strict_json(self.report())
+            report = strict_json(self.report())
             self.written = write_reports(report, out, summary=summary_lines(report))
         except Exception as exc:  # never the reason a user's finished training fails
             print(f"amptrain: diagnose report not written ({type(exc).__name__}: {exc})",
@@ -347,7 +348,7 @@ class DiagnoseSession:
                                f"(overflow at the loss scale in use); keeping the default scale")
         # Values an fp16 run turned into inf say nothing about bf16's range: judged as
         # "beyond fp16", not as non-finite.
-        judged = _beyond_fp16(stats) if _computes_in_fp16(precision) else stats
+        judged = beyond_fp16(stats) if computes_in_fp16(precision) else stats
         for name, s in stats.items():
             island = _in_island(name, islands)
             casts = name in modules and _casts_inputs_to_half(modules[name])
@@ -391,25 +392,6 @@ class DiagnoseSession:
         }
 
 
-def _computes_in_fp16(precision: str) -> bool:
-    return precision.split("-")[0] in ("16", "fp16")
-
-
-def _beyond_fp16(stats: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
-    """``stats`` with each non-finite abs-max replaced by twice fp16's max (what it is
-    known to be: beyond fp16), for the bf16 judgement of an fp16 run."""
-    judged = {}
-    for name, s in stats.items():
-        copy = dict(s)
-        for kind in ("activation", *_GRADIENTS):
-            stream = s.get(kind)
-            if stream and not math.isfinite(float(stream["abs_max"])):
-                copy[kind] = {**stream, "abs_max": 2 * FP16.max,
-                              "bf16": {**stream["bf16"], "above_max": 0.0}}
-        judged[name] = copy
-    return judged
-
-
 def summary_lines(report: dict[str, Any]) -> list[str]:
     """The top of a callback's diagnose.md."""
     recs = report["recommendations"]
@@ -451,16 +433,3 @@ def summary_lines(report: dict[str, Any]) -> list[str]:
                else "does not avoid it" if b["fp16_problem"] else "is also fine")
     lines.append(f"bf16-mixed {verdict}: {b['reason']}")
     return lines
-
-
-
-def _strict_json(value: Any) -> Any:
-    """inf/NaN floats as the strings 'inf'/'nan' (diagnose.json is strict JSON; an
-    overflowing run records them as input maxima too)."""
-    if isinstance(value, dict):
-        return {k: _strict_json(v) for k, v in value.items()}
-    if isinstance(value, list):
-        return [_strict_json(v) for v in value]
-    if isinstance(value, float) and not math.isfinite(value):
-        return str(value)
-    return value
