@@ -44,7 +44,7 @@ class Sampling:
             raise UserError(f"--tokens {self.tokens} is over the limit of {MAX_TOKENS} per call "
                             f"(one forward pass each); continue a longer text in pieces")
         if not 0 <= self.temperature < math.inf:  # also refuses NaN
-            raise UserError(f"--temperature must be a finite number >= 0 (got "
+            raise UserError(f"--temperature must be >= 0 and finite (got "
                             f"{self.temperature!r}); 0 always takes the most likely token")
         if not isinstance(self.seed, int) or not 0 <= self.seed <= MAX_SEED:
             raise UserError(f"--seed must be an integer from 0 to {MAX_SEED} "

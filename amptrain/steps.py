@@ -36,7 +36,8 @@ def check_dict_batch(model: Any, batch: dict[Any, Any]) -> None:
         raise UserError(f"a dict batch's keys must be the model's forward() keyword names "
                         f"(got the key {keys[0]!r})")
     try:
-        parameters = inspect.signature(module.forward).parameters.values()
+        # A plain function is its own forward.
+        parameters = inspect.signature(getattr(module, "forward", module)).parameters.values()
     except (TypeError, ValueError):  # a builtin or C forward: nothing to compare with
         return
     if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters):
@@ -73,8 +74,9 @@ def forward_batch(model: nn.Module | Callable[..., Any], batch: Any, loss_fn: Lo
         check(logits, targets)
     if loss is None:
         if isinstance(batch, dict) and targets is None:
-            raise UserError("a dict batch carries its targets under 'labels' (or the model "
-                            "returns .loss itself); this batch has no 'labels' key")
+            raise UserError("the model returned no loss and no logits with targets: a dict "
+                            "batch carries its targets under 'labels' (or the model returns "
+                            ".loss itself), and this batch has no 'labels' key")
         if logits is None or targets is None:
             raise UserError("the model returned no loss and no logits with targets: return logits "
                             "(a tensor) or an object with .loss")

@@ -318,7 +318,7 @@ ERROR_TABLE = [
     ("generate-seed-negative", "generate --checkpoint {lm_ckpt} --seed -1",
      "--seed must be an integer from 0 to 4294967295"),
     ("generate-temperature-infinite", "generate --checkpoint {lm_ckpt} --temperature inf",
-     "--temperature must be a finite number >= 0"),
+     "--temperature must be >= 0 and finite"),
     ("regression-val-inputs-differ", "train --model mlp --data npz:{val_shape}",
      "x_val rows have shape (5,), x rows (8,)"),
     # 2. garbage with exit 0

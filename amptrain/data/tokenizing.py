@@ -26,6 +26,7 @@ from typing import Any, Iterator
 import numpy as np
 
 from ..errors import UserError, flag
+from ..pathkind import not_regular_reason
 from .shards import ShardsMeta, ShardWriter, dtype_for
 
 log = logging.getLogger("amptrain")
@@ -62,6 +63,9 @@ def tokenizer_identity(tokenizer: Any) -> tuple[str, str, int | None]:
 def corpus_files(path: Path, glob: str | None, spec: str) -> list[Path]:
     """The files of a ``text:`` corpus: ``path`` itself, or a directory's files (recursive,
     sorted, matching ``glob``)."""
+    special = not_regular_reason(path)
+    if special:  # reading a FIFO blocks, /dev/zero never ends
+        raise UserError(f"--data {spec}: {special} (amptrain reads text files or directories)")
     if path.is_file():
         return [path]
     if not path.is_dir():
@@ -257,7 +261,7 @@ def cached_corpus(path: Path, tokenizer: Any, *, glob: str | None, spec: str,
     except BaseException:
         shutil.rmtree(work, ignore_errors=True)
         raise
-    log.info("text: tokens cached in %s", final)
+    log.debug("text: tokens cached in %s", final)
     return final
 
 

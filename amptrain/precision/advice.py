@@ -80,9 +80,9 @@ def emulation_warning(name: str, device: torch.device, flags: Flags | None = Non
     if not is_emulated(name, device, flags):
         return None
     fmt = _format(name)
-    how = (f"fp32 kernels with {fmt} rounding give native hardware's numerics (overflow, "
-           f"loss scaling, accuracy) at about 32-true's speed, and its timing and memory say "
-           f"nothing about {fmt} hardware" if fast else
+    how = (f"fp32 kernels with {fmt} rounding give native hardware's numerics at about "
+           f"32-true's speed: use it here to study {fmt} numerics (overflow, loss scaling, "
+           f"accuracy); its timing and memory say nothing about {fmt} hardware" if fast else
            f"use it here to study {fmt} numerics (overflow, accuracy), not for speed")
     return (f"{name} is emulated on this {device.type} (no native {fmt} maths): {how}; it "
             f"is never faster than 32-true on this machine; for speed use "

@@ -31,7 +31,8 @@ from tests.checkpoint.helpers import (
 
 def _state(step: int, weight: torch.Tensor) -> dict:
     return {"format": checkpoint.FORMAT, "format_version": checkpoint.FORMAT_VERSION,
-            "step": step, "model": {"w": weight, "tied": weight}, "rng": (1, [2, 3])}
+            "step": step, "epoch": 0, "window_in_epoch": step, "config": {},
+            "model": {"w": weight, "tied": weight}, "rng": {"python": (1, [2, 3])}}
 
 
 def _writer_of(directory: Path, step: int, gate: threading.Event | None = None,
@@ -64,7 +65,7 @@ def test_the_copy_is_the_state_at_save_time_and_buffers_are_reused(tmp_path):
     # Tied tensors stay one tensor in the file, as torch.save of the live state keeps them.
     assert saved["model"]["w"].untyped_storage().data_ptr() == \
         saved["model"]["tied"].untyped_storage().data_ptr()
-    assert saved["rng"] == (1, [2, 3]) and not writer.busy
+    assert saved["rng"] == {"python": (1, [2, 3])} and not writer.busy
 
     staged_before = writer._staging._buffers[("model", "w")]
     writer.submit(_state(2, weight), _writer_of(tmp_path, 2), tmp_path)

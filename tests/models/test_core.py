@@ -89,5 +89,6 @@ def test_is_conv_net_and_text_encoder_lookup(monkeypatch):
     assert is_conv_net(nn.Sequential(nn.Flatten(), nn.Sequential(nn.Conv2d(1, 1, 1))))
     assert not is_conv_net(nn.Sequential(nn.Conv1d(1, 1, 1), nn.Linear(1, 1)))
     assert text_encoder_for("lstm") is None and text_encoder_for("transformer:layers=1") is None
-    monkeypatch.setitem(TEXT_ENCODERS, "mine", lambda argument: ("encoder", argument))
+    monkeypatch.setitem(TEXT_ENCODERS, "mine",
+                        lambda argument, option="model": ("encoder", argument))
     assert text_encoder_for("mine:path/to:x") == ("encoder", "path/to:x")
