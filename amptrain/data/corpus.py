@@ -162,11 +162,11 @@ def text_corpus(argument: str, options: DataOptions) -> DataBundle:
     if cached is not None:  # shards read from disk: the text is not read again next time
         shards = open_stream(cached, spec)
         n_val = int(round(len(shards) * options.val_fraction))
-        bundle = stream_bundle(shards, n_val, seq_len, spec, int(tokenizer.vocab_size),
-                               tokenizer.name)
-        # Said once the data is known to be usable: an error stays the only line.
-        log.info("text: tokens from the cache %s (delete it to tokenize again)", cached)
-        return bundle
+        # The cache's place is documented (README: Your own data); an error that follows
+        # (a model that cannot take text, say) stays the only line on stderr.
+        log.debug("text: tokens from the cache %s", cached)
+        return stream_bundle(shards, n_val, seq_len, spec, int(tokenizer.vocab_size),
+                             tokenizer.name)
     texts = read_texts(path, options.text_glob, spec)
     stream = tokenize(texts, tokenizer)
     text_bytes = sum(len(t.encode("utf-8")) for t in texts) + 2 * (len(texts) - 1)
