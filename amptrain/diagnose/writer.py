@@ -32,18 +32,7 @@ def summary_lines(report: dict[str, Any]) -> list[str]:
         lines.append(f"32-true itself had {fp32['skipped_steps']} non-finite steps of "
                      f"{fp32['steps']}: that is not a precision problem (lower --lr, "
                      f"--clip-grad-norm)")
-    risky: list[tuple[str, dict[str, Any]]] = []
-    for name, m in report["modules"].items():
-        # A container usually repeats its last child's numbers: name the child only.
-        if m["risk"] > 0 and len(risky) < 3 and not any(
-                name == report["root"] or other.startswith(name + ".") for other, _ in risky):
-            risky.append((name, m))
-    if risky:
-        lines.append("riskiest: " + "; ".join(f"{n} ({m['reasons'][0]})" for n, m in risky))
-    if recs.get("attention"):
-        lines.append(f"attention: {recs['attention']['reason']}")
-    for k in recs["keep_fp32"]:
-        lines.append(f"keep in fp32: {k['pattern']} -- {k['reason']}")
+    lines += finding_lines(report)
     ls = recs["loss_scale"]
     lines.append(f"initial loss scale: {recs['init_scale']:g} -- {ls['reason']}")
     v = recs["verified"]
@@ -57,6 +46,27 @@ def summary_lines(report: dict[str, Any]) -> list[str]:
                else "does not avoid it" if b["fp16_problem"] else "is also fine")
     lines.append(f"bf16-mixed {verdict}: "
                  f"{b['reason']}")
+    return lines
+
+
+def finding_lines(report: dict[str, Any], keep_hint: str = "") -> list[str]:
+    """The riskiest modules, attention's trouble and the modules to keep in fp32 (one line
+    each), for ``amptrain diagnose``'s summary and the trainer callbacks' (``keep_hint``
+    follows each keep-in-fp32 line)."""
+    lines: list[str] = []
+    recs = report["recommendations"]
+    risky: list[tuple[str, dict[str, Any]]] = []
+    for name, m in report["modules"].items():
+        # A container usually repeats its last child's numbers: name the child only.
+        if m["risk"] > 0 and m["reasons"] and len(risky) < 3 and name != report["root"] \
+                and not any(other.startswith(name + ".") for other, _ in risky):
+            risky.append((name, m))
+    if risky:
+        lines.append("riskiest: " + "; ".join(f"{n} ({m['reasons'][0]})" for n, m in risky))
+    if recs.get("attention"):
+        lines.append(f"attention: {recs['attention']['reason']}")
+    for k in recs["keep_fp32"]:
+        lines.append(f"keep in fp32: {k['pattern']} -- {k['reason']}{keep_hint}")
     return lines
 
 

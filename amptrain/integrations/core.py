@@ -49,7 +49,7 @@ from ..diagnose.recommend import (
     module_risks,
     recommend_loss_scale,
 )
-from ..diagnose.writer import strict_json, write_reports
+from ..diagnose.writer import finding_lines, strict_json, write_reports
 from ..errors import UserError
 from ..precision.support import device_features, supported_precisions
 from ..probe import NonFiniteEvent, NonFiniteWatch
@@ -412,19 +412,8 @@ def summary_lines(report: dict[str, Any]) -> list[str]:
                      f"which module produces them")
     else:
         lines.append("no non-finite values in module outputs or gradients")
-    risky: list[tuple[str, dict[str, Any]]] = []
-    for name, m in report["modules"].items():
-        # A container usually repeats its last child's numbers: name the child only.
-        if m["risk"] > 0 and m["reasons"] and len(risky) < 3 and name != report["root"] and not any(
-                other.startswith(name + ".") for other, _ in risky):
-            risky.append((name, m))
-    if risky:
-        lines.append("riskiest: " + "; ".join(f"{n} ({m['reasons'][0]})" for n, m in risky))
-    if recs.get("attention"):
-        lines.append(f"attention: {recs['attention']['reason']}")
-    for k in recs["keep_fp32"]:
-        lines.append(f"keep in fp32: {k['pattern']} -- {k['reason']} (run it under "
-                     f"torch.autocast(..., enabled=False) with fp32 inputs)")
+    lines += finding_lines(report, keep_hint=" (run it under torch.autocast(..., "
+                                             "enabled=False) with fp32 inputs)")
     ls = recs["loss_scale"]
     lines.append(f"initial loss scale: {recs['init_scale']:g} (GradScaler(init_scale=...)) "
                  f"-- {ls['reason']}")

@@ -6,7 +6,7 @@ from typing import Any
 
 from .base import Sink, numbers
 
-#: metrics.jsonl field -> TensorBoard tag (DESIGN.md's contract).
+#: metrics.jsonl field -> TensorBoard tag (the contract: docs/design.md).
 TB_TAGS = {
     "loss": "train/loss", "lr": "train/lr", "loss_scale": "train/loss_scale",
     "grad_norm": "train/grad_norm", "skipped_steps": "train/skipped_steps",
