@@ -1,11 +1,12 @@
 """amptrain: fast, safe and measurable mixed-precision training for PyTorch."""
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 __version__ = "0.1.0"
 
 from .errors import AmptrainWarning  # noqa: E402  (torch-free)
+from .lazy import lazy_exports  # noqa: E402
 
 if TYPE_CHECKING:
     from .precision import Precision
@@ -17,14 +18,7 @@ _LAZY = {"Precision": "precision", "EvalResult": "trainer", "FitResult": "traine
          "Trainer": "trainer"}
 
 
-def __getattr__(name: str) -> Any:
-    if name in _LAZY:
-        import importlib
-
-        value = getattr(importlib.import_module(f".{_LAZY[name]}", __name__), name)
-        globals()[name] = value
-        return value
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+__getattr__ = lazy_exports(__name__, {name: f".{module}" for name, module in _LAZY.items()})
 
 
 __all__ = ["AmptrainWarning", "EvalResult", "FitResult", "Precision", "Trainer", "__version__"]

@@ -1,7 +1,7 @@
 """Memory-aware micro-batches: find the largest that fits, and shrink on out-of-memory.
 
 A planner: it runs what it is given (a step at a micro-batch size, a forward/backward of a
-window) and answers with a :class:`BatchPlan`; it holds no training state of its own and
+window) and answers with a :class:`MicroBatchSplit`; it holds no training state of its own and
 knows nothing of the Trainer, which applies each plan in one place.
 
 The global batch (``--batch-size``) is fixed; only the way it is cut into micro-batches
@@ -44,7 +44,7 @@ from typing import Any
 
 import torch
 
-from .batches import Window
+from .batches import StepBatch
 from .errors import TrainingHalted, UserError, flag
 from .memory import MemoryMeter, available_bytes, free_memory, rss_bytes
 
@@ -126,7 +126,7 @@ def largest_fitting(candidates: list[int], fits: Callable[[int], bool], *, start
 
 
 @dataclass(frozen=True)
-class BatchPlan:
+class MicroBatchSplit:
     """How a per-device batch is cut: ``micro_batch`` samples x ``accumulate`` passes."""
 
     micro_batch: int
@@ -164,7 +164,8 @@ class MicroBatchPlanner:
         self.oom_events: list[dict[str, Any]] = []
 
     # ------------------------------------------------------------- auto search
-    def search(self, run_steps: Callable[[int], None], restore: Callable[[], None]) -> BatchPlan:
+    def search(self, run_steps: Callable[[int], None],
+               restore: Callable[[], None]) -> MicroBatchSplit:
         """The largest divisor of the per-device batch whose probe fits.
 
         ``run_steps(micro)`` runs real training steps cut at ``micro``; ``restore()`` puts
@@ -203,7 +204,7 @@ class MicroBatchPlanner:
             raise UserError(f"{flag('micro_batch_size')} auto: even micro-batch 1 does not fit "
                             f"({first.note}, peak {_gb(first.peak_bytes)}"
                             f"{f' > budget {_gb(budget)}' if budget is not None else ''}); {hint}")
-        plan = BatchPlan(micro, self.per_device // micro)
+        plan = MicroBatchSplit(micro, self.per_device // micro)
         where = f"budget {_gb(budget)}, " if budget is not None else ""
         processes = f" x {self.world_size} processes" if self.world_size > 1 else ""
         self.search_report["summary"] = (
@@ -246,13 +247,13 @@ class MicroBatchPlanner:
         return Probe(micro, ok, peak, "fits" if ok else "does not fit on another process")
 
     # ------------------------------------------------------- out-of-memory recovery
-    def run(self, window: Window, forward_backward: Callable[[Window], None], *,
-            plan: BatchPlan, step: int, drop_gradients: Callable[[], None],
-            step_start: Any = None) -> tuple[Window, BatchPlan]:
+    def run(self, window: StepBatch, forward_backward: Callable[[StepBatch], None], *,
+            plan: MicroBatchSplit, step: int, drop_gradients: Callable[[], None],
+            step_start: Any = None) -> tuple[StepBatch, MicroBatchSplit]:
         """Run ``forward_backward(window)``; on out-of-memory redo it in smaller micro-batches.
 
         Returns the window as it finally ran (re-cut after a recovery) and the plan that
-        later steps should use. ``step_start`` (a :class:`~amptrain.snapshot.StepStart`,
+        later steps should use. ``step_start`` (a :class:`~amptrain.trainer.snapshot.StepStart`,
         saved by the caller) brings RNG and BatchNorm statistics back before a redo, as a
         run that used the smaller micro-batch from the start would have them.
         """
@@ -276,7 +277,8 @@ class MicroBatchPlanner:
             if step_start is not None:
                 step_start.restore()
 
-    def _shrink(self, window: Window, failure: str, plan: BatchPlan, step: int) -> BatchPlan:
+    def _shrink(self, window: StepBatch, failure: str, plan: MicroBatchSplit,
+                step: int) -> MicroBatchSplit:
         failed = max(window.micro_samples)
         per_device = plan.micro_batch * plan.accumulate
         smaller = halve(failed, per_device)
@@ -291,7 +293,7 @@ class MicroBatchPlanner:
                 f"out of memory at step {step} with micro-batch {failed} ({failure}); one of "
                 f"{self.world_size} processes cannot redo a step alone: restart with "
                 f"{flag('micro_batch_size')} {smaller} (or auto)")
-        new = BatchPlan(smaller, math.ceil(per_device / smaller))
+        new = MicroBatchSplit(smaller, math.ceil(per_device / smaller))
         self.limit = smaller
         self.oom_events.append({"step": step, "micro_batch_size": [plan.micro_batch, smaller],
                                 "accumulate": [plan.accumulate, new.accumulate], "error": failure,
@@ -314,15 +316,15 @@ class MicroBatchPlanner:
 
 
 # ---------------------------------------------------------------- re-splitting
-def resplit(window: Window, micro: int) -> Window:
+def resplit(window: StepBatch, micro: int) -> StepBatch:
     """The same samples in micro-batches of at most ``micro``, cut the way
-    :class:`~amptrain.batches.GlobalBatchPlan` cuts them."""
+    :class:`~amptrain.batches.SampleOrder` cuts them."""
     n = sum(window.micro_samples)
     count = min(math.ceil(n / micro), n)
     cuts = [i * n // count for i in range(count + 1)]
     whole = _concat(window.micro_batches)
     batches = [_slice(whole, cuts[i], cuts[i + 1]) for i in range(count)]
-    return Window(batches, [cuts[i + 1] - cuts[i] for i in range(count)], window.global_samples)
+    return StepBatch(batches, [cuts[i + 1] - cuts[i] for i in range(count)], window.global_samples)
 
 
 def _concat(parts: list[Any]) -> Any:

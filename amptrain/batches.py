@@ -19,7 +19,7 @@ from .errors import UserError
 
 
 @dataclass(frozen=True)
-class WindowPlan:
+class StepIndices:
     """One optimizer step for one rank: its micro-batches and the global sample count."""
 
     micro_indices: list[list[int]]
@@ -27,7 +27,7 @@ class WindowPlan:
 
 
 @dataclass
-class Window:
+class StepBatch:
     """Materialised micro-batches of one optimizer step, already on the device."""
 
     micro_batches: list[Any]
@@ -35,7 +35,7 @@ class Window:
     global_samples: int
 
 
-class GlobalBatchPlan:
+class SampleOrder:
     """Shuffle, cut into global batches, shard across ranks, cut into micro-batches.
 
     The final global batch of an epoch may be smaller; it is shared across ranks as
@@ -72,7 +72,7 @@ class GlobalBatchPlan:
         generator = torch.Generator().manual_seed(self.seed * 1_000_003 + epoch)
         return torch.randperm(self.num_samples, generator=generator)
 
-    def epoch(self, epoch: int, start: int = 0) -> Iterator[WindowPlan]:
+    def epoch(self, epoch: int, start: int = 0) -> Iterator[StepIndices]:
         """The rank's windows of ``epoch``, starting at window ``start`` (for resume);
         produced one at a time, so an epoch's plan is never held whole."""
         order = self.order_tensor(epoch)
@@ -80,7 +80,7 @@ class GlobalBatchPlan:
             batch = order[w * self.global_batch:(w + 1) * self.global_batch].tolist()
             yield self._window(batch)
 
-    def _window(self, batch: Sequence[int]) -> WindowPlan:
+    def _window(self, batch: Sequence[int]) -> StepIndices:
         n, world = len(batch), self.world_size
         bounds = [r * n // world for r in range(world + 1)]
         shard = list(batch[bounds[self.rank]:bounds[self.rank + 1]])
@@ -90,7 +90,7 @@ class GlobalBatchPlan:
         # and none may be empty.
         count = min(math.ceil(largest / self.micro_batch), smallest)
         cuts = [i * len(shard) // count for i in range(count + 1)]
-        return WindowPlan([shard[cuts[i]:cuts[i + 1]] for i in range(count)], n)
+        return StepIndices([shard[cuts[i]:cuts[i + 1]] for i in range(count)], n)
 
 
 def to_device(batch: Any, device: torch.device, non_blocking: bool = True) -> Any:
@@ -129,7 +129,7 @@ def batch_size_of(batch: Any) -> int:
 
 
 class DatasetWindows:
-    """Windows of a map-style dataset following a :class:`GlobalBatchPlan`.
+    """Windows of a map-style dataset following a :class:`SampleOrder`.
 
     Datasets that expose ``tensors`` (see :class:`amptrain.data.TensorData`) are indexed
     directly, on the device when they live there: no workers, no collation, no copies.
@@ -143,7 +143,7 @@ class DatasetWindows:
     counts positions in ``subset`` (``--eval-batches``' fixed sample).
     """
 
-    def __init__(self, dataset: Dataset, plan: GlobalBatchPlan, device: torch.device, *,
+    def __init__(self, dataset: Dataset, plan: SampleOrder, device: torch.device, *,
                  num_workers: int = 0, subset: torch.Tensor | None = None) -> None:
         self.dataset = dataset
         self.plan = plan
@@ -156,12 +156,12 @@ class DatasetWindows:
     def __len__(self) -> int:
         return len(self.plan)
 
-    def epoch(self, epoch: int, start: int = 0) -> Generator[Window, None, None]:
-        plans: Iterator[WindowPlan] = self.plan.epoch(epoch, start)
+    def epoch(self, epoch: int, start: int = 0) -> Generator[StepBatch, None, None]:
+        plans: Iterator[StepIndices] = self.plan.epoch(epoch, start)
         if self.subset is not None:
             plans = map(self._through_subset, plans)
         tensors = getattr(self.dataset, "tensors", None)
-        windows: Iterator[Window]
+        windows: Iterator[StepBatch]
         if tensors is not None:
             windows = self._indexed(list(plans), tensors)
         elif hasattr(self.dataset, "read_batch"):
@@ -181,12 +181,12 @@ class DatasetWindows:
                 for m, batch in enumerate(window.micro_batches)]
             yield window
 
-    def _through_subset(self, plan: WindowPlan) -> WindowPlan:
+    def _through_subset(self, plan: StepIndices) -> StepIndices:
         assert self.subset is not None
-        return WindowPlan([self.subset[idx].tolist() for idx in plan.micro_indices],
+        return StepIndices([self.subset[idx].tolist() for idx in plan.micro_indices],
                           plan.global_samples)
 
-    def _read(self, plans: Iterator[WindowPlan]) -> Iterator[Window]:
+    def _read(self, plans: Iterator[StepIndices]) -> Iterator[StepBatch]:
         read_batch = self.dataset.read_batch  # type: ignore[attr-defined]
         pin = self.device.type == "cuda"
         for plan in plans:
@@ -194,10 +194,10 @@ class DatasetWindows:
             for idx in plan.micro_indices:
                 batch = read_batch(idx)
                 micro.append(to_device(_pinned(batch) if pin else batch, self.device))
-            yield Window(micro, [len(i) for i in plan.micro_indices], plan.global_samples)
+            yield StepBatch(micro, [len(i) for i in plan.micro_indices], plan.global_samples)
 
-    def _indexed(self, plans: list[WindowPlan],
-                 tensors: Sequence[torch.Tensor]) -> Iterator[Window]:
+    def _indexed(self, plans: list[StepIndices],
+                 tensors: Sequence[torch.Tensor]) -> Iterator[StepBatch]:
         where = tensors[0].device
         select = getattr(self.dataset, "select", None)
         # The epoch's indices go to the data's device in one non-blocking copy from pinned
@@ -224,9 +224,9 @@ class DatasetWindows:
                 if pin:
                     batch = _pinned(batch)
                 micro.append(to_device(batch, self.device))
-            yield Window(micro, [len(i) for i in plan.micro_indices], plan.global_samples)
+            yield StepBatch(micro, [len(i) for i in plan.micro_indices], plan.global_samples)
 
-    def _loaded(self, plans: Iterator[WindowPlan]) -> Iterator[Window]:
+    def _loaded(self, plans: Iterator[StepIndices]) -> Iterator[StepBatch]:
         # One DataLoader for the life of these windows: with workers they persist across
         # epochs (no restart per epoch), and the plan is fed to them lazily.
         if self._loader is None:
@@ -252,7 +252,7 @@ class DatasetWindows:
                 raise UserError(_worker_message(exc)) from None
             plan = self._sampler.taken.popleft()
             micro = [first] + [next(batches) for _ in plan.micro_indices[1:]]
-            yield Window([to_device(b, self.device) for b in micro],
+            yield StepBatch([to_device(b, self.device) for b in micro],
                          [len(i) for i in plan.micro_indices], plan.global_samples)
 
 
@@ -269,10 +269,10 @@ class _PlanSampler:
     plan as the loader takes it, so windows know their micro-batch sizes."""
 
     def __init__(self) -> None:
-        self.plans: Iterator[WindowPlan] = iter(())
-        self.taken: collections.deque[WindowPlan] = collections.deque()
+        self.plans: Iterator[StepIndices] = iter(())
+        self.taken: collections.deque[StepIndices] = collections.deque()
 
-    def start(self, plans: Iterator[WindowPlan]) -> None:
+    def start(self, plans: Iterator[StepIndices]) -> None:
         self.plans = plans
         self.taken.clear()
 
@@ -301,7 +301,7 @@ class LoaderWindows:
         windows = math.ceil(len(self.loader) / self.accumulate)
         return windows if self.limit is None else min(windows, self.limit)
 
-    def epoch(self, epoch: int, start: int = 0) -> Iterator[Window]:
+    def epoch(self, epoch: int, start: int = 0) -> Iterator[StepBatch]:
         sampler = getattr(self.loader, "sampler", None)
         if sampler is not None and hasattr(sampler, "set_epoch"):
             sampler.set_epoch(epoch)
@@ -319,7 +319,7 @@ class LoaderWindows:
         if pending and index >= start:
             yield self._window(pending)
 
-    def _window(self, batches: list[Any]) -> Window:
+    def _window(self, batches: list[Any]) -> StepBatch:
         micro = [to_device(b, self.device) for b in batches]
         sizes = [batch_size_of(b) for b in micro]
-        return Window(micro, sizes, sum(sizes) * self.world_size)
+        return StepBatch(micro, sizes, sum(sizes) * self.world_size)

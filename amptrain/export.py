@@ -185,7 +185,7 @@ def export_checkpoint(checkpoint: str | Path, format: str, out: str | Path | Non
                       dtype: str = "fp32") -> tuple[Path, list[Path]]:
     """Export a checkpoint written by ``amptrain train`` (or a run directory's last one)
     as ``format``; returns (output directory, files written)."""
-    from . import outdir
+    from .trainer import outdir
     from .runner import build_saved_model, checkpoint_file, load_run
 
     if dtype not in DTYPES:

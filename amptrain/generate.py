@@ -19,7 +19,7 @@ from .data import ByteTokenizer
 from .errors import UserError
 from .runner import (build_saved_model, checkpoint_file, load_run, saved_task,
                      text_encoder)
-from .steps import split_outputs
+from .forward import split_outputs
 from .trainer import Trainer
 
 

@@ -13,7 +13,8 @@ from typing import Any, Iterator
 
 from torch import nn
 
-from . import checkpoint, outdir
+from . import checkpoint
+from .trainer import outdir
 from .checkpoint.sections import check_finite_weights
 from .config import RunConfig, replace_options
 from .data import DataBundle, DataOptions, build_data

@@ -25,7 +25,7 @@ import torch
 from torch.utils.data import DataLoader, Dataset, IterableDataset
 from torch.utils.data._utils.collate import default_collate
 
-from .batches import Window, to_device
+from .batches import StepBatch, to_device
 from .errors import UserError, flag
 
 log = logging.getLogger("amptrain")
@@ -138,7 +138,7 @@ class StreamWindows:
         if pending:
             yield default_collate(pending)
 
-    def epoch(self, epoch: int, start: int = 0) -> Iterator[Window]:
+    def epoch(self, epoch: int, start: int = 0) -> Iterator[StepBatch]:
         """The windows of one pass over the stream, skipping the first ``start``."""
         self.ended = False
         per_window = self.accumulate * self.world_size
@@ -166,12 +166,12 @@ class StreamWindows:
         self._epochs_read += 1
         self.ended = True
 
-    def _window(self, batches: list[Any]) -> Window:
+    def _window(self, batches: list[Any]) -> StepBatch:
         from .batches import batch_size_of
 
         micro = [to_device(b, self.device) for b in batches]
         sizes = [batch_size_of(b) for b in micro]
-        return Window(micro, sizes, sum(sizes) * self.world_size)
+        return StepBatch(micro, sizes, sum(sizes) * self.world_size)
 
 
 def stream_windows(data: Any, *, micro: int, accumulate: int, device: torch.device,

@@ -17,7 +17,7 @@ import torch
 
 from amptrain.config import RunConfig, build_config
 from amptrain.diagnose import RangeRecorder
-from amptrain.probe import NonFiniteWatch
+from amptrain.nonfinite import NonFiniteWatch
 from amptrain.runner import prepare_run
 from amptrain.trainer import Trainer
 

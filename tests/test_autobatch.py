@@ -21,7 +21,7 @@ from amptrain.autobatch import (
     largest_fitting,
     resplit,
 )
-from amptrain.batches import Window
+from amptrain.batches import StepBatch
 from amptrain.config import TrainConfig, build_config
 from amptrain.errors import UserError, cli_spelling
 from amptrain.memory import MemoryMeter
@@ -151,12 +151,12 @@ def test_other_errors_are_not_mistaken_for_out_of_memory():
 def test_resplit_cuts_the_same_samples_like_the_batch_plan():
     x = torch.arange(10.0).unsqueeze(1)
     y = torch.arange(10)
-    window = Window([(x[:5], y[:5]), (x[5:], y[5:])], [5, 5], 10)
+    window = StepBatch([(x[:5], y[:5]), (x[5:], y[5:])], [5, 5], 10)
     again = resplit(window, 3)
     assert again.micro_samples == [2, 3, 2, 3]  # ceil(10/3) = 4 micro-batches, evenly cut
     assert torch.equal(torch.cat([b[1] for b in again.micro_batches]), y)
     assert again.global_samples == 10
-    as_dicts = Window([{"x": x[:4], "labels": y[:4]}, {"x": x[4:], "labels": y[4:]}], [4, 6], 10)
+    as_dicts = StepBatch([{"x": x[:4], "labels": y[:4]}, {"x": x[4:], "labels": y[4:]}], [4, 6], 10)
     assert [b["labels"].tolist() for b in resplit(as_dicts, 5).micro_batches] == \
         [list(range(5)), list(range(5, 10))]
     assert halve(64, 64) == 32 and halve(3, 24) == 1 and halve(1, 24) is None

@@ -4,12 +4,12 @@ from __future__ import annotations
 import pytest
 import torch
 
-from amptrain.batches import DatasetWindows, GlobalBatchPlan, batch_size_of
+from amptrain.batches import DatasetWindows, SampleOrder, batch_size_of
 from amptrain.data import TensorData
 
 
 def _global_batches(n, batch, micro, world, seed=3, epoch=1):
-    per_rank = [list(GlobalBatchPlan(n, batch, micro, world_size=world, rank=r, seed=seed)
+    per_rank = [list(SampleOrder(n, batch, micro, world_size=world, rank=r, seed=seed)
                      .epoch(epoch)) for r in range(world)]
     windows = []
     for step in zip(*per_rank):
@@ -27,20 +27,20 @@ def test_same_samples_form_same_steps_whatever_the_split(micro, world):
 
 
 def test_order_changes_with_epoch_and_seed_but_covers_everything():
-    plan = GlobalBatchPlan(100, 10, 10)
+    plan = SampleOrder(100, 10, 10)
     assert plan.order(0) != plan.order(1)
-    assert plan.order(0) != GlobalBatchPlan(100, 10, 10, seed=1).order(0)
+    assert plan.order(0) != SampleOrder(100, 10, 10, seed=1).order(0)
     assert sorted(plan.order(0)) == list(range(100))
 
 
 def test_partial_window_smaller_than_world_is_dropped():
-    plan = GlobalBatchPlan(33, 16, 4, world_size=4, rank=0)
+    plan = SampleOrder(33, 16, 4, world_size=4, rank=0)
     assert len(plan) == 2  # 1 leftover sample cannot be shared by 4 processes
-    assert len(GlobalBatchPlan(33, 16, 4)) == 3
+    assert len(SampleOrder(33, 16, 4)) == 3
 
 
 def test_resume_start_yields_the_remaining_windows():
-    plan = GlobalBatchPlan(50, 8, 4, seed=0)
+    plan = SampleOrder(50, 8, 4, seed=0)
     full = list(plan.epoch(2))
     assert list(plan.epoch(2, start=3)) == full[3:]
 
@@ -48,7 +48,7 @@ def test_resume_start_yields_the_remaining_windows():
 def test_dataset_windows_index_in_memory_tensors():
     x = torch.arange(20, dtype=torch.float32)[:, None]
     y = torch.arange(20)
-    windows = DatasetWindows(TensorData(x, y), GlobalBatchPlan(20, 8, 4, shuffle=False),
+    windows = DatasetWindows(TensorData(x, y), SampleOrder(20, 8, 4, shuffle=False),
                              torch.device("cpu"))
     first = next(windows.epoch(0))
     assert first.micro_samples == [4, 4] and first.global_samples == 8

@@ -4,7 +4,7 @@ from __future__ import annotations
 import argparse
 import logging
 
-from .. import outdir
+from ..trainer import outdir
 from ..config import RunConfig, build_config, config_fields, replace_options
 from ..errors import flag
 from .common import add_config_flags, default_out, merged_values

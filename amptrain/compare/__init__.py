@@ -28,7 +28,7 @@ from .options import (
 )
 from .reliability import assess_timing
 from .runs import RunProbe, digest, first_step_loss_fp32, train_runs
-from .study import check_out, run_compare
+from .pipeline import check_out, run_compare
 from .summary import summarise
 from .timing import (
                       Contender,

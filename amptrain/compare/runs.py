@@ -15,7 +15,7 @@ import torch
 from ..config import RunConfig, replace_options
 from ..errors import TrainingHalted
 from ..runner import prepare_run, run_training
-from ..steps import forward_batch
+from ..forward import forward_batch
 from ..trainer import Trainer
 from .options import row_options
 from .summary import finite

@@ -17,7 +17,7 @@ import torch
 from ..config import RunConfig, replace_options
 from ..errors import TrainingHalted
 from ..memory import MemoryMeter
-from ..precision.maths import MathSwitches
+from ..precision.tf32 import MathSwitches
 from ..runner import prepare_run
 from ..tasks import Task
 from ..trainer import Trainer

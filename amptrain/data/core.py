@@ -50,7 +50,7 @@ class TensorData(Dataset):
 
 
 class TextEncoder(Protocol):
-    """A model's own tokenizer, as ``csv-text`` uses it (see ``amptrain.hf.HFTextEncoder``)."""
+    """A model's own tokenizer, as ``csv-text`` uses it (``amptrain.models.hf.HFTextEncoder``)."""
 
     #: What the run records in its fitted preprocessing (e.g. ``hf:models/bert``).
     name: str

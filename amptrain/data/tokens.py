@@ -4,7 +4,7 @@ A sample is a block of ``--seq-len`` ids and the same ids shifted by one (next-t
 targets), exactly as ``text:`` data. Blocks sit on a fixed grid (block ``i`` starts at
 token ``i * seq_len``), not at random offsets as nanoGPT's ``get_batch`` draws them:
 a grid makes the corpus a map-style dataset of known length, so the Trainer's
-:class:`~amptrain.batches.GlobalBatchPlan` applies unchanged -- an epoch sees every token
+:class:`~amptrain.batches.SampleOrder` applies unchanged -- an epoch sees every token
 once, the order depends only on the seed and the global batch, a resumed run continues
 with the very next window, and DDP ranks take disjoint shares of each global batch.
 Random offsets would need an RNG position in every checkpoint for the same guarantees.

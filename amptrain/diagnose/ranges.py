@@ -23,7 +23,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from ..probe import extremes, floating_tensors
+from ..nonfinite import extremes, floating_tensors
 
 FP16_MAX = 65504.0
 BF16_MAX = float(torch.finfo(torch.bfloat16).max)

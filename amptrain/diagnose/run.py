@@ -28,7 +28,7 @@ from ..errors import AmptrainWarning, UserError
 from ..precision import NonFiniteHalt
 from ..precision.advice import emulation_warning, range_safe_choice
 from ..precision.support import device_features, supported_precisions
-from ..probe import NonFiniteEvent, NonFiniteWatch
+from ..nonfinite import NonFiniteEvent, NonFiniteWatch
 from ..runner import prepare_run
 from ..trainer import Trainer
 from .ranges import FORMATS, FP16, SAMPLE_LIMIT, RangeRecorder, fractions

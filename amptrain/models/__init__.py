@@ -10,7 +10,7 @@ works everywhere. A spec is ``name`` or ``name:options`` (``transformer:layers=4
 * :mod:`.sequence` -- ``lstm``, ``transformer``
 * :mod:`.gpt` -- ``gpt`` (a decoder-only language model; its output is ``head`` too)
 * :mod:`.external` -- ``module:pkg.mod.factory``, ``timm:NAME``, ``hf:PATH`` (in
-  :mod:`amptrain.hf`, imported when used)
+  :mod:`amptrain.models.hf`, imported when used)
 * :mod:`.keras` -- ``keras:FILE.keras``, a saved Keras 3 model on the torch backend (keras
   imported when used)
 * :mod:`.range_demos` -- ``demo-overflow``, ``demo-underflow`` (for ``diagnose``)

@@ -102,7 +102,7 @@ def timm_model(argument: str, inputs: ModelInputs) -> nn.Module:
 @register("hf")
 def hf_model(argument: str, inputs: ModelInputs) -> nn.Module:
     """``hf:PATH``: a Hugging Face sequence classifier from a local directory (see
-    :mod:`amptrain.hf`, imported only now so that amptrain runs without transformers)."""
+    :mod:`amptrain.models.hf`, imported only now so that amptrain runs without transformers)."""
     return _hf(f"hf:{argument}").hf_model(argument, inputs)
 
 
@@ -120,4 +120,4 @@ def _hf(spec: str) -> Any:
     except ImportError:
         raise UserError(f"--model {spec} needs the transformers package: "
                         f"pip install transformers (or pip install 'amptrain[hf]')") from None
-    return importlib.import_module("amptrain.hf")
+    return importlib.import_module("amptrain.models.hf")

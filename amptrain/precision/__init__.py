@@ -40,7 +40,7 @@ from .islands import (
 )
 from .master import (MasterWeights, cast_model, check_no_shared_kept,
                      is_fsdp_sharded, modules_kept_fp32)
-from .maths import set_tf32
+from .tf32 import set_tf32
 from .misuse import CallOrder
 from .modes import ALIASES, MODES, PRECISION_NAMES, ModeSpec, as_given, canonical_name, label
 from .outcome import NonFiniteHalt, StepOutcome

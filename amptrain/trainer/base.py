@@ -11,17 +11,17 @@ from typing import Any
 import torch
 from torch import nn
 
-from ..autobatch import BatchPlan, MicroBatchPlanner
-from ..batches import Window
+from ..autobatch import MicroBatchSplit, MicroBatchPlanner
+from ..batches import StepBatch
 from ..checkpoint import BackgroundWriter
 from ..config import TrainConfig
 from ..distributed import Strategy
 from ..logs import RunLogger
-from ..lrscale import LrPlan
+from ..optim import LrPlan
 from ..memory import MemoryMeter
 from ..precision import Precision, StepOutcome
-from ..snapshot import StepStart
-from ..steps import LossFn
+from .snapshot import StepStart
+from ..forward import LossFn
 from ..tasks import EvalResult, Task
 
 
@@ -53,7 +53,7 @@ class TrainerBase:
     loss_fn: LossFn
     last_eval: EvalResult | None
     planner: MicroBatchPlanner
-    batch_plan: BatchPlan | None
+    batch_plan: MicroBatchSplit | None
     train_windows: Any
     total_steps: int
     constant_lr: bool
@@ -62,7 +62,7 @@ class TrainerBase:
     _step_start: StepStart | None
     _val_data: Any
     _pending: StepOutcome | None
-    _last_window: Window | None
+    _last_window: StepBatch | None
     _grad_norm: torch.Tensor | None
     _loss_sum: torch.Tensor
     _loss_samples: int

@@ -8,12 +8,12 @@ from typing import Any
 
 import torch
 
-from ..autobatch import BatchPlan
+from ..autobatch import MicroBatchSplit
 from ..batches import DatasetWindows
 from ..config import write_yaml
 from ..errors import UserError, flag
-from ..snapshot import TrainingSnapshot
-from ..steps import forward_batch
+from .snapshot import TrainingSnapshot
+from ..forward import forward_batch
 from .base import TrainerBase
 
 log = logging.getLogger("amptrain")
@@ -22,7 +22,7 @@ log = logging.getLogger("amptrain")
 class BatchPlanningMixin(TrainerBase):
     """The Trainer's side of micro-batch planning (mixed into it)."""
 
-    def _search_micro_batch(self, train_data: Any) -> BatchPlan:
+    def _search_micro_batch(self, train_data: Any) -> MicroBatchSplit:
         """``--micro-batch-size auto``: real steps at candidate sizes, state restored after each."""
         assert self.model is not None and self.optimizer is not None
         per_device = self.planner.per_device
@@ -70,7 +70,7 @@ class BatchPlanningMixin(TrainerBase):
         votes = torch.tensor(1.0 if fits else 0.0, device=self.device)
         return int(self.strategy.reduce_sum(votes).item()) == self.strategy.world_size
 
-    def _use_batch_plan(self, plan: BatchPlan) -> None:
+    def _use_batch_plan(self, plan: MicroBatchSplit) -> None:
         """The one place a new micro-batch split takes effect (after out-of-memory)."""
         self.batch_plan = plan
         windows_plan = getattr(self.train_windows, "plan", None)

@@ -7,7 +7,8 @@ from typing import Any
 
 import torch
 
-from .. import __version__, checkpoint, preemption
+from .. import __version__, checkpoint
+from . import preemption
 from ..config import to_dict
 from ..errors import Preempted, UserError, flag
 from ..optim import scaled_lr

@@ -18,23 +18,24 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader, Dataset
 
-from .. import checkpoint, datacheck, outdir, preemption
-from ..autobatch import BatchPlan, MicroBatchPlanner
-from ..batches import Window
+from .. import checkpoint
+from . import datacheck, outdir, preemption
+from ..autobatch import MicroBatchSplit, MicroBatchPlanner
+from ..batches import StepBatch
 from ..config import TrainConfig, build_config, to_dict, write_yaml
 from ..distributed import Strategy, build_strategy
 from ..errors import UserError, flag
-from ..evaluation import evaluate as evaluate_pass
+from .evaluation import evaluate as evaluate_pass
 from ..inapplicable import warn_inapplicable
 from ..logs import RunLogger
-from ..lrscale import LrPlan, plan_lr
+from ..optim import LrPlan, plan_lr
 from ..memory import MemoryMeter
 from ..models import is_conv_net
 from ..optim import build_optimizer, build_scheduler
 from ..precision import NonFiniteHalt, Precision, StepOutcome
 from ..reproducibility import seed_everything, tune_backends
-from ..snapshot import StepStart
-from ..steps import LossFn, forward_batch
+from .snapshot import StepStart
+from ..forward import LossFn, forward_batch
 from ..streams import as_dataset
 from ..tasks import ClassificationTask, EvalResult, Task, resolve_task
 from .batching import BatchPlanningMixin
@@ -100,12 +101,12 @@ class Trainer(CheckpointingMixin, ReportingMixin, BatchPlanningMixin, DataMixin)
                                          world_size=self.strategy.world_size,
                                          memory_budget_gb=c.batching.memory_budget_gb,
                                          agree=self._all_fit)
-        self.batch_plan: BatchPlan | None = None
+        self.batch_plan: MicroBatchSplit | None = None
         self._oom_events_told = 0
         self._step_start: StepStart | None = None
         self._val_data: Any = None
         self._pending: StepOutcome | None = None
-        self._last_window: Window | None = None
+        self._last_window: StepBatch | None = None
         self._grad_norm: torch.Tensor | None = None
         self._loss_sum = torch.zeros((), device=self.device)
         self._loss_samples = 0
@@ -178,7 +179,7 @@ class Trainer(CheckpointingMixin, ReportingMixin, BatchPlanningMixin, DataMixin)
         tune_backends(self.device, c.deterministic)
         self._prepare_model(model, optimizer)
         assert self.optimizer is not None  # _prepare_model built one when none was given
-        self.batch_plan = BatchPlan(*c.batching.split(self.strategy.world_size))
+        self.batch_plan = MicroBatchSplit(*c.batching.split(self.strategy.world_size))
         if c.batching.auto:
             self.batch_plan = self._search_micro_batch(train_data)
         self.train_windows = self._windows(train_data, self.micro_batch_size, self.accumulate,
@@ -243,7 +244,7 @@ class Trainer(CheckpointingMixin, ReportingMixin, BatchPlanningMixin, DataMixin)
                         flag("clip_grad_norm"))
         return result
 
-    def train_step(self, window: Window) -> None:
+    def train_step(self, window: StepBatch) -> None:
         """One optimizer step on ``window`` (micro-batches on the device), without the
         loop's bookkeeping (logging, evaluation, checkpoints, step counter)."""
         self._train_step(window)
@@ -366,7 +367,7 @@ class Trainer(CheckpointingMixin, ReportingMixin, BatchPlanningMixin, DataMixin)
         self._stopping = preemption.agreed_stop(self.stop_requested, self._stopping, self.step,
                                                 self.config.logging.log_every, self.strategy)
 
-    def _forward_backward(self, window: Window) -> None:
+    def _forward_backward(self, window: StepBatch) -> None:
         """Forward and backward of every micro-batch of ``window``; gradients accumulate."""
         assert self.train_model is not None, "set up first"
         world = self.strategy.world_size
@@ -392,7 +393,7 @@ class Trainer(CheckpointingMixin, ReportingMixin, BatchPlanningMixin, DataMixin)
             self._loss_sum.add_(loss, alpha=n)
         self._loss_samples += sum(window.micro_samples)
 
-    def _train_step(self, window: Window) -> None:
+    def _train_step(self, window: StepBatch) -> None:
         assert self.model is not None and self.optimizer is not None
         assert self.batch_plan is not None
         # On out-of-memory the planner redoes this same global batch in smaller

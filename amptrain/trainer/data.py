@@ -11,10 +11,10 @@ from typing import Any, Iterator
 import torch
 from torch.utils.data import DataLoader, Dataset
 
-from .. import datacheck
-from ..batches import DatasetWindows, GlobalBatchPlan, LoaderWindows, Window
+from . import datacheck
+from ..batches import DatasetWindows, SampleOrder, LoaderWindows, StepBatch
 from ..data.core import SPLIT_SEED
-from ..steps import forward_batch
+from ..forward import forward_batch
 from ..streams import as_dataset, is_stream, stream_windows
 from .base import TrainerBase
 
@@ -59,7 +59,7 @@ class DataMixin(TrainerBase):
         finally:
             self.model.train(was_training)
 
-    def _timed(self, windows: Iterator[Window]) -> Iterator[Window]:
+    def _timed(self, windows: Iterator[StepBatch]) -> Iterator[StepBatch]:
         """``windows``, adding the host time spent waiting for each to ``_data_wait_s``.
 
         Host clock only, no device sync: on an accelerator the host runs ahead of the
@@ -95,7 +95,7 @@ class DataMixin(TrainerBase):
             subset = None
             if sample_batches is not None:
                 subset = eval_sample(len(data), sample_batches * self.config.batching.batch_size)
-            plan = GlobalBatchPlan(len(data) if subset is None else len(subset),
+            plan = SampleOrder(len(data) if subset is None else len(subset),
                                    micro * accumulate * world, micro,
                                    world_size=world, rank=self.strategy.rank,
                                    seed=self.config.seed, shuffle=shuffle)

@@ -8,8 +8,8 @@ import numpy as np
 import torch
 
 from ..precision import NonFiniteHalt, label
-from ..probe import first_nonfinite_module
-from ..steps import forward_batch
+from ..nonfinite import first_nonfinite_module
+from ..forward import forward_batch
 from .base import TrainerBase
 from .result import FitResult
 

@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from amptrain.compare import CompareOptions, assess_timing, run_compare
-from amptrain.compare import study as study_module
+from amptrain.compare import pipeline as study_module
 from amptrain.compare.reliability import AA_LIMIT, SPREAD_LIMIT
 from amptrain.report import format_table, timing_warning
 from amptrain.trainer import Trainer

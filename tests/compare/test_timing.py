@@ -7,7 +7,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from amptrain.batches import Window
+from amptrain.batches import StepBatch
 from amptrain.compare import (
     MEMORY_STEPS,
     CompareOptions,
@@ -22,14 +22,14 @@ from amptrain.compare import (
 )
 from amptrain.data import TensorData
 from amptrain.errors import TrainingHalted
-from amptrain.precision.maths import MathSwitches
+from amptrain.precision.tf32 import MathSwitches
 from amptrain.runner import prepare_run
 from amptrain.trainer import Trainer
 from tests.compare.conftest import small_config
 
 
-def _window(samples: int = 64) -> Window:
-    return Window([(torch.zeros(samples, 2), torch.zeros(samples, dtype=torch.long))],
+def _window(samples: int = 64) -> StepBatch:
+    return StepBatch([(torch.zeros(samples, 2), torch.zeros(samples, dtype=torch.long))],
                   [samples], samples)
 
 
@@ -44,7 +44,7 @@ class _FakeTrainer:
         self.device = torch.device("cpu")
         self.steps, self.finished, self.halt_at = 0, 0, halt_at
 
-    def train_step(self, window: Window) -> None:
+    def train_step(self, window: StepBatch) -> None:
         self.steps += 1
         if self.steps == self.halt_at:
             raise TrainingHalted("loss scale fell to its floor")

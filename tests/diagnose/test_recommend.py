@@ -13,7 +13,7 @@ from amptrain.diagnose.recommend import (
     keep_fp32_candidates,
 )
 from amptrain.diagnose.run import diagnose
-from amptrain.probe import NonFiniteEvent
+from amptrain.nonfinite import NonFiniteEvent
 from tests.diagnose.conftest import bundle, config, scaled_model
 
 

@@ -16,7 +16,7 @@ from torch.nn import functional as F
 from torch.utils.data import DataLoader, Subset
 
 from amptrain import checkpoint
-from amptrain.batches import GlobalBatchPlan
+from amptrain.batches import SampleOrder
 from amptrain.cli import build_parser
 from amptrain.commands.common import merged_values
 from amptrain.config import RunConfig, build_config
@@ -91,7 +91,7 @@ def test_no_sync_between_accumulation_boundaries(scenarios):
         # at the boundary: the all-reduced gradient, identical on both ranks.
         assert same == boundary, (step, boundary)
     # The boundary gradient is the mean gradient of the whole global batch of step 0.
-    plan = GlobalBatchPlan(worker.SAMPLES, 32, 32, seed=0)
+    plan = SampleOrder(worker.SAMPLES, 32, 32, seed=0)
     indices = next(plan.epoch(0)).micro_indices[0]
     x, y = tiny_classification(n=worker.SAMPLES).tensors
     model = tiny_mlp()

@@ -6,7 +6,7 @@ import pytest
 import yaml
 from torch.utils.data import DataLoader
 
-from amptrain.autobatch import BatchPlan
+from amptrain.autobatch import MicroBatchSplit
 from amptrain.errors import UserError
 from amptrain.trainer import Trainer
 from tests.conftest import tiny_classification, tiny_mlp
@@ -27,7 +27,7 @@ def test_a_new_plan_takes_effect_in_one_place(tmp_path, capsys):
     capsys.readouterr()
     trainer.planner.oom_events.append({"step": 1, "micro_batch_size": [32, 8],
                                        "accumulate": [1, 4], "message": "out of memory: 32 -> 8"})
-    trainer._use_batch_plan(BatchPlan(8, 4))
+    trainer._use_batch_plan(MicroBatchSplit(8, 4))
     assert (trainer.micro_batch_size, trainer.accumulate) == (8, 4)
     # Later epochs are cut the new way: same global batches, smaller micro-batches.
     window = next(trainer.train_windows.epoch(1))
@@ -36,5 +36,5 @@ def test_a_new_plan_takes_effect_in_one_place(tmp_path, capsys):
     assert (resolved["micro_batch_size"], resolved["accumulate"]) == (8, 4)
     assert resolved["oom_events"] == [{"step": 1, "micro_batch_size": [32, 8],
                                        "accumulate": [1, 4]}]
-    trainer._use_batch_plan(BatchPlan(8, 4))  # an event is told once
+    trainer._use_batch_plan(MicroBatchSplit(8, 4))  # an event is told once
     assert capsys.readouterr().err.count("amptrain: out of memory: 32 -> 8") == 1

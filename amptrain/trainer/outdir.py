@@ -15,7 +15,7 @@ import os
 from pathlib import Path
 from typing import Any, Callable
 
-from .errors import UserError, flag
+from ..errors import UserError, flag
 
 #: Files whose presence means a directory already holds a run.
 RUN_MARKERS = ("checkpoints/last.pt", "metrics.jsonl")

@@ -8,9 +8,9 @@ from torch import nn
 from torch.nn import functional as F
 
 from amptrain import Precision
-from amptrain.batches import DatasetWindows, GlobalBatchPlan
+from amptrain.batches import DatasetWindows, SampleOrder
 from amptrain.distributed import Strategy
-from amptrain.evaluation import evaluate
+from amptrain.trainer.evaluation import evaluate
 from amptrain.logs import RunLogger
 from amptrain.tasks import ClassificationTask
 from tests.conftest import tiny_classification, tiny_mlp
@@ -32,7 +32,7 @@ class _Watched(nn.Module):
 
 
 def _windows(data, batch: int) -> DatasetWindows:
-    plan = GlobalBatchPlan(len(data), batch, batch, shuffle=False)
+    plan = SampleOrder(len(data), batch, batch, shuffle=False)
     return DatasetWindows(data, plan, CPU)
 
 

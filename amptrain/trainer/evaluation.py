@@ -7,11 +7,11 @@ from typing import Any
 import torch
 from torch import nn
 
-from .distributed import Strategy
-from .logs import RunLogger
-from .precision import Precision
-from .steps import forward_batch
-from .tasks import EvalResult, Task
+from ..distributed import Strategy
+from ..logs import RunLogger
+from ..precision import Precision
+from ..forward import forward_batch
+from ..tasks import EvalResult, Task
 
 
 def evaluate(model: nn.Module, windows: Any, *, precision: Precision, task: Task,

@@ -9,7 +9,7 @@ import torch
 from torch import nn
 
 from amptrain.models.range_demos import Scale
-from amptrain.probe import (
+from amptrain.nonfinite import (
     NonFiniteEvent,
     NonFiniteWatch,
     extremes,

@@ -10,7 +10,7 @@ from torch import nn
 from torch.nn import functional as F
 
 from amptrain.errors import UserError
-from amptrain.steps import forward_batch, split_outputs
+from amptrain.forward import forward_batch, split_outputs
 
 LOGITS = torch.randn(4, 3, generator=torch.Generator().manual_seed(0))
 LOSS = torch.tensor(0.25)

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from amptrain import outdir
+from amptrain.trainer import outdir
 from amptrain.errors import UserError, cli_spelling
 
 

@@ -8,7 +8,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from .precision import Precision
+from ..precision import Precision
 
 
 class TrainingSnapshot:

@@ -13,8 +13,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from .errors import UserError, flag
-from .tasks import Task
+from ..errors import UserError, flag
+from ..tasks import Task
 
 
 def dataset_length(data: Any, keyword: str) -> int | None:

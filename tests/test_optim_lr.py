@@ -15,7 +15,7 @@ import pytest
 
 from amptrain.config import TrainConfig
 from amptrain.errors import cli_spelling
-from amptrain.lrscale import (
+from amptrain.optim import (
     AUTO_WARMUP_FRACTION,
     GOYAL_WARMUP_EPOCHS,
     LrPlan,

@@ -6,7 +6,7 @@ import torch
 
 from amptrain.errors import AmptrainWarning
 from amptrain.precision import MODES
-from amptrain.precision.maths import MathSwitches, set_tf32
+from amptrain.precision.tf32 import MathSwitches, set_tf32
 from tests.conftest import fake_gpu
 
 

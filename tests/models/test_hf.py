@@ -16,7 +16,7 @@ import pytest
 import torch
 from torch import nn
 
-from amptrain.batches import DatasetWindows, GlobalBatchPlan
+from amptrain.batches import DatasetWindows, SampleOrder
 from amptrain.config import RunConfig
 from amptrain.data import DataOptions, TokenData, build_data
 from amptrain.errors import UserError
@@ -24,7 +24,7 @@ from amptrain.models import ModelInputs, build_model, text_encoder_for
 from amptrain.runner import model_inputs, prepare_run, run_training
 from amptrain.trainer import Trainer
 
-ROOT = Path(__file__).parents[1]
+ROOT = Path(__file__).parents[2]
 HAS_TRANSFORMERS = importlib.util.find_spec("transformers") is not None
 needs_transformers = pytest.mark.skipif(
     not HAS_TRANSFORMERS, reason="transformers is not installed (pip install 'amptrain[hf]')")
@@ -124,7 +124,7 @@ def test_micro_batches_are_dicts_padded_to_their_longest_sequence(local):
     bundle = build_data(f"csv-text:{csv_path}",
                         DataOptions(text_encoder=text_encoder_for(f"hf:{model_dir}")))
     data = bundle.train
-    plan = GlobalBatchPlan(len(data), 32, 8, seed=0)
+    plan = SampleOrder(len(data), 32, 8, seed=0)
     widths = set()
     for window in DatasetWindows(data, plan, torch.device("cpu")).epoch(0):
         for batch, n in zip(window.micro_batches, window.micro_samples):
@@ -150,7 +150,7 @@ def test_accumulation_equals_one_batch_k_times_larger(local):
     for accumulate in (1, 4):
         data, model = prepare_run(config)
         data.train.pad_multiple = 1           # micro-batches get different widths
-        first = next(GlobalBatchPlan(len(data.train), 16, 16 // accumulate).epoch(0))
+        first = next(SampleOrder(len(data.train), 16, 16 // accumulate).epoch(0))
         widths = {data.train.width_of(idx) for idx in first.micro_indices}
         assert accumulate == 1 or len(widths) > 1
         trainer = Trainer(precision="32-true", device="cpu", batch_size=16,
@@ -239,7 +239,7 @@ def tiny_gpt2(tmp_path_factory):
 def test_causal_lm_fine_tunes_on_text_with_its_own_tokenizer(tiny_gpt2, tmp_path):
     from amptrain.config import build_config
     from amptrain.generate import Sampling, generate_text
-    from amptrain.hf import CausalLMLogits
+    from amptrain.models.hf import CausalLMLogits
 
     model_dir, corpus = tiny_gpt2
     config = build_config(RunConfig, {
@@ -292,7 +292,7 @@ def test_core_works_without_transformers_and_hf_says_what_to_install(tmp_path):
         "import amptrain, amptrain.trainer, amptrain.runner, amptrain.cli\n"
         "from amptrain.models import MODELS, ModelInputs, build_model, text_encoder_for\n"
         "from amptrain.errors import UserError\n"
-        "assert 'hf' in MODELS and 'amptrain.hf' not in sys.modules\n"
+        "assert 'hf' in MODELS and 'amptrain.models.hf' not in sys.modules\n"
         "for call in (lambda: build_model('hf:x', ModelInputs(2, (8,), 'sequence', 10)),\n"
         "             lambda: text_encoder_for('hf:x')):\n"
         "    try:\n"

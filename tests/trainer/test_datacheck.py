@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from amptrain import datacheck
+from amptrain.trainer import datacheck
 from amptrain.data import TensorData
 from amptrain.errors import UserError
 from tests.conftest import tiny_mlp

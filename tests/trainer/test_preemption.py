@@ -14,9 +14,9 @@ from types import SimpleNamespace
 
 import pytest
 
-from amptrain import preemption
+from amptrain.trainer import preemption
 from amptrain.errors import Preempted
-from amptrain.preemption import STOP_SIGNALS, exit_code, preempted, stop_on_signals
+from amptrain.trainer.preemption import STOP_SIGNALS, exit_code, preempted, stop_on_signals
 
 
 def send(sig: signal.Signals, trainer=None) -> None:

@@ -16,7 +16,7 @@ import threading
 from pathlib import Path
 from typing import Any, Iterator
 
-from .errors import Preempted
+from ..errors import Preempted
 
 log = logging.getLogger("amptrain")
 

@@ -37,9 +37,9 @@ import torch  # noqa: E402
 import transformers  # noqa: E402
 from torch import nn  # noqa: E402
 
-from .errors import UserError  # noqa: E402
-from .models.core import ModelInputs, set_exporter  # noqa: E402
-from .quiet import quiet_torchao  # noqa: E402
+from ..errors import UserError  # noqa: E402
+from .core import ModelInputs, set_exporter  # noqa: E402
+from ..quiet import quiet_torchao  # noqa: E402
 
 log = logging.getLogger("amptrain")
 

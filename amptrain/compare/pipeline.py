@@ -8,7 +8,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from .. import outdir
+from ..trainer import outdir
 from ..config import RunConfig, replace_options, to_dict
 from ..devices import resolve_device
 from ..env import collect_env
@@ -25,7 +25,7 @@ log = logging.getLogger("amptrain")
 
 def check_out(out: Path) -> None:
     """Refuse to mix a new study into a directory that already holds one, or to replace
-    any report file there (the rule of :mod:`amptrain.outdir`)."""
+    any report file there (the rule of :mod:`amptrain.trainer.outdir`)."""
     if (out / "compare.json").exists() or (out / "runs").exists():
         raise UserError(f"--out {out} already holds a compare study; choose another --out")
     outdir.claim(out, outdir.COMPARE_OUTPUTS)

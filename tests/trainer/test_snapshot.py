@@ -8,7 +8,7 @@ from torch import nn
 from torch.nn import functional as F
 
 from amptrain import Precision
-from amptrain.snapshot import StepStart, TrainingSnapshot
+from amptrain.trainer.snapshot import StepStart, TrainingSnapshot
 from tests.conftest import tiny_classification, tiny_mlp
 
 CPU = torch.device("cpu")
