@@ -46,11 +46,6 @@ class EvalResult:
         """The ``val_*`` fields of a metrics.jsonl record."""
         return {"val_loss": self.loss, **{f"val_{k}": v for k, v in self.metrics.items()}}
 
-    def report(self) -> dict[str, Any]:
-        """eval/report.json's content."""
-        assert self.task is not None, "an EvalResult reports through its task"
-        return self.task.report(self)
-
     def write(self, directory: str | Path) -> None:
         """Write eval/report.json and the task's readable report into ``directory``."""
         assert self.task is not None, "an EvalResult reports through its task"
