@@ -35,7 +35,8 @@ def rebuild(like: Any, items: Iterable[Any]) -> Any:
         if type(like) is dict:
             return dict(pairs)
         try:
-            return type(like)(pairs)
+            make: Any = type(like)
+            return make(pairs)
         except TypeError:  # a mapping type that cannot be built from pairs
             return dict(pairs)
     if isinstance(like, tuple) and hasattr(like, "_fields"):  # a named tuple

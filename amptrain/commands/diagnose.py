@@ -39,9 +39,10 @@ def run(args: argparse.Namespace) -> int:
         for key in ignored:
             del values[key]
     config = with_out(build_config(RunConfig, values, source="option"))
-    outdir.claim(config.out, outdir.DIAGNOSE_OUTPUTS)  # refused before the runs, not after
+    out = str(config.out)  # decided by with_out
+    outdir.claim(out, outdir.DIAGNOSE_OUTPUTS)  # refused before the runs, not after
     report = diagnose(config, args.steps)
-    json_path, md_path = write_reports(report, config.out)
+    json_path, md_path = write_reports(report, out)
     print("\n".join(summary_lines(report)))
     print(f"reports: {json_path}, {md_path}")
     return 0
