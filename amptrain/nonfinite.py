@@ -7,21 +7,17 @@ from typing import Any, Callable
 import torch
 from torch import nn
 
+from . import nested
+
 
 def _tensors(value: Any) -> list[torch.Tensor]:
-    if isinstance(value, torch.Tensor):
-        return [value]
-    if isinstance(value, (list, tuple)):
-        return [t for v in value for t in _tensors(v)]
-    if isinstance(value, dict):
-        return [t for v in value.values() for t in _tensors(v)]
-    if hasattr(value, "__dict__") and not isinstance(value, nn.Module):
-        return [t for v in vars(value).values() for t in _tensors(v)]
-    return []
+    # A model's output may be a dataclass of tensors: its attributes are looked into too.
+    return nested.tensors(value, attributes=True)
 
 
 def _nonfinite(value: Any) -> bool:
-    return any(t.is_floating_point() and not bool(torch.isfinite(t).all()) for t in _tensors(value))
+    return any(t.is_floating_point() and not bool(torch.isfinite(t).all())
+               for t in _tensors(value))
 
 
 def first_nonfinite_module(model: nn.Module, run: Callable[[], Any]) -> tuple[str, str] | None:

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -16,7 +16,7 @@ from torch import nn
 from . import checkpoint
 from .trainer import outdir
 from .checkpoint.sections import check_finite_weights
-from .config import RunConfig, replace_options
+from .config import RunConfig
 from .data import DataBundle, DataOptions, build_data
 from .distributed import build_strategy
 from .errors import UserError
@@ -24,7 +24,8 @@ from .launch import resume_after_restart
 from .export import export_trained
 from .models import ModelInputs, build_model, text_encoder_for
 from .reproducibility import seed_everything
-from .tasks import EvalResult, Task, build_task
+from .precision.support import resolve_name
+from .tasks import TASKS, ClassificationTask, EvalResult, Task, build_task, resolve_task
 from .trainer import FitResult, Trainer
 
 
@@ -34,11 +35,12 @@ def model_inputs(data: DataBundle) -> ModelInputs:
                        kind=data.kind, vocab_size=data.vocab_size)
 
 
-def run_info(config: RunConfig, data: DataBundle) -> dict[str, Any]:
-    """What a checkpoint must remember to rebuild the model without the training flags."""
+def run_info(config: RunConfig, data: DataBundle, task: Task | None = None) -> dict[str, Any]:
+    """What a checkpoint must remember to rebuild the model without the training flags
+    (``task``: the run's decided task; without it, the task the data says it is)."""
     return {"model": config.model, "data": config.data, "class_names": data.class_names,
             "inputs": asdict(model_inputs(data)), "data_fitted": data.fitted,
-            "task": data.task or "classification"}
+            "task": task.name if task is not None else data_task(data)}
 
 
 def text_encoder(model: str, tokenizer: str | None) -> Any:
@@ -50,31 +52,69 @@ def text_encoder(model: str, tokenizer: str | None) -> Any:
         else text_encoder_for(model)
 
 
-def check_task(config: RunConfig, data: DataBundle) -> str:
-    """The run's task: ``--task``, which must fit the data, or (auto) what the data is."""
-    kind = data.task or "classification"
+# ------------------------------------------------------------- one downward pass
+# A run is assembled in this order, each decision made once: the precision is checked
+# (before anything is loaded), then data -> task -> model -> Trainer.
+
+def check_precision(config: RunConfig, device: Any) -> str:
+    """The mode ``--precision`` means on ``device`` (auto resolved), refusing one the
+    device cannot run before the data and the model are loaded."""
+    return resolve_name(config.precision.name, device)
+
+
+def build_run_data(config: RunConfig) -> DataBundle:
+    """The data ``--data`` names, prepared with the run's options (a model that brings its
+    own tokenizer, ``hf:PATH``, tokenises text data)."""
+    return build_data(config.data, DataOptions(
+        seed=config.seed, val_fraction=config.val_fraction,
+        text_encoder=text_encoder(config.model, config.tokenizer), seq_len=config.seq_len,
+        text_glob=config.text_glob, task=config.task, augment=config.augment))
+
+
+def data_task(data: DataBundle) -> str:
+    """The task the data says it is for (a bundle that does not say holds class labels)."""
+    return data.task or ClassificationTask.name
+
+
+def decide_task(config: RunConfig, data: DataBundle) -> Task:
+    """The run's task, decided once: ``--task``, which must fit the data, or (auto) what
+    the data is; ``--loss`` and integer labels that are not classes are checked here."""
+    kind = data_task(data)
     if config.task not in ("auto", kind):
-        what = {"lm": "text for language modelling", "regression": "float regression targets",
-                "classification": "class labels"}[kind]
-        hint = {"lm": "language modelling needs --data text:PATH",
-                "regression": "regression needs float targets (npz with float y)",
-                "classification": "classification needs class labels"}.get(config.task, "")
         raise UserError(f"--task {config.task} does not fit --data {config.data}, which holds "
-                        f"{what}: {hint} (or use --task {kind})")
-    return kind
+                        f"{TASKS[kind].data_holds}: {TASKS[config.task].data_needs} (or use "
+                        f"--task {kind})")
+    return resolve_task(config.task, data.train, loss=config.loss,
+                        class_names=data.class_names or None)
+
+
+def build_run_model(config: RunConfig, data: DataBundle) -> nn.Module:
+    """A freshly initialised model for ``data`` (seeded: same seed, same weights)."""
+    seed_everything(config.seed)
+    return build_model(config.model, model_inputs(data))
+
+
+@dataclass
+class Assembled:
+    """What a run trains, built in order: its data, its task, its model."""
+
+    data: DataBundle
+    task: Task
+    model: nn.Module
+
+
+def assemble(config: RunConfig) -> Assembled:
+    """Data, then the task it fits, then the model (the runner's, compare's and diagnose's
+    runs are the same)."""
+    data = build_run_data(config)
+    task = decide_task(config, data)
+    return Assembled(data, task, build_run_model(config, data))
 
 
 def prepare_run(config: RunConfig) -> tuple[DataBundle, nn.Module]:
     """Build the data and a freshly initialised model (seeded: same seed, same weights)."""
-    # A model that brings its own tokenizer (hf:PATH) tokenises the text data.
-    data = build_data(config.data, DataOptions(
-        seed=config.seed, val_fraction=config.val_fraction,
-        text_encoder=text_encoder(config.model, config.tokenizer), seq_len=config.seq_len,
-        text_glob=config.text_glob, task=config.task, augment=config.augment))
-    check_task(config, data)
-    seed_everything(config.seed)
-    model = build_model(config.model, model_inputs(data))
-    return data, model
+    run = assemble(config)
+    return run.data, run.model
 
 
 def run_training(config: RunConfig, **trainer_options: Any) -> FitResult:
@@ -94,25 +134,25 @@ def run_training(config: RunConfig, **trainer_options: Any) -> FitResult:
 
 
 def _train(config: RunConfig, strategy: Any, trainer_options: dict[str, Any]) -> FitResult:
-    # Under plain torchrun each process picked its own default --out: use rank 0's.
-    config = replace_options(config, out=strategy.broadcast_object(config.out))
+    # A precision the hardware lacks (fp8 on a CPU) is refused before anything is loaded.
+    check_precision(config, strategy.device)
+    # The output directory: the command's --out (or its default), rank 0's under plain
+    # torchrun, where each process picked its own default.
+    config = config.with_options(out=strategy.broadcast_object(config.out))
     if config.out is not None:  # without one nothing is written (as in the Trainer)
         outdir.check_on_main(config.out, resume=bool(config.checkpointing.resume),
                              is_main=strategy.is_main, broadcast=strategy.broadcast_object)
-    # The Trainer first: a precision the hardware lacks (fp8 on a CPU) is refused before
-    # the data and the model are loaded.
-    trainer = Trainer(config, strategy=strategy, **trainer_options)
-    data, model = prepare_run(config)
-    trainer.run_info = run_info(config, data)
-    # The Trainer resolves --task from the data as check_task() did (auto: lm for
-    # text blocks, regression for float targets); library callers get the same.
-    result = trainer.fit(model, data.train, data.val, class_names=data.class_names or None)
+    run = assemble(config)
+    trainer = Trainer(config, strategy=strategy, run_info=run_info(config, run.data, run.task),
+                      **trainer_options)
+    result = trainer.fit(run.model, run.data.train, run.data.val,
+                         class_names=run.data.class_names or None, task=run.task)
     if config.out is not None:
         # DIR/model.safetensors for every model, and a model from another framework
         # written back in its own format (its export hook).
-        state = strategy.model_state_dict(model, trainer.precision)  # on every rank
+        state = strategy.model_state_dict(run.model, trainer.precision)  # on every rank
         if strategy.is_main:
-            export_trained(Path(config.out), model, state, trainer.run_info,
+            export_trained(Path(config.out), run.model, state, trainer.run_info,
                            step=trainer.step, replace=bool(config.checkpointing.resume))
     # Every rank finishes (rank 0 writes the last checkpoint and reports) before any
     # tears the process group down: a rank leaving early made gloo abort the other.
@@ -167,11 +207,17 @@ def saved_inputs(run: dict[str, Any]) -> ModelInputs:
     return ModelInputs(**{**run["inputs"], "input_shape": tuple(run["inputs"]["input_shape"])})
 
 
+def saved_task_name(state: dict[str, Any]) -> str:
+    """The name of the task a checkpoint trained (checkpoints older than tasks were
+    classifiers: they carry no task)."""
+    return str((state.get("task") or {}).get("name") or (state.get("run") or {}).get("task")
+               or ClassificationTask.name)
+
+
 def saved_task(state: dict[str, Any], class_names: list[str] | None) -> Task:
-    """The task a checkpoint was trained on, with what it learnt from the data
-    (checkpoints older than tasks were classifiers)."""
-    saved = dict(state.get("task") or {"name": "classification"})
-    return build_task(str(saved.pop("name")), class_names=class_names, **saved)
+    """The task a checkpoint was trained on, with what it learnt from the data."""
+    saved = {k: v for k, v in (state.get("task") or {}).items() if k != "name"}
+    return build_task(saved_task_name(state), class_names=class_names, **saved)
 
 
 def build_saved_model(run: dict[str, Any]) -> nn.Module:
@@ -191,19 +237,18 @@ def run_evaluation(*, checkpoint_path: str, data: str | None, precision: str, ou
     state, run = load_run(checkpoint_path)
     data_spec: str = data or run["data"]  # "data" is written with "model" (run_info)
     fitted = run.get("data_fitted") or {}
+    task_name = saved_task_name(state)
     # The training split's preprocessing (normalisation, vocabulary, class order,
     # tokenizer, block size) is reused, so other data is fed to the model exactly as the
     # training data was.
     bundle = build_data(data_spec,
                         DataOptions(val_fraction=state["config"].get("val_fraction", 0.2),
-                                    # checkpoints older than tasks were classifiers
-                                    fitted=fitted, task=run.get("task", "classification"),
+                                    fitted=fitted, task=task_name,
                                     text_encoder=text_encoder(run["model"],
                                                               fitted.get("tokenizer"))))
     inputs = saved_inputs(run)
     if bundle.num_classes != inputs.num_classes or tuple(bundle.input_shape) != inputs.input_shape:
-        outputs = {"lm": "vocabulary entries", "regression": "targets"}.get(
-            run.get("task", ""), "classes")
+        outputs = TASKS[task_name].output_noun if task_name in TASKS else "outputs"
         raise UserError(f"--data {data_spec} has {bundle.num_classes} {outputs} and inputs "
                         f"{tuple(bundle.input_shape)}, but the checkpoint's model expects "
                         f"{inputs.num_classes} {outputs} and {inputs.input_shape}")

@@ -389,7 +389,8 @@ def error_runs(tmp_path_factory) -> dict[str, subprocess.CompletedProcess]:
     def run(case):
         name, args, _ = case
         argv = [a.format(root=root, **paths) for a in args.split()]
-        quiet = [] if argv[0] == "diagnose" else ["--no-progress"]  # diagnose shows no bar
+        # diagnose, generate and export show no bar (and take no --no-progress)
+        quiet = [] if argv[0] in ("diagnose", "generate", "export") else ["--no-progress"]
         return name, amptrain(*argv, *quiet, cwd=work)
 
     with ThreadPoolExecutor(max_workers=4) as pool:

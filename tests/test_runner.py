@@ -15,7 +15,16 @@ from amptrain import checkpoint
 from amptrain.config import RunConfig
 from amptrain.errors import UserError
 from amptrain.models import ModelInputs, build_model
-from amptrain.runner import checkpoint_file, model_inputs, prepare_run, run_info
+from amptrain.runner import (
+    assemble,
+    check_precision,
+    checkpoint_file,
+    decide_task,
+    model_inputs,
+    prepare_run,
+    run_info,
+    saved_task_name,
+)
 
 
 # ------------------------------------------------------------- checkpoint_file
@@ -112,3 +121,36 @@ def test_text_encoder_follows_tokenizer_then_model():
     from amptrain.runner import text_encoder
 
     assert text_encoder("cnn", None) is None and text_encoder("gpt", "byte") is None
+
+
+# ------------------------------------------------------------- the one downward pass
+def test_assemble_decides_the_task_once_from_the_data(digits):
+    run = assemble(RunConfig.from_options(model="mlp", data="digits", seed=3))
+    assert run.task.name == "classification" and run.task.class_names == run.data.class_names
+    assert run_info(RunConfig(model="mlp"), run.data, run.task)["task"] == "classification"
+    _, model = prepare_run(RunConfig.from_options(model="mlp", data="digits", seed=3))
+    assert all(torch.equal(a, b) for a, b in zip(run.model.state_dict().values(),
+                                                  model.state_dict().values()))
+
+
+def test_decide_task_checks_loss_and_wording(digits):
+    with pytest.raises(UserError, match="loss huber applies to regression"):
+        decide_task(RunConfig(loss="huber"), digits)
+    with pytest.raises(UserError, match=r"which holds class labels: regression needs float "
+                                        r"targets \(npz with float y\) \(or use --task "
+                                        r"classification\)"):
+        decide_task(RunConfig(task="regression"), digits)
+
+
+def test_check_precision_resolves_and_refuses_up_front():
+    cpu = torch.device("cpu")
+    assert check_precision(RunConfig.from_options(precision="32"), cpu) == "32-true"
+    with pytest.raises(UserError, match="fp8"):
+        check_precision(RunConfig.from_options(precision="fp8"), cpu)
+
+
+def test_saved_task_name_reads_old_checkpoints_as_classifiers():
+    assert saved_task_name({}) == "classification"
+    assert saved_task_name({"run": {"task": "lm"}}) == "lm"
+    assert saved_task_name({"task": {"name": "regression"}, "run": {"task": "lm"}}) \
+        == "regression"

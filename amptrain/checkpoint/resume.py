@@ -110,11 +110,11 @@ def check_compatible(state: dict[str, Any], config: dict[str, Any], run_info: di
         log.warning("resume is not exact: %s", ", ".join(changed))
 
 
-#: What a model's output count is called, per task.
-_OUTPUTS = {"classification": "classes", "regression": "target values per sample",
-            "lm": "vocabulary entries"}
-_TASK_DATA = {"classification": "class labels", "regression": "regression targets",
-              "lm": "text for language modelling"}
+def _task_class(name: Any) -> Any:
+    """The Task class called ``name`` (its wording), or None for an unknown name."""
+    from ..tasks import TASKS
+
+    return TASKS.get(name) if isinstance(name, str) else None
 
 
 def _check_same_task(state: dict[str, Any], config: dict[str, Any], run_info: dict[str, Any],
@@ -124,8 +124,9 @@ def _check_same_task(state: dict[str, Any], config: dict[str, Any], run_info: di
     then = (state.get("task") or {}).get("name") or (state.get("run") or {}).get("task") \
         or "classification"
     now = run_info.get("task") or config.get("task")
-    if now in _OUTPUTS and then in _OUTPUTS and now != then:
-        raise UserError(f"--data {config.get('data')} holds {_TASK_DATA[now]} ({now}), but "
+    current = _task_class(now)
+    if current is not None and _task_class(then) is not None and now != then:
+        raise UserError(f"--data {config.get('data')} holds {current.data_holds} ({now}), but "
                         f"checkpoint {path} trained a {then} model; resume on the data it was "
                         f"trained on (--data {(state.get('config') or {}).get('data')}) or "
                         f"start a new run with another --out")
@@ -134,16 +135,15 @@ def _check_same_task(state: dict[str, Any], config: dict[str, Any], run_info: di
 def _inputs_differ(task: str, key: str, now: Any, then: Any, config: dict[str, Any],
                    saved: dict[str, Any], path: str | Path) -> str:
     """The message for a resume whose model facts differ, naming the flag that differs."""
-    if task == "lm" and key == "input_shape":
-        return (f"--seq-len {now[0]} differs from checkpoint {path}'s {then[0]}: its model "
-                f"reads blocks of {then[0]} tokens; resume with --seq-len {then[0]}")
-    if task == "lm":
-        return (f"--tokenizer {config.get('tokenizer') or 'byte'} gives a vocabulary of {now} "
-                f"tokens, but checkpoint {path} was trained with {then} (--tokenizer "
-                f"{saved.get('tokenizer') or 'byte'}); resume with that tokenizer")
-    what = f"{now} {_OUTPUTS.get(task, 'outputs')}" if key == "num_classes" \
+    cls = _task_class(task)
+    own = cls.resume_mismatch(key, now, then, config=config, saved=saved, path=str(path)) \
+        if cls is not None else None
+    if own is not None:
+        return own
+    noun = cls.output_noun if cls is not None else "outputs"
+    what = f"{now} {noun}" if key == "num_classes" \
         else f"inputs of shape {now}"
-    was = f"{then} {_OUTPUTS.get(task, 'outputs')}" if key == "num_classes" \
+    was = f"{then} {noun}" if key == "num_classes" \
         else f"inputs of shape {then}"
     return (f"--data {config.get('data')} has {what}, but checkpoint {path} was trained on "
             f"{was} (--data {saved.get('data')}); resume on data of the same shape")

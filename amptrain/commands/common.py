@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from ..config import RunConfig, cli_flag, config_fields, load_yaml
+from ..config import RunConfig, build_config, cli_flag, config_fields, load_yaml
 
 
 def add_config_flags(parser: argparse.ArgumentParser, cls: type = RunConfig,
@@ -47,14 +47,20 @@ def add_config_flags(parser: argparse.ArgumentParser, cls: type = RunConfig,
         group.add_argument(cli_flag(name), dest=name, **kwargs)
 
 
-def merged_values(args: argparse.Namespace, cls: type = RunConfig) -> dict[str, Any]:
-    """YAML from --config, overridden by the flags that were given."""
+def merged_values(args: argparse.Namespace, *classes: type) -> dict[str, Any]:
+    """YAML from --config, overridden by the flags that were given: the one place where
+    the two meet. ``classes`` (default :class:`RunConfig`) say which flags are options."""
     values: dict[str, Any] = load_yaml(args.config) if getattr(args, "config", None) else {}
-    names = set(config_fields(cls))
+    names = {name for cls in classes or (RunConfig,) for name in config_fields(cls)}
     for name, value in vars(args).items():
         if name in names:
             values[name] = value
     return values
+
+
+def config_from_args(args: argparse.Namespace, cls: type = RunConfig) -> Any:
+    """The validated config of a command's --config YAML and flags."""
+    return build_config(cls, merged_values(args, cls), source="option")
 
 
 def default_out(config: RunConfig, prefix: str = "") -> str:
@@ -62,6 +68,12 @@ def default_out(config: RunConfig, prefix: str = "") -> str:
     stamp = time.strftime("%Y%m%d-%H%M%S")
     safe = re.sub(r"[^A-Za-z0-9_.-]+", "_", f"{config.model}-{config.data}").strip("_")[:60]
     return str(Path("runs") / f"{prefix}{stamp}-{safe}")
+
+
+def with_out(config: RunConfig, prefix: str = "") -> RunConfig:
+    """``config`` with its output directory decided: --out, else :func:`default_out`
+    (decided here, once, before a launch: every torchrun process gets the same)."""
+    return config if config.out else config.with_options(out=default_out(config, prefix))
 
 
 def command_line() -> str | None:

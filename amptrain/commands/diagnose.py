@@ -5,9 +5,9 @@ import argparse
 import logging
 
 from ..trainer import outdir
-from ..config import RunConfig, build_config, config_fields, replace_options
+from ..config import RunConfig, build_config, config_fields
 from ..errors import flag
-from .common import add_config_flags, default_out, merged_values
+from .common import add_config_flags, merged_values, with_out
 
 HELP = "find which modules overflow or underflow in fp16 and what to do about it"
 
@@ -38,12 +38,11 @@ def run(args: argparse.Namespace) -> int:
                  ", ".join(flag(k) for k in ignored))
         for key in ignored:
             del values[key]
-    config = build_config(RunConfig, values, source="option")
-    if not config.out:
-        config = replace_options(config, out=default_out(config))
-    outdir.claim(config.out, outdir.DIAGNOSE_OUTPUTS)  # refused before the runs, not after
+    config = with_out(build_config(RunConfig, values, source="option"))
+    out = str(config.out)  # decided by with_out
+    outdir.claim(out, outdir.DIAGNOSE_OUTPUTS)  # refused before the runs, not after
     report = diagnose(config, args.steps)
-    json_path, md_path = write_reports(report, config.out)
+    json_path, md_path = write_reports(report, out)
     print("\n".join(summary_lines(report)))
     print(f"reports: {json_path}, {md_path}")
     return 0

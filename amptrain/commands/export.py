@@ -21,8 +21,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--dtype", default="fp32", choices=("fp32", "bf16"),
                         help="weight dtype of the export (default: fp32, also for runs that "
                              "trained half weights)")
-    parser.add_argument("--no-progress", action="store_true",
-                        help="accepted for symmetry with train/eval (export shows no bar)")
 
 
 def run(args: argparse.Namespace) -> int:

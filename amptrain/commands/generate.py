@@ -20,8 +20,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seed", type=int, default=0, help="sampling seed (default: 0)")
     parser.add_argument("--precision", default="auto", help="precision (default: auto)")
     parser.add_argument("--device", default="auto", help="cpu, cuda, cuda:N or auto")
-    parser.add_argument("--no-progress", action="store_true",
-                        help="accepted for symmetry with train/eval (generate shows no bar)")
 
 
 def run(args: argparse.Namespace) -> int:

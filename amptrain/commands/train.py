@@ -4,9 +4,9 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from ..config import RunConfig, build_config, replace_options
+from ..config import RunConfig
 from ..errors import TrainingHalted, UserError
-from .common import add_config_flags, default_out, merged_values, number
+from .common import add_config_flags, config_from_args, number, with_out
 
 HELP = "train a model in one precision"
 
@@ -27,11 +27,10 @@ def run(args: argparse.Namespace) -> int:
     from ..precision import label
     from ..runner import run_training
 
-    config = build_config(RunConfig, merged_values(args), source="option")
+    config = config_from_args(args)
     if config.checkpointing.resume == "auto" and not config.out:
         raise UserError("--resume auto needs --out (the run directory to continue)")
-    if not config.out:
-        config = replace_options(config, out=default_out(config))
+    config = with_out(config)
     if launch_requested(args):
         return launch(args, config)
     result = run_training(config)

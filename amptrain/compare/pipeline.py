@@ -9,11 +9,10 @@ from pathlib import Path
 from typing import Any
 
 from ..trainer import outdir
-from ..config import RunConfig, replace_options, to_dict
+from ..config import RunConfig, to_dict
 from ..devices import resolve_device
 from ..env import collect_env
 from ..errors import UserError
-from ..tasks import ClassificationTask
 from .options import CURVE_POINTS, CompareOptions, resolve_precisions
 from .reliability import assess_timing, machine_load, usable_cores
 from .runs import train_runs
@@ -60,7 +59,8 @@ def run_compare(config: RunConfig, options: CompareOptions, *, command: str | No
     load_before = machine_load()
     contenders = measure_speed_and_memory(config, precisions, options)
     speed = {p: speed_figures(c) for p, c in contenders.items()}
-    task = contenders[baseline].task or ClassificationTask()
+    task = contenders[baseline].task  # the set-up Trainer's: names compare's metric fields
+    assert task is not None, "build_contender sets every contender's task"
     # The higher of the two: a load that rose during the timing counts as much as one
     # that was there before it.
     loads = [x for x in (load_before, machine_load()) if x is not None]
@@ -75,7 +75,7 @@ def run_compare(config: RunConfig, options: CompareOptions, *, command: str | No
     print_every = config.logging.log_every
     if pick_log_every:
         steps = contenders[baseline].total_steps
-        config = replace_options(config, log_every=max(1, steps // CURVE_POINTS))
+        config = config.with_options(log_every=max(1, steps // CURVE_POINTS))
     runs = [] if options.speed_only else train_runs(config, precisions, seeds, out,
                                                     print_every=print_every)
 

@@ -12,7 +12,7 @@ from typing import Any
 
 import torch
 
-from ..config import RunConfig, replace_options
+from ..config import RunConfig
 from ..errors import TrainingHalted
 from ..runner import prepare_run, run_training
 from ..forward import forward_batch
@@ -109,12 +109,12 @@ def train_runs(config: RunConfig, precisions: list[str], seeds: list[int], out: 
     runs: list[dict[str, Any]] = []
     total = len(precisions) * len(seeds)
     for seed in seeds:
-        _, reference_model = prepare_run(replace_options(config, seed=seed))
+        _, reference_model = prepare_run(config.with_options(seed=seed))
         reference = {k: v.detach().clone() for k, v in reference_model.state_dict().items()}
         del reference_model
         for precision in precisions:
             run_dir = out / "runs" / precision / f"seed-{seed}"
-            run_config = replace_options(config, **row_options(precision), seed=seed,
+            run_config = config.with_options(**row_options(precision), seed=seed,
                                              out=str(run_dir), resume=None)
             log.info("compare: run %d/%d: %s, seed %d -> %s", len(runs) + 1, total, precision,
                      seed, run_dir)

@@ -5,7 +5,7 @@ import math
 import statistics
 from typing import Any
 
-from ..tasks import ClassificationTask, Task
+from ..tasks import Task
 from .ladder import LADDER_FIELDS
 from .options import SUMMARY_FIELDS
 
@@ -31,32 +31,32 @@ def _ratio(value: float | None, base: float | None) -> float | None:
 
 
 def summarise(baseline: str, precisions: list[str], runs: list[dict[str, Any]],
-              speed: dict[str, dict[str, Any]], tolerance_pp: float,
-              task: Task | None = None) -> list[dict[str, Any]]:
+              speed: dict[str, dict[str, Any]], tolerance: float,
+              task: Task) -> list[dict[str, Any]]:
     """One summary row per precision, baseline first, with exactly the fields of
     :func:`summary_fields` (:data:`SUMMARY_FIELDS` with the task's metric names).
 
     The verdict is ``task``'s judgement of its primary metric (classification: accuracy in
     percentage points, ``--tolerance-pp``; perplexity and RMSE: relative change,
-    ``--tolerance-rel``); ``tolerance_pp`` is the tolerance in the task's unit.
+    ``--tolerance-rel``); ``tolerance`` is the tolerance in the task's unit.
 
     ``speed[p]`` holds ``samples_per_s``, ``step_time_ms`` and ``peak_mem_bytes`` measured
     for precision ``p`` in this invocation; ratios are taken against ``speed[baseline]``.
     """
-    task = task or ClassificationTask()
     metric = f"val_{task.primary.key}"  # the runs' field of the primary metric
+    mean_field, std_field, delta_field = metric_fields(task)
 
-    def accuracies(p: str) -> list[float]:
+    def values(p: str) -> list[float]:
         return [r[metric] for r in runs if r["precision"] == p and r.get(metric) is not None]
 
     base_speed = speed.get(baseline, {})
-    base_acc = _mean(accuracies(baseline))
+    base_mean = _mean(values(baseline))
     rows = []
     for p in precisions:
         mine = [r for r in runs if r["precision"] == p]
-        accs = accuracies(p)
-        acc_mean = _mean(accs)
-        delta, judged = task.judge(acc_mean, base_acc, tolerance_pp)
+        own = values(p)
+        mean = _mean(own)
+        delta, judged = task.judge(mean, base_mean, tolerance)
         halted = any(r.get("halted") for r in mine)
         s = speed.get(p, {})
         row = {
@@ -69,9 +69,9 @@ def summarise(baseline: str, precisions: list[str], runs: list[dict[str, Any]],
             # The memory ladder: exact bytes of weights, grads, masters/compensation and
             # optimizer state (compare/ladder.py).
             **{k: s.get(k) for k in LADDER_FIELDS},
-            "val_acc_mean": acc_mean,
-            "val_acc_std": _std(accs),
-            "delta_acc_pp": delta,
+            mean_field: mean,
+            std_field: _std(own),
+            delta_field: delta,
             "final_loss_mean": _mean([r["final_loss"] for r in mine
                                       if r.get("final_loss") is not None]),
             "skipped_steps": sum(r["skipped_steps"] for r in mine
@@ -87,21 +87,26 @@ def summarise(baseline: str, precisions: list[str], runs: list[dict[str, Any]],
             "data_wait_frac": _mean([r["data_wait_frac"] for r in mine
                                      if r.get("data_wait_frac") is not None]),
         }
-        names = summary_fields(task)
-        rows.append({name: row[k] for k, name in zip(SUMMARY_FIELDS, names)})
+        rows.append({name: row[name] for name in summary_fields(task)})
     return rows
 
 
-#: The primary-metric fields of :data:`SUMMARY_FIELDS`, named for classification there.
+def metric_fields(task: Task) -> tuple[str, str, str]:
+    """The summary's fields of ``task``'s primary metric: (mean, std, delta), e.g.
+    ``val_acc_mean``, ``val_acc_std``, ``delta_acc_pp`` (classification),
+    ``val_perplexity_mean``, ..., ``delta_perplexity_rel`` (language models)."""
+    key = task.primary.key
+    return f"val_{key}_mean", f"val_{key}_std", task.delta_field
+
+
+#: Where :data:`SUMMARY_FIELDS` (classification's names there) holds the metric fields.
 _METRIC_FIELDS = ("val_acc_mean", "val_acc_std", "delta_acc_pp")
 
 
 def summary_fields(task: Task) -> tuple[str, ...]:
-    """:data:`SUMMARY_FIELDS` with the primary metric named by ``task``: ``val_acc_mean``,
-    ``val_acc_std``, ``delta_acc_pp`` (classification), ``val_perplexity_mean``, ...,
-    ``delta_perplexity_rel`` (language models), ``val_rmse_mean``, ..., ``delta_rmse_rel``."""
-    key = task.primary.key
-    named = dict(zip(_METRIC_FIELDS, (f"val_{key}_mean", f"val_{key}_std", task.delta_field)))
+    """:data:`SUMMARY_FIELDS`, in its order, with the primary metric named by ``task``
+    (:func:`metric_fields`)."""
+    named = dict(zip(_METRIC_FIELDS, metric_fields(task)))
     return tuple(named.get(k, k) for k in SUMMARY_FIELDS)
 
 

@@ -16,6 +16,7 @@ from .options import (
                       replace_options,
                       section,
                       to_dict,
+                      with_options,
                       write_yaml,
 )
 from .train import (
@@ -37,6 +38,6 @@ from .train import (
 
 __all__ = ["RESOLVED_ONLY_KEYS", "build_config", "cli_flag", "coerce", "config_fields",
            "load_yaml", "option", "option_paths", "replace_options", "section", "to_dict",
-           "write_yaml", "DEFAULT_LR", "LR_SCALING", "MAX_SEED", "OPTIMIZERS", "SCHEDULERS",
-           "STRATEGIES", "BatchingConfig", "CheckpointConfig", "DistributedConfig",
+           "with_options", "write_yaml", "DEFAULT_LR", "LR_SCALING", "MAX_SEED", "OPTIMIZERS",
+           "SCHEDULERS", "STRATEGIES", "BatchingConfig", "CheckpointConfig", "DistributedConfig",
            "LoggingConfig", "PrecisionConfig", "RunConfig", "ScheduleConfig", "TrainConfig"]

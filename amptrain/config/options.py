@@ -122,9 +122,40 @@ def to_dict(config: Any) -> dict[str, Any]:
     return values
 
 
-def replace_options(config: Any, **changes: Any) -> Any:
-    """A copy of ``config`` with some options (flat names) changed, validated anew."""
-    return build_config(type(config), {**to_dict(config), **changes})
+def with_options(config: Any, **changes: Any) -> Any:
+    """A copy of ``config`` with some options (flat names) changed, validated anew.
+
+    Typed, without a round trip through the flat dict: each value is converted as its
+    flag would convert it (:func:`coerce`), the sections it lands in are rebuilt by
+    :func:`dataclasses.replace` (so they and the config validate again), the other
+    sections are kept as they are.
+    """
+    if not changes:
+        return config
+    cls = type(config)
+    known = config_fields(cls)
+    unknown = sorted(set(changes) - set(known))
+    if unknown:
+        raise UserError(_unknown_message(cls, unknown[0], "option", known))
+    paths = option_paths(cls)
+    return _replace(config, {paths[name]: coerce(known[name], value)
+                             for name, value in changes.items()})
+
+
+def _replace(obj: Any, changes: dict[tuple[str, ...], Any]) -> Any:
+    direct: dict[str, Any] = {path[0]: value for path, value in changes.items()
+                              if len(path) == 1}
+    nested: dict[str, dict[tuple[str, ...], Any]] = {}
+    for path, value in changes.items():
+        if len(path) > 1:
+            nested.setdefault(path[0], {})[path[1:]] = value
+    for name, inner in nested.items():
+        direct[name] = _replace(getattr(obj, name), inner)
+    return dataclasses.replace(obj, **direct)
+
+
+#: The older name of :func:`with_options`.
+replace_options = with_options
 
 
 # ------------------------------------------------------------------ types

@@ -16,6 +16,7 @@ from .options import (
     require_non_negative,
     require_positive,
     section,
+    with_options,
 )
 
 #: adamw8bit: AdamW with block-wise 8-bit moments (torchao; see amptrain/optim.py).
@@ -288,6 +289,11 @@ class TrainConfig:
         """The config from flat option names, as flags and YAML give them
         (``TrainConfig.from_options(lr=0.1, batch_size=32)``)."""
         return build_config(cls, options)
+
+    def with_options(self, **changes: Any) -> Any:
+        """A copy with some options (flat names) changed, validated anew
+        (``config.with_options(out="runs/x", lr=0.1)``; see :func:`.options.with_options`)."""
+        return with_options(self, **changes)
 
     def __post_init__(self) -> None:
         require_non_negative(self, "seed")

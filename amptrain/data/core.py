@@ -17,6 +17,7 @@ import torch
 from torch.utils.data import Dataset
 
 from ..errors import UserError
+from ..registry import Registry
 from ..pathkind import special_kind
 
 #: Seed of the train/validation split of sources that have none. Fixed (not --seed) so
@@ -72,7 +73,8 @@ class DataBundle:
     val: Dataset | None
     num_classes: int
     input_shape: tuple[int, ...]          # one sample's input shape, e.g. (1, 8, 8) or (64,)
-    kind: str                             # "image", "sequence" or "features"
+    kind: str                             # "image", "sequence", "features" or "tokens"
+    #                                       (next-token blocks, for the "lm" task)
     class_names: list[str] = field(default_factory=list)
     vocab_size: int | None = None         # token datasets (token 0 is padding)
     name: str = ""
@@ -113,25 +115,16 @@ class DataOptions:
 
 
 DataFactory = Callable[[str, DataOptions], DataBundle]
-DATASETS: dict[str, DataFactory] = {}
-
-
-def register(name: str) -> Callable[[DataFactory], DataFactory]:
-    """Add a factory to :data:`DATASETS` under ``name``."""
-    def decorate(factory: DataFactory) -> DataFactory:
-        DATASETS[name] = factory
-        return factory
-    return decorate
+DATASETS: Registry[DataFactory] = Registry("--data")
+#: ``@register("name")``: add a factory to :data:`DATASETS`.
+register = DATASETS.register
 
 
 def build_data(spec: str, options: DataOptions | None = None) -> DataBundle:
     """Build the dataset named by ``spec`` (``name`` or ``name:argument``)."""
     options = options or DataOptions()
-    name, _, argument = spec.partition(":")
-    factory = DATASETS.get(name)
-    if factory is None:
-        raise UserError(f"unknown --data {spec!r}; choose one of {', '.join(sorted(DATASETS))} "
-                        f"(file formats take a path, e.g. npz:data.npz)")
+    factory, argument = DATASETS.lookup(spec, hint=" (file formats take a path, e.g. "
+                                                   "npz:data.npz)")
     bundle = factory(argument, options)
     bundle.name = spec
     return bundle

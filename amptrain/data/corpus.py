@@ -182,7 +182,7 @@ def text_corpus(argument: str, options: DataOptions) -> DataBundle:
     log.debug("text: %d tokens (%s tokenizer, %.2f bytes/token) -> %d training and %d "
              "validation blocks of %d", len(stream), tokenizer.name, bytes_per_token,
              len(train), len(val), seq_len)
-    return DataBundle(train, val, vocab, (seq_len,), "lm", vocab_size=vocab, task="lm",
+    return DataBundle(train, val, vocab, (seq_len,), "tokens", vocab_size=vocab, task="lm",
                       fitted={"tokenizer": tokenizer.name, "seq_len": seq_len,
                               "bytes_per_token": bytes_per_token})
 

@@ -63,7 +63,7 @@ def user_data(argument: str, options: DataOptions) -> DataBundle:
     names: list[str] = []
     if task == "lm":
         outputs = int(vocab or 0)
-        kind = "lm"
+        kind = "tokens"
     elif task == "regression":
         outputs = max(1, int(y.numel()))
     else:

@@ -86,7 +86,7 @@ def stream_bundle(stream: TokenStream, val_tokens: int, seq_len: int, spec: str,
     log.debug("%s: %d tokens (%s tokenizer, %.2f bytes/token) -> %d training and %d "
               "validation blocks of %d", spec, total, tokenizer_name, bpt, len(train), len(val),
               seq_len)
-    return DataBundle(train, val, vocab_size, (seq_len,), "lm", vocab_size=vocab_size,
+    return DataBundle(train, val, vocab_size, (seq_len,), "tokens", vocab_size=vocab_size,
                       task="lm", fitted={"tokenizer": tokenizer_name, "seq_len": seq_len,
                                          "bytes_per_token": bpt})
 

@@ -89,10 +89,6 @@ class Strategy:
 
         load_optimizer_state(optimizer, state)
 
-    def reduce_mean(self, value: torch.Tensor) -> torch.Tensor:
-        """Mean of a tensor over ranks (identity for one process)."""
-        return value
-
     def reduce_sum(self, value: torch.Tensor) -> torch.Tensor:
         """Sum of a tensor over ranks (identity for one process)."""
         return value

@@ -32,7 +32,7 @@ def mlp(argument: str, inputs: ModelInputs) -> nn.Module:
     if inputs.kind == "sequence":
         raise UserError(f"--model {spec} takes images or features; use --model lstm or "
                         "transformer for token sequences")
-    if inputs.kind == "lm":
+    if inputs.kind == "tokens":
         raise UserError(f"--model {spec} takes images or features; text for language "
                         f"modelling needs --model gpt (or hf:DIR, a causal LM)")
     return MLP(math.prod(inputs.input_shape), inputs.num_classes, o["hidden"])

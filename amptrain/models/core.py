@@ -11,6 +11,7 @@ import torch
 from torch import nn
 
 from ..errors import UserError
+from ..registry import Registry
 
 
 @dataclass(frozen=True)
@@ -19,12 +20,22 @@ class ModelInputs:
 
     num_classes: int
     input_shape: tuple[int, ...]
-    kind: str = "image"             # "image", "sequence" or "features"
+    kind: str = "image"             # "image", "sequence", "features" or "tokens"
     vocab_size: int | None = None
+
+    def __post_init__(self) -> None:
+        # Next-token blocks were the data kind "lm" (the task's name) in checkpoints
+        # written before they got a name of their own.
+        if self.kind in LEGACY_KINDS:
+            object.__setattr__(self, "kind", LEGACY_KINDS[self.kind])
+
+
+#: Old data-kind names (in older checkpoints' run info) -> today's.
+LEGACY_KINDS = {"lm": "tokens"}
 
 
 ModelFactory = Callable[[str, ModelInputs], nn.Module]
-MODELS: dict[str, ModelFactory] = {}
+MODELS: Registry[ModelFactory] = Registry("--model")
 
 #: A model may offer ``model.amptrain_export(out_dir, fp32_state, info) -> Path``: after
 #: training :func:`amptrain.export.export_trained` (``runner.run_training``, rank 0) calls it
@@ -60,23 +71,12 @@ def set_exporter(model: nn.Module, format: str, export: Exporter) -> None:
 #: Models that bring their own tokenizer for text data: name -> factory(argument) of a
 #: :class:`~amptrain.data.text.TextEncoder` (``hf`` registers one).
 TextEncoderFactory = Callable[..., Any]  # (argument, option="model") -> a TextEncoder
-TEXT_ENCODERS: dict[str, TextEncoderFactory] = {}
+TEXT_ENCODERS: Registry[TextEncoderFactory] = Registry("tokenizer")
 
-
-def register(name: str) -> Callable[[ModelFactory], ModelFactory]:
-    """Add a factory to :data:`MODELS` under ``name``."""
-    def decorate(factory: ModelFactory) -> ModelFactory:
-        MODELS[name] = factory
-        return factory
-    return decorate
-
-
-def register_text_encoder(name: str) -> Callable[[TextEncoderFactory], TextEncoderFactory]:
-    """Add a tokenizer factory to :data:`TEXT_ENCODERS` for the models called ``name``."""
-    def decorate(factory: TextEncoderFactory) -> TextEncoderFactory:
-        TEXT_ENCODERS[name] = factory
-        return factory
-    return decorate
+#: ``@register("name")``: add a factory to :data:`MODELS`.
+register = MODELS.register
+#: ``@register_text_encoder("name")``: a tokenizer factory for the models called ``name``.
+register_text_encoder = TEXT_ENCODERS.register
 
 
 def text_encoder_for(spec: str, option: str = "model") -> Any:
@@ -85,8 +85,7 @@ def text_encoder_for(spec: str, option: str = "model") -> Any:
     The runner hands it to the data as ``DataOptions.text_encoder``, so the data never
     needs to know which library the tokenizer comes from.
     """
-    name, _, argument = spec.partition(":")
-    factory = TEXT_ENCODERS.get(name)
+    factory, argument = TEXT_ENCODERS.find(spec)
     if factory is None:
         return None
     # Errors name the option that named the tokenizer (--tokenizer hf:DIR or --model hf:DIR).
@@ -95,10 +94,7 @@ def text_encoder_for(spec: str, option: str = "model") -> Any:
 
 def build_model(spec: str, inputs: ModelInputs) -> nn.Module:
     """Build the model named by ``spec`` (``name`` or ``name:argument``) for ``inputs``."""
-    name, _, argument = spec.partition(":")
-    factory = MODELS.get(name)
-    if factory is None:
-        raise UserError(f"unknown --model {spec!r}; choose one of {', '.join(sorted(MODELS))}")
+    factory, argument = MODELS.lookup(spec)
     return factory(argument, inputs)
 
 
@@ -165,4 +161,4 @@ def sequence_vocab(inputs: ModelInputs, spec: str) -> int:
 
 #: Which built-in models fit a kind of data (for the errors above).
 _FITS = {"image": "cnn or resnet18", "features": "mlp", "sequence": "lstm or transformer",
-         "lm": "gpt"}
+         "tokens": "gpt"}

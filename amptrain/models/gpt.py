@@ -198,7 +198,7 @@ def gpt(argument: str, inputs: ModelInputs) -> nn.Module:
     or explicit, see the module doc)."""
     spec = f"gpt:{argument}" if argument else "gpt"
     o = parse_options(argument, dict(DEFAULTS), spec)
-    if inputs.kind != "lm" or len(inputs.input_shape) != 1:
+    if inputs.kind != "tokens" or len(inputs.input_shape) != 1:
         raise UserError(f"--model {spec} is a language model: it needs text (--data "
                         f"text:PATH); this data is {inputs.kind} of shape "
                         f"{tuple(inputs.input_shape)}")

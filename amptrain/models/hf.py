@@ -241,7 +241,7 @@ def hf_model(argument: str, inputs: ModelInputs) -> nn.Module:
     data's classes, in fp32 (the precision layer decides what runs in half); on ``text:``
     data (a language-model task) ``AutoModelForCausalLM`` (:func:`causal_lm`)."""
     spec = f"hf:{argument}"
-    if inputs.kind == "lm":
+    if inputs.kind == "tokens":
         return causal_lm(argument, inputs)
     path = model_dir(argument)
     if inputs.kind != "sequence":

@@ -5,7 +5,7 @@ and each run's ``metrics.jsonl``), so a report can be re-rendered without re-run
 ``amptrain.report.write_reports(DIR)``. Plots use matplotlib's Agg canvas directly (no
 pyplot, no global backend switch); the HTML embeds them as base64 PNGs.
 
-Modules, each importing only those above it: :mod:`.study` (reading a study, number
+Modules, each importing only those above it: :mod:`.load` (a finished study read back, number
 formatting), :mod:`.context` (title, device, method and environment lines), :mod:`.tables`
 and :mod:`.plots`, then the renderers :mod:`.markdown` and :mod:`.html`.
 """
@@ -27,7 +27,7 @@ from .plots import (
     plot_memory,
     plot_throughput,
 )
-from .study import _COLOURS, Curves, Study, human_bytes, load_study, read_curves
+from .load import _COLOURS, Curves, Study, human_bytes, load_study, read_curves
 from .tables import fastest, format_table, markdown_table, recommendation, timing_warning
 
 # _COLOURS is private but re-exported: tests read ``amptrain.report._COLOURS`` to find each

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from .study import Study, human_bytes
+from .load import Study, human_bytes
 
 
 def _title(study: Study) -> str:

@@ -7,7 +7,7 @@ import html
 
 from .context import _config_line, _device_line, _method_lines, _title, env_rows
 from .plots import panel_row
-from .study import Study, _num, delta_of, run_metric_cell
+from .load import Study, _num, delta_of, run_metric_cell
 from .tables import _cells, columns, fastest, recommendation, timing_warning
 
 #: Inline rather than a linked stylesheet: the page must stay one self-contained file.

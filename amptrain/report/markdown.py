@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from .context import _config_line, _method_lines, _title, env_rows
-from .study import Study, _num, run_metric_cell
+from .load import Study, _num, run_metric_cell
 from .tables import markdown_table, recommendation, timing_warning
 
 

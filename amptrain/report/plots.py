@@ -14,7 +14,7 @@ from matplotlib.figure import Figure
 from matplotlib.ticker import FuncFormatter
 
 from .context import _device_line, _title
-from .study import Curves, Study, _num
+from .load import Curves, Study, _num
 
 #: compare.png's size in pixels (width, height).
 PNG_SIZE = (1500, 900)

@@ -7,7 +7,7 @@ from typing import Any
 
 from ..precision.advice import base_mode
 from ..precision.modes import label
-from .study import _num, delta_of, human_bytes, metric_cell, task_of
+from .load import _num, delta_of, human_bytes, metric_cell, task_of
 
 _VERDICT_MARK = {"ok": "✅ ok", "worse": "❌ worse", "better": "⬆️ better",
                  "failed": "⛔ failed"}

@@ -46,11 +46,6 @@ class EvalResult:
         """The ``val_*`` fields of a metrics.jsonl record."""
         return {"val_loss": self.loss, **{f"val_{k}": v for k, v in self.metrics.items()}}
 
-    def report(self) -> dict[str, Any]:
-        """eval/report.json's content."""
-        assert self.task is not None, "an EvalResult reports through its task"
-        return self.task.report(self)
-
     def write(self, directory: str | Path) -> None:
         """Write eval/report.json and the task's readable report into ``directory``."""
         assert self.task is not None, "an EvalResult reports through its task"
@@ -88,6 +83,13 @@ class Task(ABC):
     delta_unit: str = "pp"
     #: The compare option that holds the verdict's tolerance in that unit.
     tolerance_option: str = "tolerance_pp"
+    # Wording for messages about data and checkpoints (the runner's and resume's errors).
+    #: What data of this task holds: "--data X, which holds class labels".
+    data_holds: str = "targets"
+    #: What the task needs when ``--task`` names it for data that does not fit.
+    data_needs: str = ""
+    #: What the model's output count is called: "10 classes", "256 vocabulary entries".
+    output_noun: str = "outputs"
 
     # ------------------------------------------------------- learnt from data
     def fit(self, train_data: Any) -> None:  # noqa: B027  (optional hook)
@@ -104,6 +106,14 @@ class Task(ABC):
     def throughput(self, samples_per_s: float | None) -> dict[str, float]:
         """Extra speed fields of a training record (an LM's ``tokens_per_s``)."""
         return {}
+
+    @classmethod
+    def resume_mismatch(cls, key: str, now: Any, then: Any, *, config: dict[str, Any],
+                        saved: dict[str, Any], path: str) -> str | None:
+        """The message for resuming checkpoint ``path`` whose model fact ``key``
+        (``num_classes`` or ``input_shape``) was ``then`` and is ``now``, in this task's
+        terms (an LM names --seq-len or --tokenizer); None: the generic message."""
+        return None
 
     def metric(self, key: str) -> Metric:
         """The metric called ``key``."""

@@ -30,6 +30,9 @@ class ClassificationTask(Task):
     """Integer class labels, logits out; accuracy is the primary metric."""
 
     name = "classification"
+    data_holds = "class labels"
+    data_needs = "classification needs class labels"
+    output_noun = "classes"
     metrics = (Metric("acc", "accuracy", higher_is_better=True, percent=True),)
 
     def __init__(self, class_names: list[str] | None = None, **_: Any) -> None:

@@ -37,11 +37,24 @@ class LanguageModelTask(Task):
                Metric("bits_per_byte", "bits per byte", higher_is_better=False))
     delta_unit = "rel"
     tolerance_option = "tolerance_rel"
+    data_holds = "text for language modelling"
+    data_needs = "language modelling needs --data text:PATH"
+    output_noun = "vocabulary entries"
 
     def __init__(self, bytes_per_token: float | None = None, seq_len: int | None = None,
                  **_: Any) -> None:
         self.bytes_per_token = bytes_per_token
         self.seq_len = seq_len
+
+    @classmethod
+    def resume_mismatch(cls, key: str, now: Any, then: Any, *, config: dict[str, Any],
+                        saved: dict[str, Any], path: str) -> str | None:
+        if key == "input_shape":
+            return (f"--seq-len {now[0]} differs from checkpoint {path}'s {then[0]}: its model "
+                    f"reads blocks of {then[0]} tokens; resume with --seq-len {then[0]}")
+        return (f"--tokenizer {config.get('tokenizer') or 'byte'} gives a vocabulary of {now} "
+                f"tokens, but checkpoint {path} was trained with {then} (--tokenizer "
+                f"{saved.get('tokenizer') or 'byte'}); resume with that tokenizer")
 
     def fit(self, train_data: Any) -> None:
         targets = targets_of(train_data)

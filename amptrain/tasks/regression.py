@@ -38,6 +38,9 @@ class RegressionTask(Task):
     """Float targets, one output per target value; RMSE is the primary metric."""
 
     name = "regression"
+    data_holds = "regression targets"
+    data_needs = "regression needs float targets (npz with float y)"
+    output_noun = "target values per sample"
     metrics = (Metric("rmse", "RMSE", higher_is_better=False),
                Metric("mse", "MSE", higher_is_better=False),
                Metric("mae", "MAE", higher_is_better=False),

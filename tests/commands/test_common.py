@@ -95,3 +95,35 @@ def test_default_out_is_a_safe_timestamped_name_under_runs(monkeypatch):
 def test_command_line_is_what_the_user_typed(monkeypatch, argv, expected):
     monkeypatch.setattr(common.sys, "argv", argv)
     assert command_line() == expected
+
+
+def test_config_from_args_merges_yaml_under_flags_once(tmp_path):
+    from amptrain.commands.common import config_from_args, with_out
+
+    (tmp_path / "c.yaml").write_text("lr: 0.5\nepochs: 7\n")
+    args = _parser().parse_args(["--config", str(tmp_path / "c.yaml"), "--lr", "0.25"])
+    config = config_from_args(args)
+    assert config.schedule.lr == 0.25 and config.schedule.epochs == 7  # the flag wins
+    decided = with_out(config, prefix="x-")
+    assert decided.out.startswith("runs/x-") and with_out(decided) is decided
+
+
+def test_merged_values_reads_the_options_of_several_classes():
+    from amptrain.compare import CompareOptions
+
+    args = argparse.Namespace(config=None, lr=0.1, seeds=3, steps=9)
+    assert merged_values(args) == {"lr": 0.1}
+    assert merged_values(args, RunConfig, CompareOptions) == {"lr": 0.1, "seeds": 3}
+
+
+def test_command_modules_import_nothing_heavy():
+    """`amptrain --help` imports every command module: none may bring torch or numpy."""
+    import subprocess
+    import sys
+
+    code = ("import sys\nfrom amptrain import commands\n"
+            "for name in commands.COMMANDS: commands.load(name)\n"
+            "print(sorted(m for m in ('torch', 'numpy', 'amptrain.runner') if m in sys.modules))")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          check=True)
+    assert done.stdout.strip() == "[]"

@@ -45,7 +45,8 @@ def test_verdicts_follow_the_tolerance_and_failures_are_reported():
              "16-mixed": {"samples_per_s": 150.0, "step_time_ms": 427.0, "peak_mem_bytes": 800},
              "bf16-mixed": {"samples_per_s": 200.0, "step_time_ms": 320.0, "peak_mem_bytes": 500}}
     rows = {r["precision"]: r for r in summarise(
-        "32-true", ["32-true", "16-mixed", "bf16-mixed", "16-true"], runs, speed, 0.5)}
+        "32-true", ["32-true", "16-mixed", "bf16-mixed", "16-true"], runs, speed, 0.5,
+        ClassificationTask())}
     assert rows["16-mixed"]["delta_acc_pp"] == pytest.approx(0.5)
     assert rows["16-mixed"]["verdict"] == "ok" and rows["16-mixed"]["skipped_steps"] == 3
     assert rows["bf16-mixed"]["verdict"] == "worse"
@@ -61,7 +62,8 @@ def test_one_seed_has_no_spread_and_a_precision_without_runs_has_no_figures():
              "skipped_steps": 0, "halted": None},
             {"precision": "bf16-mixed", "seed": 0, "val_acc": 0.92, "final_loss": 0.25,
              "skipped_steps": 0, "halted": None}]
-    rows = summarise("32-true", ["32-true", "bf16-mixed", "16-mixed"], runs, {}, 0.5)
+    rows = summarise("32-true", ["32-true", "bf16-mixed", "16-mixed"], runs, {}, 0.5,
+                     ClassificationTask())
     base, bf16, fp16 = rows
     assert base["val_acc_std"] == 0.0 and bf16["val_acc_std"] == 0.0
     assert bf16["delta_acc_pp"] == pytest.approx(2.0) and bf16["verdict"] == "better"

@@ -177,6 +177,26 @@ def test_replace_options_copies_and_validates_anew():
         replace_options(config, weight_decy=0.1)
 
 
+def test_with_options_rebuilds_only_the_sections_it_changes():
+    config = build_config(RunConfig, {"batch_size": 32, "lr": 0.01, "keep_fp32": ["head"]})
+    changed = config.with_options(lr="0.02", out="runs/x")
+    assert changed.schedule.lr == 0.02 and changed.out == "runs/x"
+    assert type(changed) is RunConfig and changed.model == config.model
+    # Untouched sections are the same (never mutated) objects; the touched one is new.
+    assert changed.batching is config.batching and changed.precision is config.precision
+    assert changed.schedule is not config.schedule and config.schedule.lr == 0.01
+    assert config.with_options() is config
+    # The same as the flat round trip it replaces.
+    assert changed == build_config(RunConfig, {**to_dict(config), "lr": 0.02, "out": "runs/x"})
+    # A section validates again, and so does the config around it.
+    with pytest.raises(UserError, match="--warmup-steps must be >= 0"), cli_spelling():
+        config.with_options(warmup_steps=-1)
+    with pytest.raises(UserError, match="seq_len applies to text: data"):
+        config.with_options(seq_len=64)
+    with pytest.raises(UserError, match="unknown keyword 'lrr'.*did you mean lr"):
+        config.with_options(lrr=0.1)
+
+
 # ------------------------------------------------------------- unknown names
 def test_unknown_name_names_its_flag_or_keyword():
     # (moved from tests/test_config.py: the ({"warp": 9}, "--warp") case)

@@ -23,7 +23,7 @@ def test_a_file_becomes_next_token_blocks_with_a_held_out_tail(tmp_path):
     path = tmp_path / "fox.txt"
     path.write_text(TEXT)
     bundle = build_data(f"text:{path}", _options(val_fraction=0.25))
-    assert bundle.task == "lm" and bundle.kind == "lm" and bundle.vocab_size == 256
+    assert bundle.task == "lm" and bundle.kind == "tokens" and bundle.vocab_size == 256
     assert bundle.input_shape == (16,) and bundle.class_names == []
     x, y = _blocks(bundle.train)
     assert x.dtype == y.dtype == torch.long and x.shape == y.shape and x.shape[1] == 16

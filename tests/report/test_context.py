@@ -9,7 +9,7 @@ from amptrain.report.context import (
     _title,
     env_rows,
 )
-from amptrain.report.study import load_study
+from amptrain.report.load import load_study
 
 
 def test_title_and_config_line(tiny_study):

@@ -11,7 +11,7 @@ import pytest
 from PIL import Image
 
 from amptrain.report.html import render_html
-from amptrain.report.study import _COLOURS, load_study
+from amptrain.report.load import _COLOURS, load_study
 
 PRECISIONS = ["32-true", "16-mixed", "bf16-mixed"]  # the study fixture's
 

@@ -5,14 +5,14 @@ import ast
 from pathlib import Path
 
 from amptrain import report
-from amptrain.report import context, html, markdown, plots, study, tables
+from amptrain.report import context, html, load, markdown, plots, tables
 
 
 def test_write_reports_renders_the_three_files(tiny_study):
     paths = report.write_reports(tiny_study)
     assert paths == {"png": tiny_study / "compare.png", "md": tiny_study / "report.md",
                      "html": tiny_study / "report.html"}
-    loaded = study.load_study(tiny_study)
+    loaded = load.load_study(tiny_study)
     assert paths["md"].read_text() == markdown.render_markdown(loaded)
     assert paths["html"].read_text() == html.render_html(loaded)
     assert paths["png"].read_bytes() == plots.compare_figure(loaded)
@@ -21,7 +21,7 @@ def test_write_reports_renders_the_three_files(tiny_study):
 def test_names_used_elsewhere_are_re_exported():
     # compare.py: write_reports, format_table; tests: PNG_SIZE, _COLOURS, fastest.
     for module, names in [
-        (study, ["Curves", "Study", "read_curves", "load_study", "human_bytes", "_COLOURS"]),
+        (load, ["Curves", "Study", "read_curves", "load_study", "human_bytes", "_COLOURS"]),
         (context, ["env_rows"]),
         (tables, ["fastest", "recommendation", "format_table", "markdown_table"]),
         (plots, ["PNG_SIZE", "PANELS", "plot_loss", "plot_loss_scale", "plot_throughput",
@@ -36,10 +36,10 @@ def test_names_used_elsewhere_are_re_exported():
 
 
 def test_imports_inside_the_package_flow_one_way():
-    """study <- context <- tables/plots <- markdown/html <- __init__: no circles."""
-    allowed = {"study": set(), "context": {"study"}, "tables": {"study"},
-               "plots": {"study", "context"}, "markdown": {"study", "context", "tables"},
-               "html": {"study", "context", "tables", "plots"}}
+    """load <- context <- tables/plots <- markdown/html <- __init__: no circles."""
+    allowed = {"load": set(), "context": {"load"}, "tables": {"load"},
+               "plots": {"load", "context"}, "markdown": {"load", "context", "tables"},
+               "html": {"load", "context", "tables", "plots"}}
     root = Path(report.__file__).parent
     for name, may_import in allowed.items():
         tree = ast.parse((root / f"{name}.py").read_text())

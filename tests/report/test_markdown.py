@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from amptrain.report.markdown import render_markdown
-from amptrain.report.study import load_study
+from amptrain.report.load import load_study
 from amptrain.report.tables import fastest, markdown_table
 
 

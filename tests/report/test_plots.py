@@ -14,7 +14,7 @@ from amptrain.report.plots import (
     compare_figure,
     panel_row,
 )
-from amptrain.report.study import _COLOURS, Curves, load_study
+from amptrain.report.load import _COLOURS, Curves, load_study
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 

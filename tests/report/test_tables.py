@@ -5,7 +5,7 @@ import copy
 
 import pytest
 
-from amptrain.report.study import load_study
+from amptrain.report.load import load_study
 from amptrain.report.tables import (
     _COLUMNS,
     fastest,

@@ -86,3 +86,12 @@ def test_validation_classes_never_seen_in_training_are_said_once(caplog):
     assert said == ["warning: 16 validation sample(s) are of 1 class(es) that never occur in "
                     "the training data (e.g. 'c'): the model cannot learn them, so they count "
                     "as errors in val_acc"]
+
+
+def test_every_task_words_its_data_and_outputs():
+    from amptrain.tasks import TASKS
+
+    for name, cls in TASKS.items():
+        assert cls.data_holds and cls.data_needs and cls.output_noun, name
+        assert name in cls.data_needs or cls.data_needs.startswith("language modelling")
+    assert TASKS["classification"].output_noun == "classes"

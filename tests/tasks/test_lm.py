@@ -152,3 +152,18 @@ def test_compare_judges_perplexity_by_its_relative_change(tmp_path):
     assert "Δ perplexity" in report and "val perplexity" in report
     study = json.loads((tmp_path / "study" / "study.json").read_text())
     assert study["task"]["name"] == "lm" and study["task"]["tolerance"] == 0.05
+
+
+def test_resume_mismatch_names_the_flag_of_the_block_size_or_the_tokenizer():
+    from amptrain.tasks import LanguageModelTask, RegressionTask
+
+    said = LanguageModelTask.resume_mismatch("input_shape", (64,), (32,), config={}, saved={},
+                                             path="c.pt")
+    assert said is not None and said.startswith("--seq-len 64 differs from checkpoint c.pt's 32")
+    said = LanguageModelTask.resume_mismatch("num_classes", 300, 256, config={"tokenizer": "hf:t"},
+                                             saved={}, path="c.pt")
+    assert said is not None and "--tokenizer hf:t gives a vocabulary of 300" in said \
+        and "(--tokenizer byte)" in said
+    # Other tasks leave the message to resume's generic one.
+    assert RegressionTask.resume_mismatch("num_classes", 2, 1, config={}, saved={},
+                                          path="c.pt") is None

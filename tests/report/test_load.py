@@ -1,11 +1,11 @@
-"""amptrain.report.study: reading a study back from disk, and number formatting."""
+"""amptrain.report.load: reading a study back from disk, and number formatting."""
 from __future__ import annotations
 
 import json
 
 import pytest
 
-from amptrain.report.study import (
+from amptrain.report.load import (
     _COLOURS,
     _SPARE,
     Curves,
@@ -36,7 +36,7 @@ def test_read_curves_splits_train_and_eval_records(tiny_study, tmp_path):
     assert scaled.steps == list(range(1, 9))
     assert scaled.loss == pytest.approx([2.0 / s for s in range(1, 9)])
     assert scaled.loss_scale == [65536.0] * 4 + [32768.0] * 4
-    assert (scaled.val_steps, scaled.val_acc) == ([8], [0.9])
+    assert (scaled.val_steps, scaled.val_primary) == ([8], [0.9])
     unscaled = read_curves(tiny_study / "runs" / "32-true" / "seed-1" / "metrics.jsonl")
     assert unscaled.loss_scale == [None] * 8  # logged without a loss scale
     assert read_curves(tmp_path / "missing.jsonl") == Curves()

@@ -33,7 +33,7 @@ class Curves:
     loss: list[float | None] = field(default_factory=list)
     loss_scale: list[float | None] = field(default_factory=list)
     val_steps: list[int] = field(default_factory=list)
-    val_acc: list[float] = field(default_factory=list)   # the primary metric's values
+    val_primary: list[float] = field(default_factory=list)   # the task's primary metric
 
 
 @dataclass
@@ -72,8 +72,10 @@ class Study:
 
     @property
     def task(self) -> Task:
-        """The task the study's runs learnt (from its summary's metric fields)."""
-        return task_of(self.summary)
+        """The task the study's runs learnt: study.json's, else told by the summary's
+        metric fields (:func:`task_of`)."""
+        name = (self.details.get("task") or {}).get("name")
+        return TASKS[name]() if name in TASKS else task_of(self.summary)
 
     @property
     def tolerance(self) -> float:
@@ -98,6 +100,8 @@ def task_of(summary: list[dict[str, Any]] | dict[str, Any]) -> Task:
         task = cls()
         if task.delta_field in row:
             return task
+    # A summary without any task's field (an empty one, or one older than tasks, when
+    # every study was of classifiers) is read as classification's.
     return ClassificationTask()
 
 
@@ -147,7 +151,7 @@ def read_curves(metrics_file: Path) -> Curves:
         primary = next((k for k in _PRIMARY if record.get(k) is not None), None)
         if primary is not None:
             curves.val_steps.append(record["step"])
-            curves.val_acc.append(record[primary])
+            curves.val_primary.append(record[primary])
     return curves
 
 
