@@ -42,9 +42,15 @@ EVAL_SEED = 1234
 
 
 def unwrap(model: nn.Module) -> nn.Module:
-    """The module inside torch.compile's and DDP's wrappers."""
-    model = getattr(model, "_orig_mod", model)
-    return getattr(model, "module", model)
+    """The module inside torch.compile's and DDP's wrappers (in either order)."""
+    wrappers = (nn.parallel.DistributedDataParallel, nn.DataParallel)
+    while True:
+        inner = getattr(model, "_orig_mod", None)
+        if inner is None and isinstance(model, wrappers):
+            inner = model.module
+        if not isinstance(inner, nn.Module):
+            return model
+        model = inner
 
 
 def _rank() -> int:
