@@ -1,14 +1,18 @@
-"""Text from a trained language model: ``amptrain generate``.
+"""Text from a trained language model, images from a trained GAN: ``amptrain generate``.
 
 Sampling is the usual autoregressive loop: crop the sequence to the model's context, take
 the last position's logits, divide by the temperature (0 = always the most likely token),
 keep the ``top_k`` most likely, sample. A seeded generator makes a continuation repeatable.
+
+A GAN checkpoint (``--task gan``) draws ``--samples N`` images instead (:func:`generate_images`):
+seeded latents, the generator in eval mode, one PNG per image plus ``grid.png`` in ``--out``.
 """
 from __future__ import annotations
 
 import contextlib
 import math
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -91,6 +95,9 @@ def generate_text(checkpoint_path: str, prompt: str, sampling: Sampling | None =
     path = str(checkpoint_file(checkpoint_path))
     state, run = load_run(path)
     task = saved_task(state, None)
+    if task.name == "gan":
+        raise UserError(f"--checkpoint {checkpoint_path} holds a GAN: generate images with "
+                        f"--samples N --out DIR")
     if task.name != "lm":
         raise UserError(f"--checkpoint {checkpoint_path} holds a {task.name} model; generate "
                         f"needs a language model (train one with --data text:PATH)")
@@ -110,4 +117,70 @@ def generate_text(checkpoint_path: str, prompt: str, sampling: Sampling | None =
     return str(tokenizer.decode(new))
 
 
-__all__ = ["MAX_TOKENS", "Sampling", "generate_text", "sample"]
+#: The most images one ``generate --samples`` call draws (each is a PNG file).
+MAX_SAMPLES = 10_000
+#: Images in grid.png (the first ones drawn).
+GRID_IMAGES = 64
+
+
+def check_image_request(samples: int | None, out: str | None, seed: int = 0) -> None:
+    """Refuse ``--samples`` without ``--out``, or a count or seed out of range."""
+    if samples is None:
+        if out:
+            raise UserError("--out is where --samples writes a GAN's images; give --samples N")
+        return
+    if not isinstance(samples, int) or not 1 <= samples <= MAX_SAMPLES:
+        raise UserError(f"--samples must be an integer from 1 to {MAX_SAMPLES} (got {samples!r})")
+    if not out:
+        raise UserError("--samples writes image files: give --out DIR")
+    if not isinstance(seed, int) or not 0 <= seed <= MAX_SEED:
+        raise UserError(f"--seed must be an integer from 0 to {MAX_SEED} (got {seed!r})")
+
+
+def generate_images(checkpoint_path: str, samples: int, out: str, *, seed: int = 0,
+                    device: str = "auto", precision: str = "auto") -> list[Path]:
+    """Draw ``samples`` images from the GAN in ``checkpoint_path`` (a file or a run
+    directory) into ``out``: ``sample_00000.png`` ... at the data's resolution and
+    ``grid.png`` (the first :data:`GRID_IMAGES`, enlarged); returns the files written."""
+    from .imagegrid import save_grid, save_png, to_uint8
+
+    check_image_request(samples, out, seed)
+    path = str(checkpoint_file(checkpoint_path))
+    state, run = load_run(path)
+    task = saved_task(state, None)
+    if task.name != "gan":
+        raise UserError(f"--samples draws images from a GAN; --checkpoint {checkpoint_path} "
+                        f"holds a {task.name} model")
+    from .tasks.gan import unwrap
+
+    trainer = Trainer(precision=precision, device=device, no_progress=True)
+    trainer.prepare(build_saved_model(run), task=task)
+    trainer.load_weights(state["model"])
+    assert trainer.model is not None  # set by prepare()
+    model: Any = unwrap(trainer.model)  # a GAN: .sample(n, generator)
+    # The data's value range (restored with the weights); else each image's own.
+    low, high = model.output_range() if hasattr(model, "output_range") else (None, None)
+    generator = torch.Generator(device=trainer.device).manual_seed(seed)
+    directory = Path(out)
+    directory.mkdir(parents=True, exist_ok=True)
+    written: list[Path] = []
+    first: list[torch.Tensor] = []
+    model.eval()
+    with torch.no_grad():
+        for start in range(0, samples, 256):
+            with trainer.precision.autocast():
+                images = model.sample(min(256, samples - start), generator).float()
+            if not bool(torch.isfinite(images).all()):
+                raise UserError("the generator's outputs are not finite (NaN or infinity, e.g. "
+                                "an fp16 overflow); generate with --precision 32-true")
+            for i, pixels in enumerate(to_uint8(images, low, high)):
+                written.append(save_png(pixels, directory / f"sample_{start + i:05d}.png"))
+            if len(first) * 256 < GRID_IMAGES:
+                first.append(images[:GRID_IMAGES].cpu())
+    grid = torch.cat(first)[:GRID_IMAGES]
+    written.append(save_grid(grid, directory / "grid.png", low=low, high=high))
+    return written
+
+
+__all__ = ["GRID_IMAGES", "MAX_SAMPLES", "MAX_TOKENS", "Sampling", "check_image_request",
+           "generate_images", "generate_text", "sample"]

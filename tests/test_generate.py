@@ -1,6 +1,9 @@
-"""amptrain generate: sampling rules, and text from a real trained checkpoint."""
+"""amptrain generate: sampling rules, text from a real trained checkpoint, a GAN's images."""
 from __future__ import annotations
 
+import re
+
+import numpy as np
 import pytest
 import torch
 from torch import nn
@@ -73,3 +76,91 @@ def test_generates_from_a_trained_language_model_and_refuses_a_classifier(tmp_pa
     with pytest.raises(UserError, match="holds a classification model; generate needs a "
                                         "language model"):
         generate_text(str(tmp_path / "cls"), "x")
+
+
+# ------------------------------------------------------------------ GAN images
+def _checkpoint(path, spec: str, inputs, task: dict, model: nn.Module) -> str:
+    """A checkpoint with the sections `amptrain train` writes (model, run, task)."""
+    from dataclasses import asdict
+
+    from amptrain.checkpoint import FORMAT, FORMAT_VERSION, atomic_save
+
+    state = {"format": FORMAT, "format_version": FORMAT_VERSION, "step": 0, "epoch": 0,
+             "window_in_epoch": 0, "config": {},
+             "model": {k: v.detach().clone() for k, v in model.state_dict().items()},
+             "task": task, "run": {"model": spec, "data": "digits", "class_names": None,
+                                   "inputs": asdict(inputs), "data_fitted": {},
+                                   "task": task["name"]}}
+    atomic_save(state, path)
+    return str(path)
+
+
+def _gan_checkpoint(tmp_path) -> tuple[str, nn.Module]:
+    from amptrain.models import ModelInputs, build_model
+    from amptrain.tasks import GanTask
+
+    spec, inputs = "dcgan:width=8,latent=8", ModelInputs(10, (1, 8, 8))
+    torch.manual_seed(0)
+    model = build_model(spec, inputs)
+    model.set_output_range([-0.75], [1.75])
+    for m in model.modules():  # running statistics a trained model would have
+        if isinstance(m, nn.BatchNorm2d):
+            m.running_mean.uniform_(-0.1, 0.1)
+    task = {"name": "gan", **GanTask(value_range=[[-0.75], [1.75]]).state()}
+    return _checkpoint(tmp_path / "gan.pt", spec, inputs, task, model), model
+
+
+def test_generate_writes_a_gans_samples_and_grid(tmp_path):
+    from PIL import Image
+
+    from amptrain.generate import generate_images
+    from amptrain.imagegrid import to_uint8
+
+    path, model = _gan_checkpoint(tmp_path)
+    files = generate_images(path, 5, str(tmp_path / "out"), seed=3, device="cpu",
+                            precision="32-true")
+    assert [f.name for f in files] == [f"sample_0000{i}.png" for i in range(5)] + ["grid.png"]
+    model.eval()
+    with torch.no_grad():
+        expected = to_uint8(model.sample(5, torch.Generator().manual_seed(3)), -0.75, 1.75)
+    for i, f in enumerate(files[:5]):
+        with Image.open(f) as img:
+            assert img.mode == "L" and img.size == (8, 8)
+            assert (np.asarray(img) == expected[i, :, :, 0]).all()
+    with Image.open(files[-1]) as img:
+        assert img.size == ((3 * (8 + 2) + 2) * 8, (2 * (8 + 2) + 2) * 8)
+    again = generate_images(path, 5, str(tmp_path / "again"), seed=3, device="cpu",
+                            precision="32-true")
+    other = generate_images(path, 5, str(tmp_path / "other"), seed=4, device="cpu",
+                            precision="32-true")
+    assert again[0].read_bytes() == files[0].read_bytes() != other[0].read_bytes()
+
+
+def test_generate_samples_from_the_command_line_and_its_refusals(tmp_path, capsys):
+    from amptrain.cli import main
+    from amptrain.models import ModelInputs, build_model
+
+    gan, _ = _gan_checkpoint(tmp_path)
+    assert main(["generate", "--checkpoint", gan, "--samples", "3", "--out",
+                 str(tmp_path / "imgs"), "--device", "cpu"]) == 0
+    assert "wrote 3 images and grid.png" in capsys.readouterr().out
+    assert sorted(p.name for p in (tmp_path / "imgs").iterdir()) == [
+        "grid.png", "sample_00000.png", "sample_00001.png", "sample_00002.png"]
+
+    inputs = ModelInputs(10, (1, 8, 8))
+    classifier = _checkpoint(tmp_path / "cls.pt", "mlp", inputs, {"name": "classification"},
+                             build_model("mlp", inputs))
+    refusals = [
+        (["--checkpoint", classifier, "--samples", "3", "--out", str(tmp_path / "x")],
+         "--samples draws images from a GAN; --checkpoint .* holds a classification model"),
+        (["--checkpoint", gan, "--samples", "3"], "--samples writes image files: give --out DIR"),
+        (["--checkpoint", gan, "--samples", "0", "--out", str(tmp_path / "x")],
+         "--samples must be an integer from 1"),
+        (["--checkpoint", gan, "--out", str(tmp_path / "x")], "give --samples N"),
+        (["--checkpoint", gan, "--prompt", "hi"], "holds a GAN: generate images with --samples"),
+    ]
+    for args, message in refusals:
+        assert main(["generate", *args, "--device", "cpu"]) == 2, args
+        err = capsys.readouterr().err.strip()
+        assert len(err.splitlines()) == 1 and re.search(message, err), err
+    assert not (tmp_path / "x").exists()

@@ -11,13 +11,15 @@ from ..choices import TASK_CHOICES, TASK_NAMES, check_table
 from ..errors import UserError, flag
 from .base import EvalResult, EvalSums, Metric, Task, targets_of
 from .classification import ClassificationTask
+from .gan import GanTask
 from .lm import LanguageModelTask
 from .regression import LOSSES, RegressionTask
 
 #: task name -> its class
 TASKS: dict[str, type[Task]] = {"classification": ClassificationTask,
                                 "regression": RegressionTask,
-                                "lm": LanguageModelTask}
+                                "lm": LanguageModelTask,
+                                "gan": GanTask}
 # The names live in amptrain.choices (torch-free, for the CLI parser); --task auto: see
 # infer_task.
 check_table("tasks", TASKS, TASK_NAMES)
@@ -79,5 +81,6 @@ def resolve_task(name: str, train_data: Any, *, loss: str | None = None,
 
 
 __all__ = ["LOSSES", "TASKS", "TASK_CHOICES", "ClassificationTask", "EvalResult", "EvalSums",
+           "GanTask",
            "LanguageModelTask", "Metric", "RegressionTask", "Task", "build_task", "infer_task",
            "resolve_task", "targets_of"]

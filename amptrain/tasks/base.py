@@ -54,6 +54,7 @@ class EvalResult:
         (directory / "report.json").write_text(json.dumps(self.task.report(self), indent=2))
         name, text = self.task.report_text(self)
         (directory / name).write_text(text)
+        self.task.write_files(self, directory)
 
     def __getattr__(self, name: str) -> Any:
         # result.accuracy, result.rmse ...: the task's metrics by their long names too.
@@ -70,6 +71,11 @@ class EvalSums:
 
     def update(self, outputs: torch.Tensor | None, targets: Any) -> None:  # pragma: no cover
         raise NotImplementedError
+
+    def update_batch(self, model: Any, batch: Any) -> None:  # noqa: B027  (optional hook)
+        """Every evaluated batch as the model saw it, with the model (in eval mode, no
+        gradients, under the precision's autocast), before :meth:`update`: for measures
+        of the model beyond its outputs (the GAN's generated images). Nothing by default."""
 
 
 class Task(ABC):
@@ -170,6 +176,10 @@ class Task(ABC):
     @abstractmethod
     def report_text(self, result: EvalResult) -> tuple[str, str]:
         """(file name, text) of the readable report in eval/."""
+
+    def write_files(self, result: EvalResult, directory: Path) -> None:  # noqa: B027
+        """Further files of the evaluation's report in ``directory`` (the GAN's
+        samples.png), written after report.json. Nothing by default."""
 
     def judge(self, value: float | None, baseline: float | None, tolerance: float
               ) -> tuple[float | None, str | None]:

@@ -33,6 +33,7 @@ def evaluate(model: nn.Module, windows: Any, *, precision: Precision, task: Task
             for batch, n in zip(window.micro_batches, window.micro_samples):
                 with precision.autocast():
                     loss, outputs, targets = forward_batch(model, batch, loss_fn)
+                    sums.update_batch(model, batch)
                 loss_sum += loss.detach().double() * n
                 samples += n
                 sums.update(outputs, targets)
