@@ -49,7 +49,10 @@ class CheckpointingMixin(TrainerBase):
             return checkpoint.save_run_checkpoint(state, directory, step, keep_last)
 
         if background:
-            self._writes.submit(state, write, directory)
+            # The writer thread copies the optimizer's parameters and state; its next
+            # step() waits for that copy (checkpoint.background).
+            self._writes.submit(state, write, directory,
+                                defer=() if self.optimizer is None else [self.optimizer])
             return directory / checkpoint.LAST
         self._writes.wait()
         return write(state)
