@@ -196,13 +196,27 @@ class BackgroundWriter:
     def __init__(self) -> None:
         self._staging = _Staging()
         self._write: _Write | None = None
+        self._sharded: Any = None  # a ShardedWriter, from the first sharded save on
         # The optimizers whose step waits for the copy: id -> (the optimizer, its hook).
         self._hooked: dict[int, tuple[weakref.ref, Any]] = {}
 
     @property
     def busy(self) -> bool:
         """A write was submitted and nobody has waited for it yet."""
-        return self._write is not None
+        return self._write is not None or (self._sharded is not None and self._sharded.busy)
+
+    def submit_sharded(self, directory: str | Path, step: int, state: dict[str, Any],
+                       model: torch.nn.Module, optimizer: torch.optim.Optimizer, *,
+                       is_main: bool, keep_last: int) -> Path:
+        """A sharded save (FSDP, :mod:`.sharded`) of ``model`` and ``optimizer`` with the
+        plain values ``state``; collective. Waits for any write in flight first."""
+        from .sharded import ShardedWriter
+
+        self.wait()
+        if self._sharded is None:
+            self._sharded = ShardedWriter()
+        return self._sharded.submit(directory, step, state, model, optimizer,
+                                    is_main=is_main, keep_last=keep_last)
 
     def submit(self, state: dict[str, Any], write: Callable[[Any], Path],
                directory: str | Path,
@@ -256,9 +270,17 @@ class BackgroundWriter:
         A signal that raises while waiting (a second Ctrl-C or SIGTERM) abandons the
         write (:meth:`abandon`): the process is about to exit.
         """
+        result = None
+        if self._sharded is not None and self._sharded.busy:
+            try:
+                result = self._sharded.wait()
+            except BaseException as exc:
+                if not isinstance(exc, Exception):
+                    self.abandon()
+                raise
         job = self._write
         if job is None:
-            return None
+            return result
         try:
             job.done.wait()
         except BaseException:
@@ -272,6 +294,8 @@ class BackgroundWriter:
     def abandon(self) -> None:
         """Stop caring about the write in flight and delete its temporary files, for a
         process that exits without waiting (the previous checkpoint stays)."""
+        if self._sharded is not None:
+            self._sharded.abandon()
         job, self._write = self._write, None
         if job is not None and not job.done.is_set():
             removed = remove_unfinished(job.directory)
