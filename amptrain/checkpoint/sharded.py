@@ -130,10 +130,13 @@ def load_into(path: str | Path, model: torch.nn.Module,
     state: dict[str, Any] = {"model": model_state, "optimizer": optimizer_state}
     try:
         dcp.load(state, checkpoint_id=str(path), planner=_weights_only_planner())
-    except Exception as exc:  # DCP wraps each rank's failure (CheckpointException)
-        text = str(exc).strip().splitlines()
+    except BaseException as exc:  # DCP wraps each rank's failure (CheckpointException)
+        if not (isinstance(exc, Exception) or _dcp_failure(exc)):
+            raise
+        cause = _root_os_error(exc) or exc
+        text = str(cause).strip().splitlines()
         raise UserError(f"checkpoint {path}: its shards do not load into this model "
-                        f"({text[-1] if text else type(exc).__name__})") from None
+                        f"({text[-1] if text else type(cause).__name__})") from None
     set_state_dict(model, optimizer, model_state_dict=state["model"],
                    optim_state_dict=state["optimizer"])
 
@@ -216,8 +219,9 @@ class ShardedWriter:
         if error is None:
             self._written = target
             return target
-        if isinstance(error, CheckpointWriteError) or not isinstance(error, Exception):
-            raise error
+        if isinstance(error, CheckpointWriteError) \
+                or not isinstance(error, Exception) and not _dcp_failure(error):
+            raise error  # a second signal ends the process
         assert target is not None
         raise CheckpointWriteError(_failure(target, _root_os_error(error) or error)) from None
 
@@ -227,17 +231,30 @@ class ShardedWriter:
         self._future = None
 
 
-def _root_os_error(exc: BaseException) -> OSError | None:
+def _dcp_failure(exc: BaseException) -> bool:
+    """DCP's CheckpointException (a BaseException): some rank's read or write failed."""
+    return type(exc).__name__ == "CheckpointException" and hasattr(exc, "failures")
+
+
+def _root_os_error(exc: BaseException) -> BaseException | None:
+    """The OSError behind ``exc`` (inside DCP's per-rank failures too), else the first
+    rank's own exception, else None."""
     seen: BaseException | None = exc
+    first: BaseException | None = None
     for _ in range(20):
         if seen is None:
-            return None
+            break
         if isinstance(seen, OSError):
             return seen
-        found = next((e for e in getattr(seen, "failures", {}).values()
-                      if isinstance(e, BaseException)), None)  # DCP's CheckpointException
-        seen = found or seen.__cause__ or seen.__context__
-    return None
+        if _dcp_failure(seen):
+            failures = [f[0] if isinstance(f, tuple) else f
+                        for f in getattr(seen, "failures", {}).values()]
+            found = next((e for e in failures if isinstance(e, BaseException)), None)
+            first = first or found
+            seen = found
+            continue
+        seen = seen.__cause__ or seen.__context__
+    return first
 
 
 def _failure(target: Path, exc: BaseException) -> str:
