@@ -143,14 +143,15 @@ class _Staging:
 
 def _copy_deferred(pending: list[tuple[torch.Tensor, torch.Tensor]]) -> None:
     """The writer thread's copies (the seam tests hold back to catch a step racing them)."""
-    cuda = False
+    devices = set()
     with torch.no_grad():
         for buffer, source in pending:
             on_cuda = source.device.type == "cuda"
             buffer.copy_(source, non_blocking=on_cuda)
-            cuda = cuda or on_cuda
-    if cuda:
-        torch.cuda.synchronize()
+            if on_cuda:
+                devices.add(source.device)
+    for device in devices:  # the copies ran on the device's current stream, after the step
+        torch.cuda.current_stream(device).synchronize()
 
 
 class _Write:
