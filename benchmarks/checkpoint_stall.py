@@ -10,14 +10,23 @@ machine without an idle core the writer's CPU work is paid for in wall time whic
 thread does it:
 
 * once: no ``--save-every``: the one checkpoint at the end of the run;
-* every-5: ``--save-every 5``: the loop's saves go to the background writer;
+* every-5: ``--save-every 5``: the loop's saves go to the background writer, which copies
+  the optimizer's parameters and state on its own thread (the next ``step()`` waits for
+  that copy) and writes without zip CRC-32s;
+* every-5-eager: the same, but the whole state copied on the training thread before the
+  save returns (the writer as it was before the deferred copy), which shows what the
+  deferred copy takes off the loop;
 * every-5-blocking: the same saves written on the training thread (as before the
   background writer), the control that shows what the background takes off the loop.
 
 Each round runs the lanes in a fresh random order; the table gives the median over
 rounds of every-5 / once (wall time, same round) and its interquartile half-spread.
 
-    python benchmarks/checkpoint_stall.py [--rounds 5] [--steps 30] [--threads 1] [--record]
+    python benchmarks/checkpoint_stall.py [--rounds 5] [--steps 30] [--threads 1]
+        [--lanes once,every-5,...] [--dir /tmp] [--record]
+
+The runs' output directories go to ``--dir`` (default: the system's temporary directory);
+it must be on the disk whose speed you want in the numbers, not a RAM disk.
 """
 from __future__ import annotations
 
@@ -53,15 +62,31 @@ class BlockingSaves(Trainer):
         return super()._save(path, background=False)
 
 
+class EagerCopy(Trainer):
+    """Background saves whose whole state is copied on the training thread (no deferred
+    copy of the optimizer's parameters and state)."""
+
+    def _reset(self) -> None:
+        super()._reset()
+        submit = self._writes.submit
+
+        def eager(state: Any, write: Any, directory: Any, defer: Any = ()) -> None:
+            submit(state, write, directory)
+
+        self._writes.submit = eager  # type: ignore[method-assign]
+
+
 LANES: dict[str, tuple[type[Trainer], int | None]] = {
-    "once": (Trainer, None), "every-5": (Trainer, 5), "every-5-blocking": (BlockingSaves, 5)}
+    "once": (Trainer, None), "every-5": (Trainer, 5), "every-5-eager": (EagerCopy, 5),
+    "every-5-blocking": (BlockingSaves, 5)}
 
 
-def run_lane(lane: str, data: TensorDataset, steps: int) -> tuple[float, float, float]:
+def run_lane(lane: str, data: TensorDataset, steps: int,
+             directory: str | None = None) -> tuple[float, float, float]:
     """Wall, training-thread CPU and process CPU seconds of ``Trainer.run`` for one fresh
     run of ``lane``."""
     cls, save_every = LANES[lane]
-    with tempfile.TemporaryDirectory(dir=".") as out:
+    with tempfile.TemporaryDirectory(dir=directory) as out:
         trainer = cls(precision="32-true", batch_size=BATCH, epochs=1, max_steps=steps,
                       device="cpu", no_progress=True, out=f"{out}/run", save_every=save_every,
                       scheduler="none")
@@ -79,6 +104,10 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=5, help="measured rounds")
     parser.add_argument("--warmup", type=int, default=1, help="rounds not measured")
     parser.add_argument("--steps", type=int, default=30, help="steps per run")
+    parser.add_argument("--lanes", default=",".join(LANES),
+                        help=f"comma-separated lanes of {', '.join(LANES)} ('once' always runs)")
+    parser.add_argument("--dir", default=None,
+                        help="where the runs write (default: the system's temporary directory)")
     bl.add_common_args(parser)
     args = parser.parse_args()
     bl.apply_threads(args.threads)
@@ -88,23 +117,27 @@ def main() -> None:
                          torch.randint(0, CLASSES, (BATCH * args.steps,), generator=generator))
     parameters = sum(p.numel() for p in model().parameters())
     rng = random.Random(0)
-    times: dict[str, list[float]] = {lane: [] for lane in LANES}
-    thread_cpu: dict[str, list[float]] = {lane: [] for lane in LANES}
-    process_cpu: dict[str, list[float]] = {lane: [] for lane in LANES}
+    lanes = ["once"] + [lane for lane in args.lanes.split(",") if lane in LANES and lane != "once"]
+    unknown = [lane for lane in args.lanes.split(",") if lane not in LANES]
+    if unknown:
+        parser.error(f"unknown lane {unknown[0]!r} (lanes: {', '.join(LANES)})")
+    times: dict[str, list[float]] = {lane: [] for lane in lanes}
+    thread_cpu: dict[str, list[float]] = {lane: [] for lane in lanes}
+    process_cpu: dict[str, list[float]] = {lane: [] for lane in lanes}
     for r in range(args.warmup + args.rounds):
-        order = list(LANES)
+        order = list(lanes)
         rng.shuffle(order)
         for lane in order:
-            wall, thread, process = run_lane(lane, data, args.steps)
+            wall, thread, process = run_lane(lane, data, args.steps, args.dir)
             if r >= args.warmup:
                 times[lane].append(wall)
                 thread_cpu[lane].append(thread)
                 process_cpu[lane].append(process)
         print(f"round {r + 1}: " + ", ".join(f"{lane} {times[lane][-1]:.2f} s"
-                                             for lane in LANES if times[lane]
+                                             for lane in lanes if times[lane]
                                              and r >= args.warmup), flush=True)
     rows = []
-    for lane in LANES:
+    for lane in lanes:
         ratios = bl.pair_ratios(times[lane], times["once"])
         thread = bl.median(bl.pair_ratios(thread_cpu[lane], thread_cpu["once"]))
         process = bl.median(bl.pair_ratios(process_cpu[lane], process_cpu["once"]))
@@ -120,8 +153,10 @@ def main() -> None:
              f"{parameters * 12 / 1e6:.0f} MB), batch {BATCH}, {args.steps} steps per run, "
              f"32-true, no validation. Wall time of Trainer.run; median over {args.rounds} "
              f"rounds after {args.warmup} warm-up, lanes in a random order each round; "
-             f"ratio per round against the same round's 'once' run. every-5-blocking: the "
-             f"same saves written on the training thread (before the background writer)."]
+             f"ratio per round against the same round's 'once' run. every-5-eager: background "
+             f"saves with the whole state copied on the training thread (before the deferred "
+             f"copy); every-5-blocking: the same saves written on the training thread (before "
+             f"the background writer)."]
     bl.report("Checkpoint stall: saving every 5 steps vs once", machine, table, notes,
               record=args.record)
 

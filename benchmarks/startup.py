@@ -21,7 +21,9 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 CASES = {"--help": ["--help"], "--version": ["--version"],
-         "train --epoch 3": ["train", "--epoch", "3"], "train --help": ["train", "--help"]}
+         "train --epoch 3": ["train", "--epoch", "3"], "train --help": ["train", "--help"],
+         "compare --help": ["compare", "--help"],
+         "compare --precision x": ["compare", "--precision", "x"]}
 
 
 def run(tree: Path, args: list[str], importtime: bool = False) -> tuple[float, str]:

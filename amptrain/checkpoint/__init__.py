@@ -8,7 +8,7 @@ never runs code from it.
 
 The Trainer decides *what* goes into a checkpoint (``Trainer.state_dict``); this package
 decides how it reaches the disk and is read back (:mod:`.files`; off the training thread:
-:mod:`.background`), how its parts are
+:mod:`.background`; sharded under FSDP: :mod:`.sharded`), how its parts are
 captured and restored (:mod:`.state`), and which file ``--resume`` continues from
 (:mod:`.resume`).
 """
@@ -34,14 +34,17 @@ from .resume import (
     check_compatible,
     find_resume,
     latest_valid,
+    read,
     resume_message,
     trim_metrics,
 )
+from .sharded import ShardedWriter, is_sharded, load_into
 from .state import (
     RUNTIME_GROUP_KEYS,
     capture_rng,
     load_optimizer_state,
     load_weights,
+    plain_tensor,
     restore_rng,
     weights_mismatch,
 )
@@ -51,5 +54,6 @@ __all__ = [
     "RUNTIME_GROUP_KEYS", "SLOW_SAVE_ENV", "CheckpointWriteError", "atomic_save", "capture_rng",
     "check_compatible", "find_resume", "latest_valid", "load", "load_optimizer_state", "prune",
     "remove_unfinished", "restore_rng", "resume_message", "save_run_checkpoint",
-    "step_checkpoints", "trim_metrics", "weights_mismatch", "load_weights",
+    "step_checkpoints", "trim_metrics", "weights_mismatch", "load_weights", "read",
+    "ShardedWriter", "is_sharded", "load_into", "plain_tensor",
 ]

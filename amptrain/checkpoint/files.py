@@ -15,8 +15,10 @@ import os
 import pickle
 import re
 import secrets
+import threading
 import time
 import zipfile
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, BinaryIO
 
@@ -129,7 +131,41 @@ def _write(state: dict[str, Any], handle: BinaryIO) -> None:
         nth, _, seconds = spec.partition(":")
         if int(nth) == _writes_started:
             handle = _PausingWriter(handle, float(seconds or 120))  # type: ignore[assignment]
-    torch.save(state, handle)
+    with _no_crc32():
+        torch.save(state, handle)
+
+
+_crc32_lock = threading.Lock()
+_crc32_users = 0
+_crc32_before = True
+
+
+@contextlib.contextmanager
+def _no_crc32() -> Iterator[None]:
+    """``torch.save`` without the zip CRC-32 of every record, for our own writes only.
+
+    ``torch.load`` never checks those checksums (a flipped byte loads silently either
+    way), and computing them is a large share of a save's CPU time. The option is
+    process-wide (read when a file is opened for writing): it is turned off while any of
+    our writes runs and put back as it was when the last one ends.
+    """
+    global _crc32_users, _crc32_before
+    serialization = torch.serialization
+    if not hasattr(serialization, "set_crc32_options"):  # torch < 2.6
+        yield
+        return
+    with _crc32_lock:
+        if _crc32_users == 0:
+            _crc32_before = serialization.get_crc32_options()
+            serialization.set_crc32_options(False)
+        _crc32_users += 1
+    try:
+        yield
+    finally:
+        with _crc32_lock:
+            _crc32_users -= 1
+            if _crc32_users == 0:
+                serialization.set_crc32_options(_crc32_before)
 
 
 class _PausingWriter:

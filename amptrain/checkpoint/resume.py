@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import UserError
+from . import sharded
 from .files import CHECKPOINT_DIR, LAST, load, remove_unfinished, step_checkpoints
 
 log = logging.getLogger("amptrain")
@@ -28,28 +29,47 @@ def find_resume(target: str, out: str | Path | None, *, cleanup: bool = True
     """The checkpoint ``--resume TARGET`` means, loaded: (path, state), or None to start fresh.
 
     ``auto`` takes the latest valid checkpoint under ``OUT/checkpoints`` (None when there
-    is none yet); a directory means the same inside it; anything else is a file path.
-    ``cleanup`` deletes leftovers of a save that was killed half-way.
+    is none yet): the newer of the full one and the sharded one (FSDP); a sharded
+    ``step-N`` directory is that checkpoint; another directory means the same as ``auto``
+    inside it; anything else is a file path. ``cleanup`` deletes leftovers of a save that
+    was killed half-way.
     """
     if target == "auto":
         if out is None:
             raise UserError("--resume auto needs --out (the run directory to continue)")
         directory = Path(out) / CHECKPOINT_DIR
         if cleanup:
-            for leftover in remove_unfinished(directory):
+            for leftover in remove_unfinished(directory) + sharded.remove_unfinished(directory):
                 log.info("removed %s, left by a checkpoint write that never finished", leftover)
-        found = latest_valid(directory)
+        found = sharded.newer_of(_latest_full(directory), directory)
         if found is None:
             log.info("--resume auto: no checkpoint in %s, starting fresh", directory)
         return found
     path = Path(target)
+    if sharded.is_sharded(path):
+        return path, sharded.load_state(path)
     if path.is_dir():
         directory = path / CHECKPOINT_DIR if (path / CHECKPOINT_DIR).is_dir() else path
-        found = latest_valid(directory)
+        found = sharded.newer_of(_latest_full(directory), directory)
         if found is None:
             raise UserError(f"--resume {path}: no checkpoint in {directory}")
         return found
     return path, load(path)
+
+
+def _latest_full(directory: Path) -> tuple[Path, dict[str, Any]] | None:
+    """:func:`latest_valid`, but none readable is no error when a sharded one is there."""
+    try:
+        return latest_valid(directory)
+    except UserError:
+        if sharded.latest_sharded(directory) is None:
+            raise
+        return None
+
+
+def read(path: str | Path) -> dict[str, Any]:
+    """The checkpoint at ``path``: a full one (a file) or a sharded one's plain values."""
+    return sharded.load_state(path) if Path(path).is_dir() else load(path)
 
 
 def latest_valid(directory: str | Path) -> tuple[Path, dict[str, Any]] | None:

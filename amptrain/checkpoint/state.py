@@ -40,6 +40,16 @@ def weights_mismatch(expected: dict[str, torch.Tensor], found: dict[str, Any]) -
     return None
 
 
+def plain_tensor(value: torch.Tensor) -> torch.Tensor:
+    """A host copy of ``value`` as a plain tensor: a DTensor (a gradient norm under FSDP)
+    becomes its full value (a collective: every rank calls it), so the checkpoint still
+    loads with ``weights_only=True`` where ``torch.distributed.tensor`` is not imported."""
+    full = getattr(value, "full_tensor", None)
+    if callable(full):
+        value = full()
+    return value.detach().cpu().clone()
+
+
 #: Where a quantised optimizer state (a tensor subclass) is kept as its plain parts.
 _QUANTISED = "__quantised_state__"
 

@@ -18,28 +18,52 @@ Three measurements, each done the fair way:
   copies) above it. On CUDA from ``torch.cuda.max_memory_allocated``; on CPU from the
   allocation events of PyTorch's CPU allocator recorded by the profiler, because the
   process's peak RSS only ever grows and cannot separate precisions run in one process.
+
+The face is lazy (:mod:`amptrain.lazy`): ``compare --help`` reads :mod:`.options` (torch-free)
+without importing the study's torch-using modules.
 """
-from .options import (
-                      CURVE_POINTS,
-                      MEMORY_STEPS,
-                      SUMMARY_FIELDS,
-                      CompareOptions,
-                      resolve_precisions,
-)
-from .reliability import assess_timing
-from .runs import RunProbe, digest, first_step_loss_fp32, train_runs
-from .pipeline import check_out, run_compare
-from .summary import summarise
-from .timing import (
-                      Contender,
-                      build_contender,
-                      measure_peak_memory,
-                      measure_speed_and_memory,
-                      memory_method,
-                      speed_figures,
-                      state_bytes,
-                      sync,
-)
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from ..lazy import lazy_exports
+
+if TYPE_CHECKING:
+    from .options import (
+        CURVE_POINTS,
+        MEMORY_STEPS,
+        SUMMARY_FIELDS,
+        CompareOptions,
+        resolve_precisions,
+    )
+    from .pipeline import check_out, run_compare
+    from .reliability import assess_timing
+    from .runs import RunProbe, digest, first_step_loss_fp32, train_runs
+    from .summary import summarise
+    from .timing import (
+        Contender,
+        build_contender,
+        measure_peak_memory,
+        measure_speed_and_memory,
+        memory_method,
+        speed_figures,
+        state_bytes,
+        sync,
+    )
+
+_WHERE = {
+    ".options": ("CURVE_POINTS", "MEMORY_STEPS", "SUMMARY_FIELDS", "CompareOptions",
+                 "resolve_precisions"),
+    ".pipeline": ("check_out", "run_compare"),
+    ".reliability": ("assess_timing",),
+    ".runs": ("RunProbe", "digest", "first_step_loss_fp32", "train_runs"),
+    ".summary": ("summarise",),
+    ".timing": ("Contender", "build_contender", "measure_peak_memory",
+                "measure_speed_and_memory", "memory_method", "speed_figures", "state_bytes",
+                "sync"),
+}
+__getattr__ = lazy_exports(__name__, {name: module for module, names in _WHERE.items()
+                                      for name in names})
 
 __all__ = ["CURVE_POINTS", "MEMORY_STEPS", "SUMMARY_FIELDS", "CompareOptions", "Contender",
            "RunProbe", "assess_timing", "build_contender", "check_out", "digest",

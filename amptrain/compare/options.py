@@ -5,16 +5,18 @@ from __future__ import annotations
 import logging
 import math
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-import torch
-
+# torch-free: `compare --help` builds its flags from CompareOptions without importing torch
+# (the precision layer is imported where a precision is resolved).
+from ..choices import WEIGHT_UPDATES
 from ..config import option
 from ..config.options import require_non_negative, require_positive
 from ..config.train import OPTIMIZERS
 from ..errors import UserError, flag
-from ..precision.modes import MODES
-from ..precision.support import resolve_name
-from ..precision.weight_update import WEIGHT_UPDATES
+
+if TYPE_CHECKING:
+    import torch
 
 log = logging.getLogger("amptrain")
 
@@ -93,6 +95,8 @@ def resolve_precisions(options: CompareOptions, device: torch.device,
     ``bf16-true+kahan``, ``bf16-true+stochastic+adamw8bit``); ``weight_update`` (the run's
     ``--weight-update``) applies to the half-weight modes without masters and labels them.
     """
+    from ..precision.support import resolve_name
+
     def canonical(name: str, option: str) -> str:
         mode, *rungs = name.strip().split("+")
         try:
@@ -112,6 +116,8 @@ def resolve_precisions(options: CompareOptions, device: torch.device,
 
 def rung_label(mode: str, rungs: list[str], weight_update: str, option: str) -> str:
     """A row's label: the mode, then its weight-update rule and optimizer when not default."""
+    from ..precision.modes import MODES
+
     rules = [r for r in rungs if r in WEIGHT_UPDATES]
     optimizers = [r for r in rungs if r in OPTIMIZERS]
     unknown = [r for r in rungs if r not in WEIGHT_UPDATES and r not in OPTIMIZERS]

@@ -63,6 +63,13 @@ class Strategy:
         """
         return loader
 
+    @property
+    def sharded_checkpoints(self) -> bool:
+        """The run's checkpoints during training are sharded: every rank writes its own
+        shards (:mod:`amptrain.checkpoint.sharded`) instead of gathering the state on rank 0.
+        The end of a run still writes one full checkpoint."""
+        return False
+
     def model_state_dict(self, model: nn.Module, precision: Any) -> dict[str, torch.Tensor]:
         """Full fp32 weights of the (unwrapped) model, loadable on one device.
 

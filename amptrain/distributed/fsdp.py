@@ -52,10 +52,15 @@ class FSDPStrategy(ProcessGroupStrategy):
 
     Mixed precision comes from the precision layer's ``MixedPrecisionPolicy``; modules
     that must stay fp32 (``--keep-fp32`` islands, norm layers) get groups of their own.
-    Checkpoints are gathered into full fp32 state dicts that load on one device.
+    Checkpoints during training are sharded (each rank writes its shards); the one at the
+    end of a run is gathered into a full fp32 state dict that loads on one device.
     """
 
     uneven_evaluation = False
+
+    @property
+    def sharded_checkpoints(self) -> bool:
+        return True
 
     def prepare_model(self, model: nn.Module, precision: Any,
                       optimizer: torch.optim.Optimizer | None = None) -> nn.Module:

@@ -29,11 +29,19 @@ class CheckpointingMixin(TrainerBase):
         """:meth:`save_checkpoint`; ``background``: copy the state and return, the run's
         checkpoint is written on a thread (:class:`~amptrain.checkpoint.BackgroundWriter`)."""
         self._resolve_pending()
-        state = self.state_dict()
-        if path is None and self.out is not None:
+        sharded = background and path is None and self.out is not None \
+            and self.strategy.sharded_checkpoints
+        state = self.state_dict(weights=not sharded)
+        if path is None and self.out is not None and not sharded:  # the end needs a full one
             # On every rank, as rank 0 does below: FSDP gathers the state collectively, so
             # all ranks must agree on the steps that save.
             self._last_saved_step = self.step
+        if sharded:  # each rank writes its shards (checkpoint.sharded)
+            assert self.out is not None and self.model is not None and self.optimizer is not None
+            return self._writes.submit_sharded(
+                self.out / checkpoint.CHECKPOINT_DIR, self.step, state, self.model,
+                self.optimizer, is_main=self.strategy.is_main,
+                keep_last=self.config.checkpointing.keep_last)
         if not self.strategy.is_main:
             return None
         if path is not None:
@@ -49,7 +57,10 @@ class CheckpointingMixin(TrainerBase):
             return checkpoint.save_run_checkpoint(state, directory, step, keep_last)
 
         if background:
-            self._writes.submit(state, write, directory)
+            # The writer thread copies the optimizer's parameters and state; its next
+            # step() waits for that copy (checkpoint.background).
+            self._writes.submit(state, write, directory,
+                                defer=() if self.optimizer is None else [self.optimizer])
             return directory / checkpoint.LAST
         self._writes.wait()
         return write(state)
@@ -71,9 +82,9 @@ class CheckpointingMixin(TrainerBase):
                 raise
             log.error("%s", exc)
 
-    def state_dict(self) -> dict[str, Any]:
+    def state_dict(self, *, weights: bool = True) -> dict[str, Any]:
         """Everything needed to continue exactly: weights (fp32), optimizer, scaler, RNG,
-        position."""
+        position (``weights=False``: model and optimizer left empty, for a sharded save)."""
         assert self.model is not None and self.optimizer is not None, "set up first"
         self._resolve_pending()  # the lagged step's skip flag decides the scheduler state
         rng = checkpoint.capture_rng()
@@ -81,8 +92,9 @@ class CheckpointingMixin(TrainerBase):
             "format": checkpoint.FORMAT, "format_version": checkpoint.FORMAT_VERSION,
             "amptrain_version": __version__, "torch_version": str(torch.__version__),
             "precision_name": self.precision.name,
-            "model": self.strategy.model_state_dict(self.model, self.precision),
-            "optimizer": self.strategy.optimizer_state_dict(self.model, self.optimizer),
+            "model": self.strategy.model_state_dict(self.model, self.precision) if weights else {},
+            "optimizer": self.strategy.optimizer_state_dict(self.model, self.optimizer)
+            if weights else {},
             "scheduler": self.scheduler.state_dict() if self.scheduler is not None else None,
             "precision": self.precision.state_dict(),
             # What the task learnt from the data (regression's target statistics): eval and
@@ -97,16 +109,19 @@ class CheckpointingMixin(TrainerBase):
                            "loss_samples": self._loss_samples,
                            "samples_since_log": self._samples_since_log,
                            "grad_norm": None if self._grad_norm is None
-                           else self._grad_norm.detach().cpu().clone(),
+                           else checkpoint.plain_tensor(self._grad_norm),
                            "step_epoch": self._step_epoch},
             "config": self.resolved_config(), "run": self.run_info,
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restore :meth:`state_dict` into a prepared Trainer (after model/optimizer setup)."""
-        self.load_weights(state["model"])
         assert self.model is not None and self.optimizer is not None, "set up first"
-        self.strategy.load_optimizer_state_dict(self.model, self.optimizer, state["optimizer"])
+        if state.get("sharded"):  # weights and optimizer state are in the shards
+            checkpoint.load_into(state["sharded"], self.model, self.optimizer)
+        else:
+            self.load_weights(state["model"])
+            self.strategy.load_optimizer_state_dict(self.model, self.optimizer, state["optimizer"])
         if self.scheduler is not None and state.get("scheduler") is not None:
             self.scheduler.load_state_dict(state["scheduler"])
         self.precision.load_state_dict(state.get("precision", {}))
@@ -169,7 +184,7 @@ class CheckpointingMixin(TrainerBase):
             raise UserError(value)
         if kind == "resume":
             path = Path(value)
-            state = found[1] if found is not None else checkpoint.load(path)
+            state = found[1] if found is not None else checkpoint.read(path)
             checkpoint.check_compatible(state, self.resolved_config(), self.run_info, path)
             try:
                 self.load_state_dict(state)
