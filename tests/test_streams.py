@@ -54,7 +54,7 @@ def test_a_list_of_samples_is_a_dataset():
     data = as_dataset(samples, "train_data")
     assert isinstance(data, TensorData) and torch.equal(data.tensors[1], Y)
     result = _trainer(epochs=1).fit(tiny_mlp(), samples, samples[:16])
-    assert result.steps == 8 and result.val_acc is not None
+    assert result.steps == 8 and result.val_metrics["acc"] is not None
     assert not is_sample((X[:4], Y[:4])) and is_sample({"x": X[0], "labels": Y[0]})
 
 

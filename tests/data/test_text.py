@@ -110,7 +110,7 @@ def test_eval_feeds_other_data_through_the_training_preprocessing(tmp_path):
                        precision="32-true", device="cpu", epochs=5, batch_size=32, lr=0.01,
                        out=str(tmp_path / "run"), no_progress=True)
     fit = run_training(config)
-    assert fit.val_acc >= 0.95
+    assert fit.val_metrics["acc"] >= 0.95
     result, _ = run_evaluation(checkpoint_path=str(tmp_path / "run" / "checkpoints" / "last.pt"),
                                data=f"csv-text:{tmp_path / 'other.csv'},max_len=8",
                                precision="32-true", out=str(tmp_path / "ev"), device="cpu",

@@ -175,7 +175,7 @@ def test_fine_tunes_in_each_precision(local, tmp_path, precision):
     assert result.precision == precision and result.skipped_steps == 0
     losses = [r["loss"] for r in result.history if "loss" in r]
     assert losses[-1] < 0.5 * losses[0], losses
-    assert result.val_acc >= 0.9, result      # two classes: chance is 0.5
+    assert result.val_metrics["acc"] >= 0.9, result      # two classes: chance is 0.5
 
 
 @needs_transformers

@@ -134,7 +134,7 @@ def _train(saved, key: str, out, **options):
                                         ("sequential", "mixed_float16")])
 def test_both_mixed_policies_train_to_90_percent_and_export(saved, tmp_path, key, policy):
     result = _train(saved, key, tmp_path, precision=policy)
-    assert result.val_acc >= 0.90 and result.skipped_steps == 0
+    assert result.val_metrics["acc"] >= 0.90 and result.skipped_steps == 0
     scales = [r["loss_scale"] for r in map(json.loads, (tmp_path / "metrics.jsonl").open())
               if "loss" in r]
     assert all(s is not None for s in scales) == (policy == "mixed_float16")  # LossScaleOptimizer

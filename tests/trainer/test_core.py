@@ -96,7 +96,7 @@ def test_every_precision_learns_digits(digits, precision, tmp_path):
     trainer = Trainer(precision=precision, device="cpu", no_progress=True, batch_size=32,
                       epochs=4, lr=3e-3, out=str(tmp_path))
     result = trainer.fit(model, digits.train, digits.val, class_names=digits.class_names)
-    assert result.val_acc > 0.90, result
+    assert result.val_metrics["acc"] > 0.90, result
     expected = {"16-master": torch.float16, "bf16-master": torch.bfloat16,
                 "16-true": torch.float16, "bf16-true": torch.bfloat16}.get(precision, torch.float32)
     assert model.head.weight.dtype == expected
@@ -122,7 +122,7 @@ def test_hf_style_outputs_and_dict_batches():
     trainer = Trainer(precision="bf16-mixed", device="cpu", no_progress=True, batch_size=32,
                       epochs=2, log_every=1)
     result = trainer.fit(HFStyle(), batches, batches)
-    assert result.steps == 6 and result.val_acc is not None
+    assert result.steps == 6 and result.val_metrics["acc"] is not None
 
 
 def test_user_dataloader_partial_last_window_normalised_by_samples():
