@@ -11,15 +11,17 @@ from torch import nn
 from torch.utils.data import Dataset
 
 from . import datacheck, outdir
-from ..config import write_yaml
+from ..config import TrainConfig, write_yaml
 from ..errors import UserError, flag
 from ..forward import LossFn
 from ..inapplicable import warn_inapplicable
+from ..models import is_conv_net
 from ..optim import build_optimizer, build_scheduler, plan_lr
 from ..reproducibility import seed_everything, tune_backends
 from ..streams import as_dataset
 from ..tasks import Task, resolve_task
 from .batching import search_micro_batch
+from .checkpointing import resume_if_requested
 from .data import output_check, windows_of
 from .evaluation import Evaluator
 from .optimizers import OptimizerSteps, Part
@@ -104,7 +106,7 @@ def assemble(trainer: Trainer, model: nn.Module, train_data: Any, val_data: Any,
                              check=check)
     if trainer.strategy.is_main and trainer.out is not None:
         outdir.prepare(trainer.out, resume=bool(c.checkpointing.resume))
-    trainer._resume_if_requested()
+    resume_if_requested(trainer)
     if trainer.strategy.is_main and trainer.out is not None:
         write_yaml(trainer.resolved_config(), trainer.out / "config.yaml")
     trainer.reporter.open(trainer.out, enabled=trainer.strategy.is_main,
@@ -128,7 +130,8 @@ def prepare_parts(trainer: Trainer, model: nn.Module, task: Task,
     """The task's parts of ``model``, each with its optimizer, set up for the precision
     and wrapped for the strategy (and compiled when asked)."""
     c = trainer.config
-    model = trainer.strategy.prepare_model(trainer._placed(model), trainer.precision, optimizer)
+    model = trainer.strategy.prepare_model(placed(model, trainer.device, c), trainer.precision,
+                                           optimizer)
     modules = task.models(model)
     if (optimizer is not None or scheduler is not None) and len(modules) != 1:
         given = "optimizer" if optimizer is not None else "scheduler"
@@ -156,3 +159,12 @@ def prepare_parts(trainer: Trainer, model: nn.Module, task: Task,
     model.train()
     return steps
 
+
+
+def placed(model: nn.Module, device: torch.device, config: TrainConfig) -> nn.Module:
+    """``model`` on the device (channels-last for a conv net when asked)."""
+    model = model.to(device)
+    if config.channels_last and is_conv_net(model):
+        # Module.to takes memory_format at run time; torch's overloads leave it out.
+        model = model.to(memory_format=torch.channels_last)  # type: ignore[call-overload]
+    return model

@@ -67,6 +67,28 @@ def restore_state(trainer: Trainer, state: dict[str, Any]) -> None:
         trainer.metrics.load_state_dict(window)
 
 
+def resume_if_requested(trainer: Trainer) -> None:
+    """``--resume``: load the checkpoint it names into the set-up Trainer (all ranks)."""
+    if not trainer.config.checkpointing.resume:
+        return
+    found = trainer.checkpointer.find_resume()
+    if found is not None:
+        path, state = found
+        checkpoint.check_compatible(state, trainer.resolved_config(), trainer.run_info, path)
+        try:
+            trainer.load_state_dict(state)
+        except UserError as exc:
+            raise UserError(f"--resume {path}: {exc}") from None
+        assert trainer.train_windows is not None
+        log.info(checkpoint.resume_message(path, state, trainer.precision.name,
+                                           len(trainer.train_windows)))
+        trainer.resumed_finished = trainer.complete()
+        if trainer.resumed_finished:
+            log.info("the run already finished at step %d: nothing left to train (raise "
+                     "%s or %s to train on)", trainer.step, flag("epochs"), flag("max_steps"))
+    trainer.checkpointer.trim_metrics(trainer.step)
+
+
 class Checkpointer:
     """Writes a run's checkpoints (rank 0) and finds the one to resume from.
 

@@ -32,16 +32,14 @@ from ..batches import Windows
 from ..config import TrainConfig, build_config, to_dict, write_yaml
 from ..distributed import Strategy, build_strategy
 from ..errors import UserError, flag
-from ..forward import LossFn, forward_batch
-from ..logs import RunLogger
-from ..models import is_conv_net
+from ..forward import LossFn
 from ..optim import LrPlan
 from ..precision import NonFiniteHalt, Precision
 from ..tasks import EvalResult, Task, resolve_task
 from ..tasks.step import StepContext
 from .batching import agreement
-from .assembly import assemble
-from .checkpointing import Checkpointer, collect_state, resolved_config, restore_state
+from .assembly import assemble, placed
+from .checkpointing import (Checkpointer, collect_state, resolved_config, restore_state)
 from .evaluation import Evaluator
 from .metrics import MetricsWindow
 from .optimizers import OptimizerSteps, Part
@@ -103,7 +101,7 @@ class Trainer:
         self.constant_lr = False  # the caller's optimizer without a schedule (set up in fit)
         self.stop_requested: str | None = None  # set by a signal handler
         self._stopping: str | None = None        # the stop all ranks agreed on
-        self._resumed_finished = False
+        self.resumed_finished = False
 
     # ---------------------------------------------------------------- public
     def fit(self, model: nn.Module, train_data: Dataset | DataLoader | Iterable,
@@ -222,7 +220,7 @@ class Trainer:
                                          class_names=class_names)
         self.evaluator = Evaluator(self.config, self.strategy, self.precision, self.task,
                                    self.task.loss)
-        self.model, _ = self.precision.setup(self._placed(model), None)
+        self.model, _ = self.precision.setup(placed(model, self.device, self.config), None)
         self.model.eval()
         return self.model
 
@@ -255,40 +253,18 @@ class Trainer:
             lr_plan=self.lr_plan, planner_report=self.planner.report(), run_info=self.run_info)
 
     # ------------------------------------------------------- the parts, by name
-    @property
-    def device(self) -> torch.device:
-        return self.strategy.device
+    device = property(lambda self: self.strategy.device, doc="The training device.")
+    step = property(lambda self: self.position.step, doc="Optimizer steps done.")
+    epoch = property(lambda self: self.position.epoch, doc="The epoch in progress (from 0).")
+    window_in_epoch = property(lambda self: self.position.window_in_epoch)
+    callbacks = property(lambda self: self.reporter.callbacks, doc="The run's callbacks.")
+    history = property(lambda self: self.reporter.history, doc="Every record of the run.")
+    logger = property(lambda self: self.reporter.logger, doc="The run's RunLogger.")
 
     @property
     def out(self) -> Path | None:
         """The run directory (``out``), or None."""
         return Path(self.config.out) if self.config.out else None
-
-    @property
-    def step(self) -> int:
-        """Optimizer steps done."""
-        return self.position.step
-
-    @property
-    def epoch(self) -> int:
-        return self.position.epoch
-
-    @property
-    def window_in_epoch(self) -> int:
-        return self.position.window_in_epoch
-
-    @property
-    def callbacks(self) -> list[Any]:
-        return self.reporter.callbacks
-
-    @property
-    def history(self) -> list[dict[str, Any]]:
-        """Every record of the run (training and evaluation)."""
-        return self.reporter.history
-
-    @property
-    def logger(self) -> RunLogger:
-        return self.reporter.logger
 
     @property
     def last_eval(self) -> EvalResult | None:
@@ -345,14 +321,6 @@ class Trainer:
         return self.runner, self.train_windows
 
     # ----------------------------------------------------------------- setup
-    def _placed(self, model: nn.Module) -> nn.Module:
-        """``model`` on the device (channels-last for a conv net when asked)."""
-        model = model.to(self.device)
-        if self.config.channels_last and is_conv_net(model):
-            # Module.to takes memory_format at run time; torch's overloads leave it out.
-            model = model.to(memory_format=torch.channels_last)  # type: ignore[call-overload]
-        return model
-
     def _teardown(self) -> None:
         """The user's module gets its own forwards back (evaluate() reinstates them)."""
         self.precision.teardown()
@@ -383,7 +351,7 @@ class Trainer:
             if position.window_in_epoch >= len(windows) or windows.ended:
                 position.next_epoch()
                 self._end_of_epoch()
-        if self._stopping is not None and not self._complete():
+        if self._stopping is not None and not self.complete():
             raise self._preempted()
         self.finish_step()
         if position.step != metrics.start_step:
@@ -391,7 +359,7 @@ class Trainer:
         self.logger.close_bar()
         if self.evaluator is not None and self.evaluator.val_data is not None:
             # A finished run that was resumed has its final record already.
-            self._evaluate_and_log(final=True, record=not self._resumed_finished)
+            self._evaluate_and_log(final=True, record=not self.resumed_finished)
         if self.out is not None and not self.checkpointer.saved_at(self.step):
             self.save_checkpoint()
 
@@ -399,7 +367,7 @@ class Trainer:
         max_steps = self.config.schedule.max_steps
         return bool(max_steps and self.step >= max_steps) or self._stopping is not None
 
-    def _complete(self) -> bool:
+    def complete(self) -> bool:
         max_steps = self.config.schedule.max_steps
         return self.epoch >= self.config.schedule.epochs or bool(max_steps
                                                                  and self.step >= max_steps)
@@ -443,22 +411,12 @@ class Trainer:
 
     # --------------------------------------------------------- records, saves
     def _log_train(self) -> None:
-        steps = self.steps
-        assert steps is not None, "set up first"
-        window = self.metrics.read(self.strategy, self.step)
-        norms = self.metrics.grad_norms
-        grad_norms = {("grad_norm" if steps.single else f"grad_norm/{name}"):
-                      float(norm.item()) if (norm := norms.get(name)) is not None else None
-                      for name in steps.parts}
-        record = {"step": self.step, "epoch": self.position.step_epoch, **window["means"],
-                  **steps.records(), "loss_scale": self.precision.loss_scale, **grad_norms,
-                  "skipped_steps": self.precision.skipped_steps, **steps.skipped_records(),
-                  "samples_per_s": window["samples_per_s"],
-                  "data_wait_frac": window["data_wait_frac"],
-                  "peak_mem_bytes": self.reporter.memory.peak()}
-        assert self.task is not None
-        record.update(self.task.throughput(record["samples_per_s"]))  # an LM's tokens_per_s
-        self.reporter.record(self, record)
+        assert self.steps is not None and self.task is not None, "set up first"
+        self.reporter.record(self, self.reporter.train_record(
+            step=self.step, epoch=self.position.step_epoch,
+            window=self.metrics.read(self.strategy, self.step),
+            grad_norms=self.metrics.grad_norms, steps=self.steps, precision=self.precision,
+            task=self.task))
 
     def _evaluate_and_log(self, final: bool = False, record: bool = True) -> None:
         assert self.evaluator is not None and self.model is not None
@@ -478,26 +436,6 @@ class Trainer:
         state = self.state_dict()
         return self.checkpointer.save(state, self.step, path, background=background)
 
-    def _resume_if_requested(self) -> None:
-        if not self.config.checkpointing.resume:
-            return
-        found = self.checkpointer.find_resume()
-        if found is not None:
-            path, state = found
-            checkpoint.check_compatible(state, self.resolved_config(), self.run_info, path)
-            try:
-                self.load_state_dict(state)
-            except UserError as exc:
-                raise UserError(f"--resume {path}: {exc}") from None
-            assert self.train_windows is not None
-            log.info(checkpoint.resume_message(path, state, self.precision.name,
-                                               len(self.train_windows)))
-            self._resumed_finished = self._complete()
-            if self._resumed_finished:
-                log.info("the run already finished at step %d: nothing left to train (raise "
-                         "%s or %s to train on)", self.step, flag("epochs"), flag("max_steps"))
-        self.checkpointer.trim_metrics(self.step)
-
     def _preempted(self) -> Exception:
         """Checkpoint after a stop request (a signal) and build the exception that ends the run.
 
@@ -514,23 +452,10 @@ class Trainer:
         return preemption.preempted(self._stopping, self.step, path)
 
     def _explain_halt(self, halt: NonFiniteHalt) -> NonFiniteHalt:
-        """Add the first module that produced a non-finite value to a halt message (the
-        supervised step's last batch, run again)."""
-        runner, model = self.runner, self.model
-        if runner is None or model is None or runner.training_step is not None \
-                or runner.last_window is None or self.steps is None:
+        """Add the first module that produced a non-finite value to a halt message."""
+        if self.runner is None or self.model is None:
             return halt
-        batch = runner.last_window.micro_batches[0]
-        precision, loss_fn = self.precision, runner.loss_fn
-
-        def rerun() -> None:
-            with precision.autocast():
-                loss, _, _ = forward_batch(model, batch, loss_fn)
-            precision.guard.scale(loss).backward()
-
-        steps = self.steps
-        return Reporter.explain_halt(halt, rerun, model,
-                                     lambda: steps.zero_grad(optimizers=True))
+        return Reporter.explain_halt(halt, self.runner, self.model, self.precision)
 
 
 __all__ = ["StepContext", "Trainer"]

@@ -2,18 +2,23 @@
 banner, the result, and where a halt began."""
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
+from torch import nn
 
+from ..forward import forward_batch
 from ..logs import RunLogger
 from ..memory import MemoryMeter
 from ..nonfinite import first_nonfinite_module
 from ..precision import NonFiniteHalt, Precision, label
+from ..tasks import Task
+from .optimizers import OptimizerSteps
 from .result import FitResult
+from .stepping import StepRunner
 
 
 class Reporter:
@@ -73,16 +78,40 @@ class Reporter:
                 f"{total_steps} steps of {batch_size} samples "
                 f"({micro} x {accumulate} accumulated{processes}){task}{constant}")
 
+    def train_record(self, *, step: int, epoch: int, window: dict[str, Any],
+                     grad_norms: dict[str, torch.Tensor | None], steps: OptimizerSteps,
+                     precision: Precision, task: Task) -> dict[str, Any]:
+        """A training record (reads the device): the logged means of the window, each
+        part's LR, gradient norm and skips (one part: ``lr``, ``grad_norm``), the loss
+        scale, speeds and memory."""
+        norms = {("grad_norm" if steps.single else f"grad_norm/{name}"):
+                 float(norm.item()) if (norm := grad_norms.get(name)) is not None else None
+                 for name in steps.parts}
+        record = {"step": step, "epoch": epoch, **window["means"], **steps.records(),
+                  "loss_scale": precision.loss_scale, **norms,
+                  "skipped_steps": precision.skipped_steps, **steps.skipped_records(),
+                  "samples_per_s": window["samples_per_s"],
+                  "data_wait_frac": window["data_wait_frac"], "peak_mem_bytes": self.memory.peak()}
+        record.update(task.throughput(record["samples_per_s"]))  # an LM's tokens_per_s
+        return record
+
     @staticmethod
-    def explain_halt(halt: NonFiniteHalt, rerun: Callable[[], None] | None,
-                     model: torch.nn.Module, drop_gradients: Callable[[], None]
-                     ) -> NonFiniteHalt:
-        """Add the first module that produced a non-finite value (found by ``rerun``, a
-        forward/backward of the last batch) to a halt message."""
-        if rerun is None:
+    def explain_halt(halt: NonFiniteHalt, runner: StepRunner, model: nn.Module,
+                     precision: Precision) -> NonFiniteHalt:
+        """Add the first module that produced a non-finite value to a halt message: the
+        supervised step's last batch, run again (a task's own step is not rerun)."""
+        window = runner.last_window
+        if runner.training_step is not None or window is None:
             return halt
+        batch, loss_fn = window.micro_batches[0], runner.loss_fn
+
+        def rerun() -> None:
+            with precision.autocast():
+                loss, _, _ = forward_batch(model, batch, loss_fn)
+            precision.guard.scale(loss).backward()
+
         where = first_nonfinite_module(model, rerun)
-        drop_gradients()
+        runner.steps.zero_grad(optimizers=True)
         if where is None:
             return halt
         module, phase = where

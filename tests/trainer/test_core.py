@@ -317,6 +317,42 @@ def test_fit_gives_the_users_model_its_own_forward_back(fails):
         assert trainer.evaluate(model, tiny_classification(n=64)).loss > 0
         assert all("forward" not in m.__dict__ for m in model.modules())
 
+
+def _islands_model():
+    return nn.Sequential(nn.Linear(8, 16), nn.LayerNorm(16), nn.Linear(16, 3))
+
+
+def test_fit_gives_the_forward_back_when_the_loss_raises_at_step_2():
+    calls = []
+
+    def loss_fn(outputs, targets):
+        calls.append(1)
+        if len(calls) == 2:
+            raise RuntimeError("the loss failed")
+        return nn.functional.cross_entropy(outputs, targets)
+
+    model = _islands_model()
+    trainer = Trainer(precision="16-mixed", device="cpu", no_progress=True, max_steps=4,
+                      batch_size=32, keep_fp32=["2"])
+    with pytest.raises(RuntimeError, match="the loss failed"):
+        trainer.fit(model, tiny_classification(n=64), loss_fn=loss_fn)
+    assert trainer.step == 1
+    assert all("forward" not in m.__dict__ for m in model.modules())
+
+
+def test_a_failed_set_up_gives_the_forward_back():
+    from amptrain.errors import UserError
+
+    data = tiny_classification(n=64)
+    model = _islands_model()
+    trainer = Trainer(precision="16-mixed", device="cpu", no_progress=True, max_steps=2,
+                      batch_size=32, keep_fp32=["2"])
+    # Refused by the output check, after the precision set the model up.
+    with pytest.raises(UserError, match="outside the model's 3 outputs"):
+        trainer.fit(model, TensorData(data.tensors[0], data.tensors[1] + 3))
+    assert all("forward" not in m.__dict__ for m in model.modules())
+
+
 def test_the_progress_bar_counts_epochs_like_the_log_lines(monkeypatch):
     # One numbering everywhere, from 0: metrics.jsonl's epoch, the log lines, the bar.
     from amptrain.logs import RunLogger
