@@ -81,3 +81,12 @@ def test_ranks_take_alternate_micro_batches_of_the_same_stream():
     zero, one = windows(0), windows(1)
     assert len(zero) == len(one) == 4
     assert torch.equal(torch.cat([t for pair in zip(zero, one) for t in pair]), Y)
+
+
+def test_stream_windows_own_their_micro_batch():
+    samples = [(torch.randn(3), i % 2) for i in range(10)]
+    stream = StreamWindows(samples, micro=4, accumulate=1, device=torch.device("cpu"), steps=5)
+    assert stream.micro_batch == 4
+    stream.resize(2)  # after out-of-memory: samples are collated in smaller micro-batches
+    assert stream.micro_batch == 2
+    assert [w.micro_samples for w in stream.epoch(0)] == [[2]] * 5 and stream.ended
