@@ -25,7 +25,6 @@ def collect_state(trainer: Trainer) -> dict[str, Any]:
     """A checkpoint: each part's state, the weights in fp32 (one part: today's format)."""
     steps, model, task = trainer.steps, trainer.model, trainer.task
     assert steps is not None and model is not None and task is not None, "set up first"
-    steps.settle()  # the lagged step's skip flag decides the scheduler state
     rng = checkpoint.capture_rng()
     windows = trainer.train_windows
     return {
