@@ -43,7 +43,7 @@ def assemble(trainer: Trainer, model: nn.Module, train_data: Any, val_data: Any,
     train_data = as_dataset(train_data, "train_data")
     val_data = as_dataset(val_data, "val_data") if val_data is not None else None
     trainer.task = task = task or resolve_task(c.task, train_data, loss=c.loss,
-                                            class_names=class_names)
+                                               class_names=class_names)
     if loss_fn is None:  # a caller's own loss may take other targets
         for data, keyword in ((train_data, "train_data"), (val_data, "val_data")):
             if data is not None:
@@ -55,7 +55,8 @@ def assemble(trainer: Trainer, model: nn.Module, train_data: Any, val_data: Any,
         outdir.check_on_main(trainer.out, resume=bool(c.checkpointing.resume),
                              is_main=trainer.strategy.is_main,
                              broadcast=trainer.strategy.broadcast_object)
-    warn_inapplicable(c, trainer.given_options, loss_scaling=trainer.precision.spec.loss_scaling,
+    warn_inapplicable(c, trainer.given_options,
+                      loss_scaling=trainer.precision.spec.loss_scaling,
                       precision=trainer.precision.name, own_optimizer=optimizer is not None)
     seed_everything(c.seed, c.deterministic)
     tune_backends(trainer.device, c.deterministic)
@@ -73,8 +74,8 @@ def assemble(trainer: Trainer, model: nn.Module, train_data: Any, val_data: Any,
             loss_fn=loss)
         micro, accumulate = split.micro_batch, split.accumulate
     trainer.train_windows = windows = windows_of(train_data, micro=micro,
-                                              accumulate=accumulate, shuffle=True,
-                                              config=c, strategy=trainer.strategy)
+                                                 accumulate=accumulate, shuffle=True,
+                                                 config=c, strategy=trainer.strategy)
     if len(windows) == 0:
         raise UserError("train_data gives no batch for this process: it is empty or "
                         f"smaller than the {trainer.strategy.world_size} processes")
@@ -89,7 +90,7 @@ def assemble(trainer: Trainer, model: nn.Module, train_data: Any, val_data: Any,
     for part in steps.parts.values():
         part.scheduler = scheduler if scheduler is not None else None \
             if trainer.constant_lr else build_scheduler(trainer.lr_plan.scheduler_config(c),
-                                                     part.optimizer, trainer.total_steps)
+                                                        part.optimizer, trainer.total_steps)
     assert trainer.model is not None
     # The caller's loss and the one-time output check belong to the supervised step;
     # a task's own step (or the caller's) is called as it is.
@@ -101,19 +102,19 @@ def assemble(trainer: Trainer, model: nn.Module, train_data: Any, val_data: Any,
                          model_name=trainer.run_info.get("model")) \
         if loss_fn is None and own_step is None else None
     trainer.runner = StepRunner(steps, precision=trainer.precision, strategy=trainer.strategy,
-                             planner=trainer.planner, metrics=trainer.metrics, model=trainer.model,
-                             device=trainer.device, training_step=own_step, loss_fn=loss,
-                             check=check)
+                                planner=trainer.planner, metrics=trainer.metrics,
+                                model=trainer.model, device=trainer.device,
+                                training_step=own_step, loss_fn=loss, check=check)
     if trainer.strategy.is_main and trainer.out is not None:
         outdir.prepare(trainer.out, resume=bool(c.checkpointing.resume))
     resume_if_requested(trainer)
     if trainer.strategy.is_main and trainer.out is not None:
         write_yaml(trainer.resolved_config(), trainer.out / "config.yaml")
     trainer.reporter.open(trainer.out, enabled=trainer.strategy.is_main,
-                       progress=not c.logging.no_progress,
-                       resumed_at=trainer.step if trainer.step > 0 else None,
-                       loggers=c.logging.logger,
-                       params=trainer.resolved_config() if trainer.out is not None else None)
+                          progress=not c.logging.no_progress,
+                          resumed_at=trainer.step if trainer.step > 0 else None,
+                          loggers=c.logging.logger,
+                          params=trainer.resolved_config() if trainer.out is not None else None)
     trainer.logger.message(Reporter.banner(
         trainer.precision, device=trainer.device, world_size=trainer.strategy.world_size,
         total_steps=trainer.total_steps, batch_size=c.batching.batch_size,
@@ -122,7 +123,6 @@ def assemble(trainer: Trainer, model: nn.Module, train_data: Any, val_data: Any,
     lr_note = trainer.lr_plan.describe(c)
     if lr_note:
         trainer.logger.message(f"amptrain: {lr_note}")
-
 
 
 def prepare_parts(trainer: Trainer, model: nn.Module, task: Task,
@@ -143,9 +143,10 @@ def prepare_parts(trainer: Trainer, model: nn.Module, task: Task,
         fused = trainer.precision.allows_fused(c.schedule.optimizer)
         optimizers = task.build_optimizers(
             modules, lambda part: build_optimizer(c, part, fused_allowed=fused))
+        check_optimizers(task, modules, optimizers)
     trainer.steps = steps = OptimizerSteps(trainer.precision, trainer.position,
-                                        clip=c.schedule.clip_grad_norm,
-                                        log_every=c.logging.log_every)
+                                           clip=c.schedule.clip_grad_norm,
+                                           log_every=c.logging.log_every)
     for name, module in modules.items():
         module, set_up = trainer.precision.setup(module, optimizers[name])
         assert set_up is not None
@@ -159,6 +160,19 @@ def prepare_parts(trainer: Trainer, model: nn.Module, task: Task,
     model.train()
     return steps
 
+
+def check_optimizers(task: Task, modules: dict[str, nn.Module],
+                     optimizers: dict[str, torch.optim.Optimizer]) -> None:
+    """A task's optimizers: one per part, each over that part's parameters only."""
+    if set(optimizers) != set(modules):
+        raise UserError(f"task {task.name}'s build_optimizers() returned optimizers for "
+                        f"{', '.join(optimizers) or 'nothing'}; its parts are "
+                        f"{', '.join(modules)}")
+    for name, optimizer in optimizers.items():
+        own = {id(p) for p in modules[name].parameters()}
+        if any(id(p) not in own for group in optimizer.param_groups for p in group["params"]):
+            raise UserError(f"task {task.name}: the optimizer of part '{name}' updates "
+                            f"parameters that are not that part's")
 
 
 def placed(model: nn.Module, device: torch.device, config: TrainConfig) -> nn.Module:

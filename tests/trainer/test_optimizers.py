@@ -149,3 +149,20 @@ def test_gradients_one_loss_leaves_on_another_part_do_not_leak():
     Trainer(**{**OPTIONS, "micro_batch_size": 32, "max_steps": 3}).fit(TwoParts(), DATA,
                                                                        task=Leaky())
     assert seen == [True, True, True]
+
+
+def test_a_tasks_optimizers_must_match_its_parts():
+    class Crossed(TwoPartTask):
+        def build_optimizers(self, parts, build):
+            return {"left": build(parts["right"]), "right": build(parts["left"])}
+
+    class Missing(TwoPartTask):
+        def build_optimizers(self, parts, build):
+            return {"left": build(parts["left"])}
+
+    with pytest.raises(UserError, match="optimizer of part 'left' updates parameters that "
+                                        "are not that part's"):
+        Trainer(**OPTIONS).fit(TwoParts(), DATA, task=Crossed())
+    with pytest.raises(UserError, match="returned optimizers for left; its parts are left, "
+                                        "right"):
+        Trainer(**OPTIONS).fit(TwoParts(), DATA, task=Missing())
