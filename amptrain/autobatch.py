@@ -162,6 +162,7 @@ class MicroBatchPlanner:
         self.limit: int | None = None        # micro-batch cap after an out-of-memory error
         self.search_report: dict[str, Any] | None = None
         self.oom_events: list[dict[str, Any]] = []
+        self._events_told = 0
 
     # ------------------------------------------------------------- auto search
     def search(self, run_steps: Callable[[int], None],
@@ -302,6 +303,12 @@ class MicroBatchPlanner:
                                            f"x accumulate {new.accumulate} (same global batch "
                                            f"of {window.global_samples}) and keeping that split"})
         return new
+
+    def new_events(self) -> list[dict[str, Any]]:
+        """The out-of-memory events not returned before (each is told once)."""
+        events = self.oom_events[self._events_told:]
+        self._events_told = len(self.oom_events)
+        return events
 
     def report(self) -> dict[str, Any]:
         """What config.yaml records about micro-batch sizing."""

@@ -10,7 +10,7 @@ from __future__ import annotations
 import collections
 import math
 from dataclasses import dataclass
-from typing import Any, Generator, Iterator, Sequence
+from typing import Any, Generator, Iterator, Protocol, Sequence
 
 import torch
 from torch.utils.data import DataLoader, Dataset
@@ -128,6 +128,29 @@ def batch_size_of(batch: Any) -> int:
     raise TypeError(f"cannot tell the batch size of a {type(batch).__name__}")
 
 
+class Windows(Protocol):
+    """What the loop reads its steps from (datasets, DataLoaders and streams alike).
+
+    ``len()`` is the number of steps per epoch (a stream's stands in for its unknown
+    length); ``epoch(e, start)`` yields the epoch's :class:`StepBatch` es from window
+    ``start`` (resume); ``micro_batch`` is the samples per micro-batch the windows are cut
+    into, which ``resize(micro)`` lowers after an out-of-memory error (later epochs are
+    cut the new way); ``ended`` is True once an epoch's windows ran out (a stream that
+    ended early ends its epoch).
+    """
+
+    ended: bool
+
+    @property
+    def micro_batch(self) -> int: ...
+
+    def __len__(self) -> int: ...
+
+    def epoch(self, epoch: int, start: int = 0) -> Iterator[StepBatch]: ...
+
+    def resize(self, micro: int) -> None: ...
+
+
 class DatasetWindows:
     """Windows of a map-style dataset following a :class:`SampleOrder`.
 
@@ -152,11 +175,26 @@ class DatasetWindows:
         self.subset = subset
         self._loader: DataLoader | None = None
         self._sampler: _PlanSampler | None = None
+        self.ended = False
 
     def __len__(self) -> int:
         return len(self.plan)
 
+    @property
+    def micro_batch(self) -> int:
+        """Samples per micro-batch (the plan's)."""
+        return self.plan.micro_batch
+
+    def resize(self, micro: int) -> None:
+        """Cut later windows into micro-batches of ``micro`` (after out-of-memory)."""
+        self.plan.micro_batch = micro
+
     def epoch(self, epoch: int, start: int = 0) -> Generator[StepBatch, None, None]:
+        self.ended = False
+        yield from self._epoch(epoch, start)
+        self.ended = True
+
+    def _epoch(self, epoch: int, start: int) -> Generator[StepBatch, None, None]:
         plans: Iterator[StepIndices] = self.plan.epoch(epoch, start)
         if self.subset is not None:
             plans = map(self._through_subset, plans)
@@ -290,18 +328,32 @@ class LoaderWindows:
     """
 
     def __init__(self, loader: Any, accumulate: int, device: torch.device,
-                 world_size: int = 1, *, limit: int | None = None) -> None:
+                 world_size: int = 1, *, limit: int | None = None,
+                 micro_batch: int | None = None) -> None:
         self.loader = loader
         self.accumulate = accumulate
         self.device = device
         self.world_size = world_size
         self.limit = limit  # at most this many windows (evaluation's --eval-batches)
+        #: The loader's batch size as the run counts it (a redo after out-of-memory cuts
+        #: the loader's batches down to a smaller one).
+        self.micro_batch = micro_batch or getattr(loader, "batch_size", None) or 1
+        self.ended = False
 
     def __len__(self) -> int:
         windows = math.ceil(len(self.loader) / self.accumulate)
         return windows if self.limit is None else min(windows, self.limit)
 
+    def resize(self, micro: int) -> None:
+        """Note the smaller micro-batch (the step runner re-cuts each batch to it)."""
+        self.micro_batch = micro
+
     def epoch(self, epoch: int, start: int = 0) -> Iterator[StepBatch]:
+        self.ended = False
+        yield from self._epoch(epoch, start)
+        self.ended = True
+
+    def _epoch(self, epoch: int, start: int) -> Iterator[StepBatch]:
         sampler = getattr(self.loader, "sampler", None)
         if sampler is not None and hasattr(sampler, "set_epoch"):
             sampler.set_epoch(epoch)

@@ -122,6 +122,15 @@ class StreamWindows:
     def __len__(self) -> int:
         return self.steps if self.limit is None else min(self.steps or self.limit, self.limit)
 
+    @property
+    def micro_batch(self) -> int:
+        """Samples per micro-batch a stream of samples is collated into."""
+        return self.micro
+
+    def resize(self, micro: int) -> None:
+        """Collate later micro-batches of ``micro`` samples (after out-of-memory)."""
+        self.micro = micro
+
     def _micro_batches(self) -> Iterator[Any]:
         pending: list[Any] = []
         samples: bool | None = None

@@ -54,3 +54,25 @@ def test_dataset_windows_index_in_memory_tensors():
     assert first.micro_samples == [4, 4] and first.global_samples == 8
     assert torch.equal(first.micro_batches[1][1], torch.arange(4, 8))
     assert batch_size_of(first.micro_batches[0]) == 4
+
+
+def test_windows_own_their_micro_batch_and_say_when_an_epoch_ended():
+    from torch.utils.data import DataLoader
+
+    from amptrain.batches import LoaderWindows
+
+    data = TensorData(torch.randn(20, 3), torch.arange(20))
+    windows = DatasetWindows(data, SampleOrder(20, 8, 4), torch.device("cpu"))
+    assert windows.micro_batch == 4 and not windows.ended
+    epoch = windows.epoch(0)
+    assert next(epoch).micro_samples == [4, 4] and not windows.ended
+    windows.resize(2)  # after out-of-memory: later epochs are cut the new way
+    assert windows.micro_batch == 2
+    assert [w.micro_samples for w in epoch] == [[4, 4], [4]]  # this epoch was planned
+    assert windows.ended
+    assert [w.micro_samples for w in windows.epoch(1)] == [[2, 2, 2, 2]] * 2 + [[2, 2]]
+    loader = LoaderWindows(DataLoader(data, batch_size=5), 2, torch.device("cpu"))
+    assert loader.micro_batch == 5 and len(loader) == 2
+    assert [w.micro_samples for w in loader.epoch(0)] == [[5, 5], [5, 5]] and loader.ended
+    loader.resize(2)
+    assert loader.micro_batch == 2

@@ -54,7 +54,7 @@ def test_a_list_of_samples_is_a_dataset():
     data = as_dataset(samples, "train_data")
     assert isinstance(data, TensorData) and torch.equal(data.tensors[1], Y)
     result = _trainer(epochs=1).fit(tiny_mlp(), samples, samples[:16])
-    assert result.steps == 8 and result.val_acc is not None
+    assert result.steps == 8 and result.val_metrics["acc"] is not None
     assert not is_sample((X[:4], Y[:4])) and is_sample({"x": X[0], "labels": Y[0]})
 
 
@@ -81,3 +81,12 @@ def test_ranks_take_alternate_micro_batches_of_the_same_stream():
     zero, one = windows(0), windows(1)
     assert len(zero) == len(one) == 4
     assert torch.equal(torch.cat([t for pair in zip(zero, one) for t in pair]), Y)
+
+
+def test_stream_windows_own_their_micro_batch():
+    samples = [(torch.randn(3), i % 2) for i in range(10)]
+    stream = StreamWindows(samples, micro=4, accumulate=1, device=torch.device("cpu"), steps=5)
+    assert stream.micro_batch == 4
+    stream.resize(2)  # after out-of-memory: samples are collated in smaller micro-batches
+    assert stream.micro_batch == 2
+    assert [w.micro_samples for w in stream.epoch(0)] == [[2]] * 5 and stream.ended

@@ -15,6 +15,7 @@ import torch
 from ..config import RunConfig
 from ..errors import TrainingHalted
 from ..runner import prepare_run, run_training
+from ..batches import DatasetWindows
 from ..forward import forward_batch
 from ..trainer import Trainer
 from .options import row_options
@@ -60,7 +61,8 @@ class RunProbe:
             for k, v in live.items())
         fp32 = {k: v.detach().clone()
                 for k, v in trainer.precision.fp32_state_dict(trainer.model).items()}
-        plan = getattr(trainer.train_windows, "plan", None)
+        windows = trainer.train_windows
+        plan = windows.plan if isinstance(windows, DatasetWindows) else None
         order = None if plan is None else digest(
             {"global_batch": plan.global_batch,
              "orders": [plan.order(e) for e in range(trainer.config.schedule.epochs)]})
@@ -75,11 +77,11 @@ def first_step_loss_fp32(trainer: Trainer, fp32_state: dict[str, torch.Tensor]) 
     Uses copies of the weights and buffers (BatchNorm statistics are not touched) and a
     forked RNG (dropout draws do not shift the run's random stream).
     """
-    window = next(iter(trainer.train_windows.epoch(trainer.epoch, trainer.window_in_epoch)), None)
+    windows, model, loss_fn = trainer.train_windows, trainer.model, trainer.loss_fn
+    assert windows is not None and model is not None and loss_fn is not None, "set up first"
+    window = next(iter(windows.epoch(trainer.epoch, trainer.window_in_epoch)), None)
     if window is None:
         return None
-    model = trainer.model
-    assert model is not None, "set up first"
     # Tied weights (a language model's embedding and head) appear once: functional_call
     # refuses a value for each name of a tied pair.
     names = {n for n, _ in model.named_parameters()} | {n for n, _ in model.named_buffers()}
@@ -94,7 +96,7 @@ def first_step_loss_fp32(trainer: Trainer, fp32_state: dict[str, torch.Tensor]) 
     with torch.random.fork_rng(devices=devices), torch.no_grad(), \
             torch.autocast(trainer.device.type, enabled=False):
         for batch, n in zip(window.micro_batches, window.micro_samples):
-            loss, _, _ = forward_batch(fp32_model, batch, trainer.loss_fn)
+            loss, _, _ = forward_batch(fp32_model, batch, loss_fn)
             total += float(loss.float().item()) * n
             samples += n
     return total / max(samples, 1)

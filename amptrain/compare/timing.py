@@ -86,10 +86,12 @@ def build_contender(config: RunConfig, precision: str, needed_windows: int) -> C
     trainer = Trainer(run_config)
     trainer.setup(model, data.train)
     switches = MathSwitches()
+    epochs = trainer.train_windows
+    assert epochs is not None  # set up
     # Only full global batches: a short last batch would make its step look faster.
-    windows = [w for w in itertools.islice(trainer.train_windows.epoch(0), needed_windows + 1)
+    windows = [w for w in itertools.islice(epochs.epoch(0), needed_windows + 1)
                if w.global_samples == run_config.batching.batch_size] or \
-        list(itertools.islice(trainer.train_windows.epoch(0), 1))
+        list(itertools.islice(epochs.epoch(0), 1))
     return Contender(precision, trainer, switches, itertools.cycle(windows[:needed_windows]),
                      total_steps=trainer.total_steps, task=trainer.task)
 
@@ -148,16 +150,18 @@ def measure_speed_and_memory(config: RunConfig, precisions: list[str],
 
 
 def state_bytes(trainer: Trainer) -> int:
-    """Bytes of the model's weights and buffers and the optimizer's parameters and state
-    (fp32 master copies included), each storage counted once."""
-    model, optimizer = trainer.model, trainer.optimizer
-    assert model is not None and optimizer is not None, "set up first"
+    """Bytes of the model's weights and buffers and every part's optimizer parameters and
+    state (fp32 master copies included), each storage counted once."""
+    model, optimizers = trainer.model, list(trainer.optimizers.values())
+    assert model is not None and optimizers, "set up first"
     tensors = itertools.chain(
         model.parameters(), model.buffers(),
-        (p for group in optimizer.param_groups for p in group["params"]),
+        (p for optimizer in optimizers for group in optimizer.param_groups
+         for p in group["params"]),
         trainer.precision.weight_update.buffers() if trainer.precision.weight_update else (),
         # Quantised states (adamw8bit) are tensor subclasses: count their inner tensors.
-        (t for s in optimizer.state.values() for v in s.values() for t in inner_tensors(v)))
+        (t for optimizer in optimizers for s in optimizer.state.values() for v in s.values()
+         for t in inner_tensors(v)))
     seen: set[tuple[str, int]] = set()
     total = 0
     for t in tensors:
@@ -175,8 +179,11 @@ def measure_peak_memory(contender: Contender) -> int | None:
     if contender.halted:
         return None
     trainer = contender.trainer
-    assert trainer.model is not None and trainer.optimizer is not None, "set up first"
-    contender.ladder = memory_ladder(trainer.model, trainer.optimizer, trainer.precision)
+    parts = list(trainer.parts.values())
+    assert parts, "set up first"
+    if len(parts) == 1:  # the ladder splits one model's state by kind
+        contender.ladder = memory_ladder(parts[0].module, parts[0].optimizer,
+                                         trainer.precision)
     contender.switches.apply()
     with MemoryMeter(trainer.device, "tensors").window() as transient:
         for _ in range(MEMORY_STEPS):

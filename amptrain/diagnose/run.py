@@ -94,7 +94,6 @@ def run_steps(config: TrainConfig, data: DataBundle, model: nn.Module, steps: in
         watch.remove()
         if attached is not None:
             attached.remove()
-        trainer.precision.teardown()
     c = trainer.config
     summary = RunSummary(precision=trainer.precision.name, steps=trainer.step,
                          skipped_steps=trainer.precision.skipped_steps,

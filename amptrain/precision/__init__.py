@@ -342,6 +342,10 @@ class Precision:
             self._master.copy_masters_to_model()
         return StepOutcome(found_inf, self._next_host_flag())
 
+    def update(self) -> None:
+        """Loss-scale update once per iteration (the precision branch replaces this)."""
+        return None
+
     def step(self, optimizer: torch.optim.Optimizer | None = None) -> bool:
         """:meth:`step_async` and :meth:`confirm` in one call: True when the weights changed."""
         return self.confirm(self.step_async(optimizer))

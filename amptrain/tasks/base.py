@@ -10,10 +10,15 @@ from __future__ import annotations
 import json
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
+from torch import nn
+
+if TYPE_CHECKING:
+    from .step import StepContext
 
 
 @dataclass(frozen=True)
@@ -120,6 +125,31 @@ class Task(ABC):
         (``num_classes`` or ``input_shape``) was ``then`` and is ``now``, in this task's
         terms (an LM names --seq-len or --tokenizer); None: the generic message."""
         return None
+
+    def describe(self) -> str:
+        """The task's words in the Trainer's first line ("" for classification, the
+        default task; else ``task <name>``)."""
+        return f"task {self.name}"
+
+    # ------------------------------------------------------- the training step
+    def models(self, model: nn.Module) -> dict[str, nn.Module]:
+        """The parts of ``model`` that train, each with its own optimizer, LR schedule,
+        clipping and skip counter, by name (the name ``Task.training_step`` passes to the
+        context). One part, ``"model"``, by default."""
+        return {"model": model}
+
+    def build_optimizers(self, parts: dict[str, nn.Module],
+                         build: Callable[[nn.Module], torch.optim.Optimizer]
+                         ) -> dict[str, torch.optim.Optimizer]:
+        """One optimizer per part; ``build(part)`` makes the run's configured one."""
+        return {name: build(part) for name, part in parts.items()}
+
+    def training_step(self, ctx: StepContext) -> None:
+        """One optimizer step on ``ctx``'s micro-batches (see :mod:`.step`); by default the
+        supervised step with this task's loss."""
+        from .step import supervised_step
+
+        supervised_step(ctx, self.loss)
 
     def metric(self, key: str) -> Metric:
         """The metric called ``key``."""

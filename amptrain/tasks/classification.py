@@ -38,6 +38,9 @@ class ClassificationTask(Task):
     def __init__(self, class_names: list[str] | None = None, **_: Any) -> None:
         self.class_names = list(class_names) if class_names else None
 
+    def describe(self) -> str:
+        return ""  # the default task: the Trainer's first line says nothing of it
+
     def loss(self, outputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         return F.cross_entropy(outputs, targets)
 

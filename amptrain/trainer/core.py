@@ -1,53 +1,57 @@
 """The training loop. It owns no precision logic and no task logic: every precision
 difference lives in :class:`~amptrain.precision.Precision`, every task difference in the
-:class:`~amptrain.tasks.Task`, every process-group difference in the strategy.
+:class:`~amptrain.tasks.Task` (its loss, its parts and its training step), every
+process-group difference in the strategy.
+
+The Trainer is built from parts that each own their state (and its ``state_dict``):
+:class:`~.position.LoopPosition`, :class:`~.metrics.MetricsWindow`,
+:class:`~.optimizers.OptimizerSteps`, :class:`~.stepping.StepRunner`,
+:class:`~.reporting.Reporter`, :class:`~.evaluation.Evaluator`,
+:class:`~.checkpointing.Checkpointer`, and the train windows
+(:class:`~amptrain.batches.Windows`).
 
 One optimizer step ("step") is one global batch: ``accumulate`` micro-batches per rank.
 ``--max-steps``, ``--log-every``, ``--save-every`` and the LR schedule count steps.
 """
 from __future__ import annotations
 
-import contextlib
 import logging
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from pathlib import Path
-from typing import Any, cast
+from typing import Any
 
 import torch
 from torch import nn
 from torch.utils.data import DataLoader, Dataset
 
 from .. import checkpoint
-from . import datacheck, outdir, preemption
-from ..autobatch import MicroBatchSplit, MicroBatchPlanner
-from ..batches import StepBatch
+from . import datacheck, preemption
+from ..autobatch import MicroBatchPlanner, MicroBatchSplit
+from ..batches import Windows
 from ..config import TrainConfig, build_config, to_dict, write_yaml
 from ..distributed import Strategy, build_strategy
 from ..errors import UserError, flag
-from .evaluation import evaluate as evaluate_pass
-from ..inapplicable import warn_inapplicable
-from ..logs import RunLogger
-from ..optim import LrPlan, plan_lr
-from ..memory import MemoryMeter
-from ..models import is_conv_net
-from ..optim import build_optimizer, build_scheduler
-from ..precision import NonFiniteHalt, Precision, StepOutcome
-from ..reproducibility import seed_everything, tune_backends
-from .snapshot import StepStart
-from ..forward import LossFn, forward_batch
-from ..streams import as_dataset
-from ..tasks import ClassificationTask, EvalResult, Task, resolve_task
-from .batching import BatchPlanningMixin
-from .checkpointing import CheckpointingMixin
-from .data import DataMixin
-from .reporting import ReportingMixin
+from ..forward import LossFn
+from ..optim import LrPlan
+from ..precision import NonFiniteHalt, Precision
+from ..tasks import EvalResult, Task, resolve_task
+from ..tasks.step import StepContext
+from .batching import agreement
+from .assembly import assemble, placed
+from .checkpointing import (Checkpointer, collect_state, resolved_config, restore_state)
+from .evaluation import Evaluator
+from .metrics import MetricsWindow
+from .optimizers import OptimizerSteps, Part
+from .position import LoopPosition
+from .reporting import Reporter
 from .result import FitResult
+from .stepping import StepFn, StepRunner, split_of
 
 log = logging.getLogger("amptrain")
 
 
-class Trainer(CheckpointingMixin, ReportingMixin, BatchPlanningMixin, DataMixin):
+class Trainer:
     """The whole training loop: accumulation, clipping, logging, evaluation, checkpoints.
 
     ``Trainer(precision="bf16-mixed", accumulate=4, clip_grad_norm=1.0, out="runs/x")``
@@ -69,67 +73,42 @@ class Trainer(CheckpointingMixin, ReportingMixin, BatchPlanningMixin, DataMixin)
                                                 else TrainConfig, base)
         c = self.config
         self.strategy = strategy or build_strategy(c.distributed.strategy, c.device)
-        self.device = self.strategy.device
-        self.memory = MemoryMeter(self.device, "running")
-        self.callbacks = list(callbacks)
-        self.print_every = print_every  # console lines (without a bar): every N steps
+        self.reporter = Reporter(self.device, callbacks, print_every)
         self.run_info = dict(run_info or {})
-        self.out = Path(c.out) if c.out else None
         self._reset()
 
     def _reset(self) -> None:
         """A fresh precision and loop state: each fit trains its model from step 0."""
         c = self.config
         self.precision = Precision.from_config(c.precision, device=self.device)
-        self._torn_down = False
-        self.logger = RunLogger(None, enabled=False)
-        # Loop position: optimizer steps done, current epoch, windows done in that epoch.
-        self.step = 0
-        self.epoch = 0
-        self.window_in_epoch = 0
-        self.history: list[dict[str, Any]] = []
-        self.model: nn.Module | None = None          # the user's module, set up for precision
-        self.train_model: nn.Module | None = None    # what the loop calls (wrapped/compiled)
-        self.optimizer: torch.optim.Optimizer | None = None
-        self.scheduler: Any = None
-        self.lr_plan: LrPlan | None = None
-        self.task: Task = ClassificationTask()
-        self.loss_fn: LossFn = self.task.loss
-        self.last_eval: EvalResult | None = None
-        # --micro-batch-size auto and out-of-memory recovery; the plan in use lives here.
+        self.reporter.reset()
+        self.position = LoopPosition()
+        self.metrics = MetricsWindow(self.device)
+        # --micro-batch-size auto and out-of-memory recovery.
         self.planner = MicroBatchPlanner(self.device, batch_size=c.batching.batch_size,
                                          world_size=self.strategy.world_size,
                                          memory_budget_gb=c.batching.memory_budget_gb,
-                                         agree=self._all_fit)
-        self.batch_plan: MicroBatchSplit | None = None
-        self._oom_events_told = 0
-        self._step_start: StepStart | None = None
-        self._val_data: Any = None
-        self._pending: StepOutcome | None = None
-        self._last_window: StepBatch | None = None
-        self._grad_norm: torch.Tensor | None = None
-        self._loss_sum = torch.zeros((), device=self.device)
-        self._loss_samples = 0
-        self._samples_since_log = 0
-        self._data_wait_s = 0.0  # host time spent waiting for windows since the last log
-        self._last_log_time = 0.0
-        self._last_log_step = 0
-        self._last_saved_step: int | None = None
-        self._last_eval_step: int | None = None
-        self._step_epoch = 0  # epoch of the last trained step (for records)
+                                         agree=agreement(self.strategy))
+        self.checkpointer = Checkpointer(self.out, c, self.strategy)
+        self.model: nn.Module | None = None   # the user's module, set up for precision
+        self.task: Task | None = None
+        self.steps: OptimizerSteps | None = None
+        self.runner: StepRunner | None = None
+        self.evaluator: Evaluator | None = None
+        self.train_windows: Windows | None = None
+        self.lr_plan: LrPlan | None = None
+        self.total_steps = 0
+        self.constant_lr = False  # the caller's optimizer without a schedule (set up in fit)
         self.stop_requested: str | None = None  # set by a signal handler
         self._stopping: str | None = None        # the stop all ranks agreed on
-        self._check_outputs: Callable[[Any, Any], None] | None = None  # first batch only
-        self._resumed_finished = False
-        self.constant_lr = False  # the caller's optimizer without a schedule (set up in fit)
-        self._writes = checkpoint.BackgroundWriter()
+        self.resumed_finished = False
 
     # ---------------------------------------------------------------- public
     def fit(self, model: nn.Module, train_data: Dataset | DataLoader | Iterable,
             val_data: Dataset | DataLoader | Iterable | None = None, *,
             optimizer: torch.optim.Optimizer | None = None, scheduler: Any = None,
             loss_fn: LossFn | None = None, class_names: list[str] | None = None,
-            task: Task | None = None) -> FitResult:
+            task: Task | None = None, training_step: StepFn | None = None) -> FitResult:
         """Train ``model`` on ``train_data``; evaluate on ``val_data`` each epoch and at the end.
 
         Data may be a map-style Dataset (amptrain then owns batching, shuffling, sharding
@@ -137,106 +116,63 @@ class Trainer(CheckpointingMixin, ReportingMixin, BatchPlanningMixin, DataMixin)
         micro-batch; ``accumulate`` of them make a step). The task (loss and metrics) is
         the ``task`` option (``auto``: regression for float targets, ``lm`` for text data,
         else classification), or a :class:`~amptrain.tasks.Task` object given here.
+        ``training_step(ctx)`` replaces the task's step (a
+        :class:`~amptrain.tasks.step.StepContext` is its whole view of the Trainer).
+        The user's module keeps no patched forward afterwards, also when fit raises.
         """
         self.setup(model, train_data, val_data, optimizer=optimizer, scheduler=scheduler,
-                   loss_fn=loss_fn, class_names=class_names, task=task)
+                   loss_fn=loss_fn, class_names=class_names, task=task,
+                   training_step=training_step)
         return self.run()
 
     def setup(self, model: nn.Module, train_data: Any, val_data: Any = None, *,
               optimizer: torch.optim.Optimizer | None = None, scheduler: Any = None,
               loss_fn: LossFn | None = None, class_names: list[str] | None = None,
-              task: Task | None = None) -> None:
+              task: Task | None = None, training_step: StepFn | None = None) -> None:
         """Everything :meth:`fit` does before its first step (resume included).
 
         Split out so that tools (``compare``'s interleaved timing) can drive single steps
-        with :meth:`train_step` on a fully prepared Trainer.
+        with :meth:`train_step` on a fully prepared Trainer. A set-up that fails leaves the
+        model without patched forwards.
         """
-        c = self.config
         names = datacheck.check_fit_arguments(model, train_data, val_data, optimizer=optimizer,
                                               loss_fn=loss_fn, class_names=class_names,
                                               task=task)
+        if training_step is not None and not callable(training_step):
+            raise UserError(f"training_step must be a function of one StepContext (got "
+                            f"{type(training_step).__name__})")
         if self.model is not None:  # a second fit: a new model, trained from step 0
             self._reset()
-        # A list of samples is a dataset (streams stay streams: see amptrain.streams).
-        train_data = as_dataset(train_data, "train_data")
-        val_data = as_dataset(val_data, "val_data") if val_data is not None else None
-        self.task = task or resolve_task(c.task, train_data, loss=c.loss, class_names=names)
-        self.loss_fn = loss_fn or self.task.loss
-        if loss_fn is None:  # a caller's own loss may take other targets
-            for data, keyword in ((train_data, "train_data"), (val_data, "val_data")):
-                if data is not None:
-                    self.task.check_data(data, keyword)
-        self.task.fit(train_data)
-        if isinstance(train_data, Dataset) and hasattr(train_data, "__len__"):
-            datacheck.check_batch_size(len(train_data), c.batching.batch_size)
-        if self.out is not None:
-            outdir.check_on_main(self.out, resume=bool(c.checkpointing.resume),
-                                 is_main=self.strategy.is_main,
-                                 broadcast=self.strategy.broadcast_object)
-        warn_inapplicable(c, self.given_options, loss_scaling=self.precision.spec.loss_scaling,
-                          precision=self.precision.name, own_optimizer=optimizer is not None)
-        seed_everything(c.seed, c.deterministic)
-        tune_backends(self.device, c.deterministic)
-        self._prepare_model(model, optimizer)
-        assert self.optimizer is not None  # _prepare_model built one when none was given
-        self.batch_plan = MicroBatchSplit(*c.batching.split(self.strategy.world_size))
-        if c.batching.auto:
-            self.batch_plan = self._search_micro_batch(train_data)
-        self.train_windows = self._windows(train_data, self.micro_batch_size, self.accumulate,
-                                           shuffle=True)
-        if len(self.train_windows) == 0:
-            raise UserError("train_data gives no batch for this process: it is empty or "
-                            f"smaller than the {self.strategy.world_size} processes")
-        self._val_data = val_data
-        total = len(self.train_windows) * c.schedule.epochs
-        self.total_steps = min(total, c.schedule.max_steps) if c.schedule.max_steps else total
-        self.lr_plan = plan_lr(c, len(self.train_windows), self.total_steps)
-        # The caller's own optimizer keeps the learning rate it was built with unless a
-        # schedule is asked for: a default cosine decay to 0 would be a surprise.
-        self.constant_lr = optimizer is not None and scheduler is None \
-            and "scheduler" not in self.given_options
-        self.scheduler = scheduler if scheduler is not None else None if self.constant_lr \
-            else build_scheduler(self.lr_plan.scheduler_config(c), self.optimizer,
-                                 self.total_steps)
-        if loss_fn is None:
-            self._check_model_outputs(train_data)
-        if self.strategy.is_main and self.out is not None:
-            outdir.prepare(self.out, resume=bool(c.checkpointing.resume))
-        self._resume_if_requested()
-        if self.strategy.is_main and self.out is not None:
-            write_yaml(self.resolved_config(), self.out / "config.yaml")
-        self.logger = RunLogger(self.out, enabled=self.strategy.is_main,
-                                progress=not c.logging.no_progress,
-                                resumed_at=self.step if self.step > 0 else None,
-                                print_every=self.print_every, loggers=c.logging.logger,
-                                params=self.resolved_config() if self.out is not None else None)
-        self.logger.message(self._banner())
-        lr_note = self.lr_plan.describe(c)
-        if lr_note:
-            self.logger.message(f"amptrain: {lr_note}")
+        try:
+            assemble(self, model, train_data, val_data, optimizer=optimizer,
+                     scheduler=scheduler, loss_fn=loss_fn, class_names=names, task=task,
+                     training_step=training_step)
+        except BaseException:
+            self._teardown()
+            raise
 
     def run(self) -> FitResult:
         """The training loop on a Trainer prepared by :meth:`setup`."""
-        self._emit("on_fit_start")
+        self.reporter.emit(self, "on_fit_start")
         try:
             with preemption.stop_on_signals(self):
                 # Inside: a second signal while the last checkpoint is written still exits.
                 try:
                     self._loop()
                 except BaseException as exc:
-                    self._wait_for_writes(failing=exc)
+                    self.checkpointer.wait(failing=exc)
                     raise
-                self._wait_for_writes()
+                self.checkpointer.wait()
         except NonFiniteHalt as halt:
             raise self._explain_halt(halt) from None
         finally:
             self.logger.close()
             # The user's model gets its own forward back (islands, fp16 convs): it must
             # behave as before fit, also after an error. evaluate() reinstates them.
-            self.precision.teardown()
-            self._torn_down = True
-        self._emit("on_fit_end")
-        result = self._result()
+            self._teardown()
+        self.reporter.emit(self, "on_fit_end")
+        result = self.reporter.result(self.precision, steps=self.step, epochs=self.epoch,
+                                      last_eval=self.last_eval, out=self.out)
         bad = result.nonfinite_metrics()
         if bad:
             log.warning("training finished with non-finite %s: the model diverged (lower %s, "
@@ -244,14 +180,20 @@ class Trainer(CheckpointingMixin, ReportingMixin, BatchPlanningMixin, DataMixin)
                         flag("clip_grad_norm"))
         return result
 
-    def train_step(self, window: StepBatch) -> None:
-        """One optimizer step on ``window`` (micro-batches on the device), without the
-        loop's bookkeeping (logging, evaluation, checkpoints, step counter)."""
-        self._train_step(window)
+    def train_step(self, window: Any) -> None:
+        """One optimizer step of every part on ``window`` (a
+        :class:`~amptrain.batches.StepBatch` on the device), without the loop's bookkeeping
+        (logging, evaluation, checkpoints, step counter)."""
+        runner, windows = self._ready()
+        split = runner.run(window, split_of(windows.micro_batch, self.planner.per_device),
+                           self.step + 1)
+        if split.micro_batch != windows.micro_batch:
+            self._use_batch_plan(split)
 
     def finish_step(self) -> None:
-        """Wait for the last step and account for it (skip flag, LR schedule)."""
-        self._resolve_pending()
+        """Wait for the last step and account for it (skip flags, LR schedules)."""
+        if self.steps is not None:
+            self.steps.settle()
 
     def evaluate(self, model: nn.Module | None = None, data: Any = None, *,
                  write_dir: str | Path | None = None, full: bool = False) -> EvalResult:
@@ -261,30 +203,24 @@ class Trainer(CheckpointingMixin, ReportingMixin, BatchPlanningMixin, DataMixin)
         ``eval_batches`` option only a fixed sample of that many batches is read, unless
         ``full``.
         """
+        evaluator = self.evaluator
         model = model if model is not None else self.model
-        data = data if data is not None else self._val_data
-        if model is None or data is None:
-            raise UserError("evaluate() needs a model and data (or a finished fit)")
-        micro, accumulate = self.config.batching.split(self.strategy.world_size)
-        # No gradients to hold: one pass per per-device batch.
-        sample = None if full else self.config.logging.eval_batches
-        windows = self._windows(data, micro * accumulate, 1, shuffle=False,
-                                sample_batches=sample)
-        with self.precision.installed() if self._torn_down else contextlib.nullcontext():
-            result = evaluate_pass(model, windows, precision=self.precision, task=self.task,
-                                   strategy=self.strategy, logger=self.logger,
-                                   loss_fn=self.loss_fn)
-        if write_dir is not None and self.strategy.is_main:
-            result.write(write_dir)
-        return result
+        data = data if data is not None or evaluator is None else evaluator.val_data
+        if model is None or data is None or evaluator is None:
+            raise UserError("evaluate() needs a model and data after prepare() or fit()")
+        return evaluator.evaluate(model, data, logger=self.logger, write_dir=write_dir,
+                                  full=full)
 
     def prepare(self, model: nn.Module, class_names: list[str] | None = None,
                 task: Task | None = None) -> nn.Module:
         """Set a model up for this precision and device without training (for evaluation);
-        ``task`` defaults to classification over ``class_names``."""
-        self.task = task or ClassificationTask(class_names)
-        self.loss_fn = self.task.loss
-        self.model, _ = self.precision.setup(self._placed(model), None)
+        ``task`` defaults to the ``task`` option's (classification over ``class_names``
+        when the option is ``auto``)."""
+        self.task = task or resolve_task(self.config.task, None, loss=self.config.loss,
+                                         class_names=class_names)
+        self.evaluator = Evaluator(self.config, self.strategy, self.precision, self.task,
+                                   self.task.loss)
+        self.model, _ = self.precision.setup(placed(model, self.device, self.config), None)
         self.model.eval()
         return self.model
 
@@ -293,72 +229,145 @@ class Trainer(CheckpointingMixin, ReportingMixin, BatchPlanningMixin, DataMixin)
         assert self.model is not None, "prepare() or setup() first"
         checkpoint.load_weights(self.model, state, self.strategy, self.precision)
 
-    # ----------------------------------------------------------------- setup
-    def _placed(self, model: nn.Module) -> nn.Module:
-        """``model`` on the device (channels-last for a conv net when asked)."""
-        model = model.to(self.device)
-        if self.config.channels_last and is_conv_net(model):
-            # Module.to takes memory_format at run time; torch's overloads leave it out.
-            model = model.to(memory_format=torch.channels_last)  # type: ignore[call-overload]
-        return model
+    def save_checkpoint(self, path: str | Path | None = None) -> Path | None:
+        """Write the full training state (rank 0) to ``path`` or ``OUT/checkpoints/last.pt``;
+        returns once the file is complete (a background write in flight is waited for first)."""
+        return self._save(path, background=False)
 
-    def _prepare_model(self, model: nn.Module, optimizer: torch.optim.Optimizer | None) -> None:
-        model = self.strategy.prepare_model(self._placed(model), self.precision, optimizer)
-        fused = self.precision.allows_fused(self.config.schedule.optimizer)
-        optimizer = optimizer or build_optimizer(self.config, model, fused_allowed=fused)
-        self.model, self.optimizer = self.precision.setup(model, optimizer)
-        train_model = self.strategy.wrap(self.model)
-        if self.config.compile:
-            # A compiled module is an OptimizedModule (an nn.Module); torch.compile's
-            # signature only says Callable.
-            train_model = cast(nn.Module, torch.compile(train_model))
-        self.train_model = train_model
-        self.model.train()
+    def state_dict(self) -> dict[str, Any]:
+        """Everything needed to continue exactly: the parts' state (weights in fp32)."""
+        return collect_state(self)
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore :meth:`state_dict` into a prepared Trainer (after model/optimizer setup)."""
+        restore_state(self, state)
+
+    def resolved_config(self) -> dict[str, Any]:
+        """The config as run: precision resolved, batching and learning rate derived."""
+        windows = self.train_windows
+        return resolved_config(
+            self.config, precision=self.precision.name, device=self.device,
+            world_size=self.strategy.world_size,
+            micro=windows.micro_batch if windows is not None else None,
+            accumulate=self.accumulate if windows is not None else None,
+            lr_plan=self.lr_plan, planner_report=self.planner.report(), run_info=self.run_info)
+
+    # ------------------------------------------------------- the parts, by name
+    device = property(lambda self: self.strategy.device, doc="The training device.")
+    step = property(lambda self: self.position.step, doc="Optimizer steps done.")
+    epoch = property(lambda self: self.position.epoch, doc="The epoch in progress (from 0).")
+    window_in_epoch = property(lambda self: self.position.window_in_epoch)
+    callbacks = property(lambda self: self.reporter.callbacks, doc="The run's callbacks.")
+    history = property(lambda self: self.reporter.history, doc="Every record of the run.")
+    logger = property(lambda self: self.reporter.logger, doc="The run's RunLogger.")
+
+    @property
+    def out(self) -> Path | None:
+        """The run directory (``out``), or None."""
+        return Path(self.config.out) if self.config.out else None
+
+    @property
+    def last_eval(self) -> EvalResult | None:
+        return self.evaluator.last if self.evaluator is not None else None
+
+    @property
+    def loss_fn(self) -> LossFn | None:
+        """The loss of the supervised step and of evaluation (the task's or the caller's)."""
+        return self.evaluator.loss_fn if self.evaluator is not None else None
+
+    @property
+    def parts(self) -> dict[str, Part]:
+        """The trained parts by name (one, ``"model"``, unless the task has several)."""
+        return self.steps.parts if self.steps is not None else {}
+
+    @property
+    def optimizers(self) -> dict[str, torch.optim.Optimizer]:
+        return {name: part.optimizer for name, part in self.parts.items()}
+
+    @property
+    def optimizer(self) -> torch.optim.Optimizer | None:
+        """The one optimizer (None before set-up; several parts: see :attr:`optimizers`)."""
+        return self._only().optimizer if self.parts else None
+
+    @property
+    def scheduler(self) -> Any:
+        return self._only().scheduler if self.parts else None
+
+    @property
+    def train_model(self) -> nn.Module | None:
+        """What the step calls (wrapped/compiled), for a one-part task."""
+        return self._only().forward if self.parts else None
+
+    @property
+    def micro_batch_size(self) -> int:
+        """Samples per forward/backward on each device (the windows' cut)."""
+        assert self.train_windows is not None, "set up first"
+        return self.train_windows.micro_batch
+
+    @property
+    def accumulate(self) -> int:
+        """Micro-batches per optimizer step on each device."""
+        return split_of(self.micro_batch_size, self.planner.per_device).accumulate
+
+    def _only(self) -> Part:
+        if len(self.parts) != 1:
+            raise UserError(f"this run trains {len(self.parts)} parts "
+                            f"({', '.join(self.parts)}): use trainer.parts or .optimizers")
+        return next(iter(self.parts.values()))
+
+    def _ready(self) -> tuple[StepRunner, Windows]:
+        if self.runner is None or self.train_windows is None:
+            raise UserError("set the Trainer up first (setup() or fit())")
+        return self.runner, self.train_windows
+
+    # ----------------------------------------------------------------- setup
+    def _teardown(self) -> None:
+        """The user's module gets its own forwards back (evaluate() reinstates them)."""
+        self.precision.teardown()
+        if self.evaluator is not None:
+            self.evaluator.patches_removed = True
 
     # ------------------------------------------------------------------ loop
     def _loop(self) -> None:
         c = self.config
-        self.memory.start()
-        self._last_log_time = time.perf_counter()
-        self._last_log_step = self.step
-        while self.epoch < c.schedule.epochs and not self._done():
-            start = self.window_in_epoch
+        runner, windows = self._ready()
+        position, metrics = self.position, self.metrics
+        self.reporter.memory.start()
+        metrics.start(position.step)
+        while position.epoch < c.schedule.epochs and not self._done():
             # Epochs count from 0, as in metrics.jsonl and the log lines: "epoch 0 (0-2)".
-            self.logger.bar(len(self.train_windows),
-                            f"epoch {self.epoch} (0-{c.schedule.epochs - 1})", start)
-            for window in self._timed(self.train_windows.epoch(self.epoch, start)):
-                self._train_step(window)
-                self._step_epoch = self.epoch
-                self.step += 1
-                self.window_in_epoch += 1
+            self.logger.bar(len(windows), f"epoch {position.epoch} (0-{c.schedule.epochs - 1})",
+                            position.window_in_epoch)
+            for window in metrics.timed(windows.epoch(position.epoch,
+                                                      position.window_in_epoch)):
+                self.train_step(window)
+                position.advance()
                 self.logger.advance()
                 self._after_step()
                 self._agree_on_stop()
                 if self._done():
                     break
             # A stream (amptrain.streams) has no length: its epoch ends when it runs out.
-            if self.window_in_epoch >= len(self.train_windows) \
-                    or getattr(self.train_windows, "ended", False):
-                self.epoch += 1
-                self.window_in_epoch = 0
+            if position.window_in_epoch >= len(windows) or windows.ended:
+                position.next_epoch()
                 self._end_of_epoch()
-        if self._stopping is not None and not self._complete():
+        if self._stopping is not None and not self.complete():
             raise self._preempted()
-        self._resolve_pending()
-        if self.step != self._last_log_step:
+        self.finish_step()
+        if position.step != metrics.start_step:
             self._log_train()
         self.logger.close_bar()
-        if self._val_data is not None:
+        if self.evaluator is not None and self.evaluator.val_data is not None:
             # A finished run that was resumed has its final record already.
-            self._evaluate_and_log(final=True, record=not self._resumed_finished)
-        if self.out is not None and not self._saved_at_current_step():
+            self._evaluate_and_log(final=True, record=not self.resumed_finished)
+        if self.out is not None and not self.checkpointer.saved_at(self.step):
             self.save_checkpoint()
 
     def _done(self) -> bool:
         max_steps = self.config.schedule.max_steps
         return bool(max_steps and self.step >= max_steps) or self._stopping is not None
 
-    def _complete(self) -> bool:
+    def complete(self) -> bool:
         max_steps = self.config.schedule.max_steps
         return self.epoch >= self.config.schedule.epochs or bool(max_steps
                                                                  and self.step >= max_steps)
@@ -367,76 +376,14 @@ class Trainer(CheckpointingMixin, ReportingMixin, BatchPlanningMixin, DataMixin)
         self._stopping = preemption.agreed_stop(self.stop_requested, self._stopping, self.step,
                                                 self.config.logging.log_every, self.strategy)
 
-    def _forward_backward(self, window: StepBatch) -> None:
-        """Forward and backward of every micro-batch of ``window``; gradients accumulate."""
-        assert self.train_model is not None, "set up first"
-        world = self.strategy.world_size
-        last = len(window.micro_batches) - 1
-        losses = []
-        check, self._check_outputs = self._check_outputs, None  # the run's first batch only
-        for i, (batch, n) in enumerate(zip(window.micro_batches, window.micro_samples)):
-            with self.strategy.accumulation_context(self.train_model, boundary=i == last):
-                with self.precision.autocast():
-                    loss, _, _ = forward_batch(self.train_model, batch, self.loss_fn,
-                                               check if i == 0 else None)
-                # The loss is a mean over this micro-batch, so its share of the step is
-                # n / N (N = samples in the global batch). DDP then averages gradients over
-                # ranks, which the factor `world` undoes: the sum over all ranks and
-                # micro-batches is exactly the mean over the global batch. A share of
-                # exactly 1 (no accumulation) is not multiplied in: that would cost a
-                # kernel in the forward and one in the backward of every step, for nothing.
-                share = n * world / window.global_samples
-                self.precision.backward(loss if share == 1 else loss * share)
-            losses.append((loss.detach(), n))
-        # Counted once the whole window went through, so a redone window counts once.
-        for loss, n in losses:
-            self._loss_sum.add_(loss, alpha=n)
-        self._loss_samples += sum(window.micro_samples)
-
-    def _train_step(self, window: StepBatch) -> None:
-        assert self.model is not None and self.optimizer is not None
-        assert self.batch_plan is not None
-        # On out-of-memory the planner redoes this same global batch in smaller
-        # micro-batches, from the same RNG and BatchNorm state (one process only: several
-        # halt instead of redoing).
-        if self.strategy.world_size == 1:
-            if self._step_start is None:
-                self._step_start = StepStart(self.model, self.device)
-            self._step_start.save()
-        window, plan = self.planner.run(window, self._forward_backward, plan=self.batch_plan,
-                                        step=self.step + 1, drop_gradients=self._drop_gradients,
-                                        step_start=self._step_start)
-        if plan != self.batch_plan:
-            self._use_batch_plan(plan)
-        self._last_window = window
-        self._samples_since_log += window.global_samples
-        # Reading the previous step's skip flag only now lets the GPU run this step's
-        # forward/backward meanwhile; the LR it sets is still the one this step needs.
-        self._resolve_pending()
-        params = self.model.parameters()
-        clip = self.config.schedule.clip_grad_norm
-        if clip:
-            self._grad_norm = self.precision.clip_grad_norm_(params, clip)
-        elif (self.step + 1) % self.config.logging.log_every == 0:
-            self._grad_norm = self.precision.grad_norm(params)
-        self._pending = self.precision.step_async(self.optimizer)
-        self.optimizer.zero_grad(set_to_none=True)
-
-    def _resolve_pending(self) -> None:
-        outcome, self._pending = self._pending, None
-        if outcome is None:
-            return
-        if self.precision.confirm(outcome, step=self.step) and self.scheduler is not None:
-            self.scheduler.step()
-
     def _after_step(self) -> None:
         c = self.config
         if self.step % c.logging.log_every == 0:
-            self._resolve_pending()
+            self.finish_step()
             self._log_train()
-        self._emit("on_step_end")
+        self.reporter.emit(self, "on_step_end")
         if c.logging.eval_every and self.step % c.logging.eval_every == 0 \
-                and self._val_data is not None:
+                and self._has_val():
             self._evaluate_and_log()
         if c.checkpointing.save_every and self.step % c.checkpointing.save_every == 0 \
                 and self.out is not None:
@@ -445,7 +392,75 @@ class Trainer(CheckpointingMixin, ReportingMixin, BatchPlanningMixin, DataMixin)
     def _end_of_epoch(self) -> None:
         if self._done() or self.epoch >= self.config.schedule.epochs:
             return  # the final evaluation and checkpoint follow right away
-        if not self.config.logging.eval_every and self._val_data is not None:
+        if not self.config.logging.eval_every and self._has_val():
             self._evaluate_and_log()
-        if self.out is not None and not self._saved_at_current_step():
+        if self.out is not None and not self.checkpointer.saved_at(self.step):
             self._save(background=True)
+
+    def _has_val(self) -> bool:
+        return self.evaluator is not None and self.evaluator.val_data is not None
+
+    def _use_batch_plan(self, split: MicroBatchSplit) -> None:
+        """The one place a smaller micro-batch takes effect (after out-of-memory)."""
+        assert self.train_windows is not None
+        self.train_windows.resize(split.micro_batch)  # later epochs are cut the new way
+        for event in self.planner.new_events():
+            self.logger.message(f"amptrain: {event['message']}")
+        if self.strategy.is_main and self.out is not None:
+            write_yaml(self.resolved_config(), self.out / "config.yaml")
+
+    # --------------------------------------------------------- records, saves
+    def _log_train(self) -> None:
+        assert self.steps is not None and self.task is not None, "set up first"
+        self.reporter.record(self, self.reporter.train_record(
+            step=self.step, epoch=self.position.step_epoch,
+            window=self.metrics.read(self.strategy, self.step),
+            grad_norms=self.metrics.grad_norms, steps=self.steps, precision=self.precision,
+            task=self.task))
+
+    def _evaluate_and_log(self, final: bool = False, record: bool = True) -> None:
+        assert self.evaluator is not None and self.model is not None
+        self.finish_step()
+        started = time.perf_counter()
+        result = self.evaluator.at_step(self.model, self.step, logger=self.logger,
+                                        final=final, out=self.out)
+        if result is not None and record:
+            self.reporter.record(self, {"step": self.step, "epoch": self.position.step_epoch,
+                                        **result.record()})
+        # Evaluation time is not training time: keep it out of samples_per_s.
+        self.metrics.pause(time.perf_counter() - started)
+
+    def _save(self, path: str | Path | None = None, *, background: bool) -> Path | None:
+        """:meth:`save_checkpoint`; ``background``: copy the state and return, the run's
+        checkpoint is written on a thread."""
+        steps = self.steps
+        assert steps is not None, "set up first"
+        if background and path is None and self.checkpointer.sharded(steps):
+            return self.checkpointer.save_sharded(collect_state(self, weights=False), self.step,
+                                                  steps.only())
+        return self.checkpointer.save(self.state_dict(), self.step, path, background=background,
+                                      defer=[part.optimizer for part in steps.parts.values()])
+
+    def _preempted(self) -> Exception:
+        """Checkpoint after a stop request (a signal) and build the exception that ends the run.
+
+        No log record and no evaluation: the grace period before SIGKILL is short, and the
+        metrics window in progress is saved, so the resumed run logs what this one would.
+        """
+        assert self._stopping is not None  # only called once all ranks agreed to stop
+        path = None
+        if self.out is not None:
+            path = self.out / checkpoint.CHECKPOINT_DIR / checkpoint.LAST \
+                if self.checkpointer.saved_at(self.step) else self.save_checkpoint()
+        else:
+            self.finish_step()
+        return preemption.preempted(self._stopping, self.step, path)
+
+    def _explain_halt(self, halt: NonFiniteHalt) -> NonFiniteHalt:
+        """Add the first module that produced a non-finite value to a halt message."""
+        if self.runner is None or self.model is None:
+            return halt
+        return Reporter.explain_halt(halt, self.runner, self.model, self.precision)
+
+
+__all__ = ["StepContext", "Trainer"]

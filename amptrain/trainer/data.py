@@ -1,22 +1,27 @@
-"""How data reaches the model in the Trainer: global batches cut into per-device windows,
+"""How data reaches the model in the Trainer: global batches cut into per-device windows
+(:class:`~amptrain.batches.Windows`, one protocol for datasets, DataLoaders and streams),
 small in-memory datasets moved to the accelerator once, and the one-time check that the
 model's outputs fit the targets."""
 from __future__ import annotations
 
 import functools
 import os
-import time
-from typing import Any, Iterator
+from collections.abc import Callable
+from typing import Any
 
 import torch
+from torch import nn
 from torch.utils.data import DataLoader, Dataset
 
 from . import datacheck
-from ..batches import DatasetWindows, SampleOrder, LoaderWindows, StepBatch
+from ..batches import DatasetWindows, LoaderWindows, SampleOrder, Windows
+from ..config import TrainConfig
+from ..distributed import Strategy
 from ..data.core import SPLIT_SEED
-from ..forward import forward_batch
+from ..forward import LossFn, forward_batch
+from ..precision import Precision
 from ..streams import as_dataset, is_stream, stream_windows
-from .base import TrainerBase
+from ..tasks import Task
 
 #: In-memory datasets up to this size are moved to the accelerator once, so batches
 #: are sliced there instead of being copied over every step.
@@ -33,96 +38,79 @@ def eval_sample(num_samples: int, count: int) -> torch.Tensor | None:
     return order[:count].sort().values
 
 
-class DataMixin(TrainerBase):
-    """The Trainer's data path (mixed into it)."""
+def output_check(train_data: Any, *, model: nn.Module, task: Task, loss_fn: LossFn,
+                 precision: Precision, strategy: Strategy, model_name: str | None
+                 ) -> Callable[[Any, Any], None] | None:
+    """Check that the model's outputs fit the targets: now, on two in-memory samples (so a
+    wrong model is refused before the first log line; returns None), or else return the
+    check for the first training batch. The probe runs in eval mode with the RNG restored:
+    training sees exactly what it would have seen without it."""
+    device = strategy.device
+    sample = datacheck.first_samples(train_data, device) if strategy.world_size == 1 else None
+    check = functools.partial(task.check_outputs, model_name=model_name,
+                              all_targets=train_data.tensors[-1] if sample else None)
+    if sample is None:
+        return check
+    devices = [device] if device.type == "cuda" else []
+    was_training = model.training
+    model.eval()
+    try:
+        with torch.random.fork_rng(devices=devices), torch.no_grad(), precision.autocast():
+            forward_batch(model, sample, loss_fn, check)
+    finally:
+        model.train(was_training)
+    return None
 
-    def _check_model_outputs(self, train_data: Any) -> None:
-        """Check that the model's outputs fit the targets: now, on two in-memory samples
-        (so a wrong model is refused before the first log line), or else on the first
-        training batch. The probe runs in eval mode with the RNG restored: training sees
-        exactly what it would have seen without it."""
-        sample = datacheck.first_samples(train_data, self.device) \
-            if self.strategy.world_size == 1 else None
-        check = functools.partial(self.task.check_outputs, model_name=self.run_info.get("model"),
-                                  all_targets=train_data.tensors[-1] if sample else None)
-        if sample is None:
-            self._check_outputs = check
-            return
-        assert self.model is not None
-        devices = [self.device] if self.device.type == "cuda" else []
-        was_training = self.model.training
-        self.model.eval()
-        try:
-            with torch.random.fork_rng(devices=devices), torch.no_grad(), \
-                    self.precision.autocast():
-                forward_batch(self.model, sample, self.loss_fn, check)
-        finally:
-            self.model.train(was_training)
 
-    def _timed(self, windows: Iterator[StepBatch]) -> Iterator[StepBatch]:
-        """``windows``, adding the host time spent waiting for each to ``_data_wait_s``.
+def windows_of(data: Any, *, micro: int, accumulate: int, shuffle: bool, config: TrainConfig,
+               strategy: Strategy, sample_batches: int | None = None) -> Windows:
+    """Windows of ``data``; ``sample_batches`` (evaluation) restricts them to a fixed
+    sample of that many global batches (``--eval-batches``)."""
+    device = strategy.device
+    data = as_dataset(data, "train_data" if shuffle else "val_data")
+    if is_stream(data):  # generators, IterableDatasets: read in order
+        return stream_windows(data, micro=micro, accumulate=accumulate, device=device,
+                              world_size=strategy.world_size, rank=strategy.rank,
+                              max_steps=config.schedule.max_steps, training=shuffle,
+                              limit=sample_batches, num_workers=workers_for(data, config),
+                              keyword="train_data" if shuffle else "val_data")
+    if isinstance(data, Dataset) and hasattr(data, "__len__") \
+            and not isinstance(data, DataLoader):
+        data = maybe_on_device(data, device)
+        world = strategy.world_size
+        subset = None
+        if sample_batches is not None:
+            subset = eval_sample(len(data), sample_batches * config.batching.batch_size)
+        plan = SampleOrder(len(data) if subset is None else len(subset),
+                           micro * accumulate * world, micro, world_size=world,
+                           rank=strategy.rank, seed=config.seed, shuffle=shuffle)
+        return DatasetWindows(data, plan, device, num_workers=workers_for(data, config),
+                              subset=subset)
+    # Only evaluation reads data unshuffled.
+    data = strategy.shard_loader(data, seed=config.seed, evaluation=not shuffle)
+    return LoaderWindows(data, accumulate, device, strategy.world_size, limit=sample_batches,
+                         micro_batch=micro)
 
-        Host clock only, no device sync: on an accelerator the host runs ahead of the
-        device, so this is the time the loop could not queue work because data was not
-        ready -- what ``data_wait_frac`` reports (0: the input pipeline keeps up).
-        """
-        iterator = iter(windows)
-        while True:
-            started = time.perf_counter()
-            try:
-                window = next(iterator)
-            except StopIteration:
-                return
-            self._data_wait_s += time.perf_counter() - started
-            yield window
 
-    def _windows(self, data: Any, micro: int, accumulate: int, shuffle: bool,
-                 sample_batches: int | None = None) -> Any:
-        """Windows of ``data``; ``sample_batches`` (evaluation) restricts them to a fixed
-        sample of that many global batches (``--eval-batches``)."""
-        data = as_dataset(data, "train_data" if shuffle else "val_data")
-        if is_stream(data):  # generators, IterableDatasets: read in order
-            return stream_windows(data, micro=micro, accumulate=accumulate, device=self.device,
-                                  world_size=self.strategy.world_size, rank=self.strategy.rank,
-                                  max_steps=self.config.schedule.max_steps, training=shuffle,
-                                  limit=sample_batches,
-                                  num_workers=self._workers_for(data),
-                                  keyword="train_data" if shuffle else "val_data")
-        if isinstance(data, Dataset) and hasattr(data, "__len__") \
-                and not isinstance(data, DataLoader):
-            data = self._maybe_on_device(data)
-            world = self.strategy.world_size
-            subset = None
-            if sample_batches is not None:
-                subset = eval_sample(len(data), sample_batches * self.config.batching.batch_size)
-            plan = SampleOrder(len(data) if subset is None else len(subset),
-                                   micro * accumulate * world, micro,
-                                   world_size=world, rank=self.strategy.rank,
-                                   seed=self.config.seed, shuffle=shuffle)
-            return DatasetWindows(data, plan, self.device,
-                                  num_workers=self._workers_for(data), subset=subset)
-        # Only evaluation reads data unshuffled.
-        data = self.strategy.shard_loader(data, seed=self.config.seed, evaluation=not shuffle)
-        return LoaderWindows(data, accumulate, self.device, self.strategy.world_size,
-                             limit=sample_batches)
+def workers_for(data: Any, config: TrainConfig) -> int:
+    """--num-workers, with auto resolved: none for data already in memory or read as
+    whole batches (tokens), else up to 4 processes, one core left to training."""
+    workers = config.batching.num_workers
+    if workers != "auto":
+        return int(workers)
+    if hasattr(data, "tensors") or hasattr(data, "read_batch"):
+        return 0
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        cores = os.cpu_count() or 1
+    return max(0, min(4, cores - 1))
 
-    def _workers_for(self, data: Any) -> int:
-        """--num-workers, with auto resolved: none for data already in memory or read as
-        whole batches (tokens), else up to 4 processes, one core left to training."""
-        workers = self.config.batching.num_workers
-        if workers != "auto":
-            return int(workers)
-        if hasattr(data, "tensors") or hasattr(data, "read_batch"):
-            return 0
-        try:
-            cores = len(os.sched_getaffinity(0))
-        except AttributeError:  # not Linux
-            cores = os.cpu_count() or 1
-        return max(0, min(4, cores - 1))
 
-    def _maybe_on_device(self, data: Any) -> Any:
-        if self.device.type == "cpu" or not hasattr(data, "tensors") or not hasattr(data, "to"):
-            return data
-        if data.tensors[0].device == self.device:
-            return data
-        return data.to(self.device) if data.nbytes() <= DEVICE_DATA_LIMIT_BYTES else data
+def maybe_on_device(data: Any, device: torch.device) -> Any:
+    """In-memory data up to :data:`DEVICE_DATA_LIMIT_BYTES` moved to an accelerator once."""
+    if device.type == "cpu" or not hasattr(data, "tensors") or not hasattr(data, "to"):
+        return data
+    if data.tensors[0].device == device:
+        return data
+    return data.to(device) if data.nbytes() <= DEVICE_DATA_LIMIT_BYTES else data

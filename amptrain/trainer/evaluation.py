@@ -1,7 +1,10 @@
 """An evaluation pass: the loss and the task's metrics of a model on data, under the
-training precision's autocast, every process's share gathered."""
+training precision's autocast, every process's share gathered; and :class:`Evaluator`, the
+Trainer's part that runs them."""
 from __future__ import annotations
 
+import contextlib
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -10,8 +13,10 @@ from torch import nn
 from ..distributed import Strategy
 from ..logs import RunLogger
 from ..precision import Precision
-from ..forward import forward_batch
+from ..config import TrainConfig
+from ..forward import LossFn, forward_batch
 from ..tasks import EvalResult, Task
+from .data import windows_of
 
 
 def evaluate(model: nn.Module, windows: Any, *, precision: Precision, task: Task,
@@ -44,3 +49,50 @@ def evaluate(model: nn.Module, windows: Any, *, precision: Precision, task: Task
     total = strategy.reduce_sum(torch.tensor(float(samples), device=strategy.device,
                                              dtype=torch.float64)).item()
     return task.finish_eval(sums, strategy.gather, total_loss / max(total, 1.0), int(total))
+
+
+class Evaluator:
+    """The Trainer's evaluations: the validation data, the last result and its step, and
+    the precision's forward patches put back for a pass after ``fit`` removed them."""
+
+    def __init__(self, config: TrainConfig, strategy: Strategy, precision: Precision,
+                 task: Task, loss_fn: LossFn, val_data: Any = None) -> None:
+        self.config, self.strategy, self.precision = config, strategy, precision
+        self.task, self.loss_fn, self.val_data = task, loss_fn, val_data
+        self.last: EvalResult | None = None
+        self.last_step: int | None = None  # the step of ``last`` (the final pass reuses it)
+        self.patches_removed = False       # fit is over: reinstate the patches per pass
+
+    def evaluate(self, model: nn.Module, data: Any, *, logger: RunLogger,
+                 write_dir: str | Path | None = None, full: bool = False) -> EvalResult:
+        """The loss and the task's metrics on ``data`` (``--eval-batches`` of it unless
+        ``full``); the task's reports go to ``write_dir`` (rank 0)."""
+        micro, accumulate = self.config.batching.split(self.strategy.world_size)
+        # No gradients to hold: one pass per per-device batch.
+        sample = None if full else self.config.logging.eval_batches
+        windows = windows_of(data, micro=micro * accumulate, accumulate=1, shuffle=False,
+                             config=self.config, strategy=self.strategy,
+                             sample_batches=sample)
+        with self.precision.installed() if self.patches_removed else contextlib.nullcontext():
+            result = evaluate(model, windows, precision=self.precision, task=self.task,
+                              strategy=self.strategy, logger=logger, loss_fn=self.loss_fn)
+        if write_dir is not None and self.strategy.is_main:
+            result.write(write_dir)
+        return result
+
+    def at_step(self, model: nn.Module, step: int, *, logger: RunLogger, final: bool,
+                out: Path | None) -> EvalResult | None:
+        """The evaluation of the loop at ``step``; None when the final pass reuses the
+        ``--eval-every`` pass of the same step (its reports are written again)."""
+        write_dir = out / "eval" if (final and out is not None) else None
+        full = final and self.config.logging.final_eval_full
+        if final and not full and self.last is not None and self.last_step == step:
+            # --eval-every just evaluated this step: the same weights, so write its reports
+            # instead of a second pass (and a second, identical record).
+            if write_dir is not None and self.strategy.is_main:
+                self.last.write(write_dir)
+            return None
+        self.last = self.evaluate(model, self.val_data, logger=logger, write_dir=write_dir,
+                                  full=full)
+        self.last_step = step
+        return self.last

@@ -1,133 +1,138 @@
-"""What the Trainer tells: log records, the banner, the result, and where a halt began."""
+"""What the Trainer tells: log records (to the logger, the history and the callbacks), the
+banner, the result, and where a halt began."""
 from __future__ import annotations
 
-import time
+from collections.abc import Iterable
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
+from torch import nn
 
-from ..precision import NonFiniteHalt, label
-from ..nonfinite import first_nonfinite_module
 from ..forward import forward_batch
-from .base import TrainerBase
+from ..logs import RunLogger
+from ..memory import MemoryMeter
+from ..nonfinite import first_nonfinite_module
+from ..precision import NonFiniteHalt, Precision, label
+from ..tasks import Task
+from .optimizers import OptimizerSteps
 from .result import FitResult
+from .stepping import StepRunner
 
 
-class ReportingMixin(TrainerBase):
-    """Records, messages and results of a :class:`~amptrain.trainer.Trainer` (mixed into it)."""
+class Reporter:
+    """The run's logger, callbacks, history of records and memory meter.
 
-    def _log_train(self) -> None:
-        assert self.optimizer is not None, "set up first"
-        loss_sum = self.strategy.reduce_sum(self._loss_sum.detach().double())
-        samples = self.strategy.reduce_sum(torch.tensor(float(self._loss_samples),
-                                                        device=self.device, dtype=torch.float64))
-        now = time.perf_counter()
-        elapsed = now - self._last_log_time
-        grad_norm = self._grad_norm
-        record = {
-            "step": self.step, "epoch": self._step_epoch,
-            "loss": float((loss_sum / samples.clamp(min=1)).item()),
-            "lr": float(self.optimizer.param_groups[0]["lr"]),
-            "loss_scale": self.precision.loss_scale,
-            "grad_norm": float(grad_norm.item()) if grad_norm is not None else None,
-            "skipped_steps": self.precision.skipped_steps,
-            "samples_per_s": self._samples_since_log / elapsed if elapsed > 0 else None,
-            # Share of the training time spent waiting for the next window (host clock).
-            "data_wait_frac": min(1.0, self._data_wait_s / elapsed) if elapsed > 0 else None,
-            "peak_mem_bytes": self.memory.peak(),
-        }
-        record.update(self.task.throughput(record["samples_per_s"]))  # an LM's tokens_per_s
-        self._loss_sum.zero_()
-        self._loss_samples = 0
-        self._samples_since_log = 0
-        self._data_wait_s = 0.0
-        self._last_log_time = time.perf_counter()
-        self._last_log_step = self.step
-        self._record(record)
+    ``callbacks`` are objects with any of ``on_fit_start(trainer)``,
+    ``on_step_end(trainer)``, ``on_log(trainer, record)`` and ``on_fit_end(trainer)``.
+    """
 
-    def _evaluate_and_log(self, final: bool = False, record: bool = True) -> None:
-        self._resolve_pending()
-        started = time.perf_counter()
-        write_dir = self.out / "eval" if (final and self.out is not None) else None
-        full = final and self.config.logging.final_eval_full
-        if final and not full and self.last_eval is not None \
-                and self._last_eval_step == self.step:
-            # --eval-every just evaluated this step: the same weights, so write its reports
-            # instead of a second pass (and a second, identical record).
-            if write_dir is not None and self.strategy.is_main:
-                self.last_eval.write(write_dir)
-            return
-        result = self.evaluate(self.model, self._val_data, write_dir=write_dir, full=full)
-        self.last_eval = result
-        self._last_eval_step = self.step
-        if record:
-            self._record({"step": self.step, "epoch": self._step_epoch, **result.record()})
-        # Evaluation time is not training time: keep it out of samples_per_s.
-        self._last_log_time += time.perf_counter() - started
+    def __init__(self, device: torch.device, callbacks: Iterable[Any],
+                 print_every: int | None) -> None:
+        self.callbacks = list(callbacks)
+        self.print_every = print_every  # console lines (without a bar): every N steps
+        self.memory = MemoryMeter(device, "running")
+        self.logger = RunLogger(None, enabled=False)
+        self.history: list[dict[str, Any]] = []
 
-    def _record(self, record: dict[str, Any]) -> None:
+    def reset(self) -> None:
+        """A new fit: no records yet, no logger."""
+        self.logger = RunLogger(None, enabled=False)
+        self.history = []
+
+    def open(self, out: Path | None, *, enabled: bool, progress: bool, resumed_at: int | None,
+             loggers: Any, params: dict[str, Any] | None) -> None:
+        """The run's logger (metrics.jsonl, trackers, the bar)."""
+        self.logger = RunLogger(out, enabled=enabled, progress=progress, resumed_at=resumed_at,
+                                print_every=self.print_every, loggers=loggers, params=params)
+
+    def record(self, trainer: Any, record: dict[str, Any]) -> None:
+        """Log ``record`` and keep it; callbacks' ``on_log(trainer, record)`` see it."""
         self.history.append(record)
         self.logger.log(record)
         for cb in self.callbacks:
             if hasattr(cb, "on_log"):
-                cb.on_log(self, record)
+                cb.on_log(trainer, record)
 
-    def _emit(self, event: str) -> None:
+    def emit(self, trainer: Any, event: str) -> None:
+        """Call every callback's ``event(trainer)``."""
         for cb in self.callbacks:
             hook = getattr(cb, event, None)
             if hook is not None:
-                hook(self)
+                hook(trainer)
 
-    def _banner(self) -> str:
-        p = self.precision
+    @staticmethod
+    def banner(precision: Precision, *, device: torch.device, world_size: int, total_steps: int,
+               batch_size: int, micro: int, accumulate: int, task_words: str,
+               constant_lr: bool) -> str:
+        """The run's first line: precision, steps, batch split, task, LR note."""
+        p = precision
         chosen = f" (auto: {p.name})" if p.requested == "auto" else ""
-        processes = (f" x {self.strategy.world_size} processes"
-                     if self.strategy.world_size > 1 else "")
+        processes = f" x {world_size} processes" if world_size > 1 else ""
         constant = ("; your optimizer keeps its learning rate (no schedule)"
-                    if self.constant_lr else "")
-        task = "" if self.task.name == "classification" else f"; task {self.task.name}"
+                    if constant_lr else "")
+        task = f"; {task_words}" if task_words else ""
         name = label(p.name, p.given)  # the user's spelling beside: 16-mixed (mixed_float16)
-        return (f"amptrain: precision {name}{chosen} [{p.spec.summary}] on {self.device}; "
-                f"{self.total_steps} steps of {self.config.batching.batch_size} samples "
-                f"({self.micro_batch_size} x {self.accumulate} accumulated{processes})"
-                f"{task}{constant}")
+        return (f"amptrain: precision {name}{chosen} [{p.spec.summary}] on {device}; "
+                f"{total_steps} steps of {batch_size} samples "
+                f"({micro} x {accumulate} accumulated{processes}){task}{constant}")
 
-    def _explain_halt(self, halt: NonFiniteHalt) -> NonFiniteHalt:
-        """Add the first module that produced a non-finite value to a halt message."""
-        window = self._last_window
-        if window is None:
+    def train_record(self, *, step: int, epoch: int, window: dict[str, Any],
+                     grad_norms: dict[str, torch.Tensor | None], steps: OptimizerSteps,
+                     precision: Precision, task: Task) -> dict[str, Any]:
+        """A training record (reads the device): the logged means of the window, each
+        part's LR, gradient norm and skips (one part: ``lr``, ``grad_norm``), the loss
+        scale, speeds and memory."""
+        norms = {("grad_norm" if steps.single else f"grad_norm/{name}"):
+                 float(norm.item()) if (norm := grad_norms.get(name)) is not None else None
+                 for name in steps.parts}
+        record = {"step": step, "epoch": epoch, **window["means"], **steps.records(),
+                  "loss_scale": precision.loss_scale, **norms,
+                  "skipped_steps": precision.skipped_steps, **steps.skipped_records(),
+                  "samples_per_s": window["samples_per_s"],
+                  "data_wait_frac": window["data_wait_frac"], "peak_mem_bytes": self.memory.peak()}
+        record.update(task.throughput(record["samples_per_s"]))  # an LM's tokens_per_s
+        return record
+
+    @staticmethod
+    def explain_halt(halt: NonFiniteHalt, runner: StepRunner, model: nn.Module,
+                     precision: Precision) -> NonFiniteHalt:
+        """Add the first module that produced a non-finite value to a halt message: the
+        supervised step's last batch, run again (a task's own step is not rerun)."""
+        window = runner.last_window
+        if runner.training_step is not None or window is None:
             return halt
-        model, optimizer = self.model, self.optimizer
-        assert model is not None and optimizer is not None, "set up first"
+        batch, loss_fn = window.micro_batches[0], runner.loss_fn
 
         def rerun() -> None:
-            with self.precision.autocast():
-                loss, _, _ = forward_batch(model, window.micro_batches[0], self.loss_fn)
-            self.precision.guard.scale(loss).backward()
+            with precision.autocast():
+                loss, _, _ = forward_batch(model, batch, loss_fn)
+            precision.guard.scale(loss).backward()
 
         where = first_nonfinite_module(model, rerun)
-        optimizer.zero_grad(set_to_none=True)
+        runner.steps.zero_grad(optimizers=True)
         if where is None:
             return halt
         module, phase = where
         return NonFiniteHalt(f"{halt}. First non-finite value: module '{module}' ({phase})",
                              halt.step)
 
-    def _result(self) -> FitResult:
-        train = [r for r in self.history if "loss" in r]
+    def result(self, precision: Precision, *, steps: int, epochs: int, last_eval: Any,
+               out: Path | None) -> FitResult:
+        """What ``fit`` returns, from the history."""
+        train = [r for r in self.history if "samples_per_s" in r]
         speeds = [r["samples_per_s"] for r in train if r.get("samples_per_s")]
         tokens = [r["tokens_per_s"] for r in train if r.get("tokens_per_s")]
         waits = [r["data_wait_frac"] for r in train if r.get("data_wait_frac") is not None]
         return FitResult(
-            precision=self.precision.name, steps=self.step, epochs_completed=self.epoch,
-            final_loss=train[-1]["loss"] if train else None,
-            val_loss=self.last_eval.loss if self.last_eval else None,
-            val_acc=self.last_eval.metrics.get("acc") if self.last_eval else None,
-            val_metrics=dict(self.last_eval.metrics) if self.last_eval else {},
-            skipped_steps=self.precision.skipped_steps,
+            precision=precision.name, steps=steps, epochs_completed=epochs,
+            final_loss=train[-1].get("loss") if train else None,
+            val_loss=last_eval.loss if last_eval else None,
+            val_metrics=dict(last_eval.metrics) if last_eval else {},
+            skipped_steps=precision.skipped_steps,
             samples_per_s=float(np.median(speeds)) if speeds else None,
             tokens_per_s=float(np.median(tokens)) if tokens else None,
             data_wait_frac=float(np.median(waits)) if waits else None,
             peak_mem_bytes=self.memory.peak(),
-            out=str(self.out) if self.out else None, history=list(self.history))
+            out=str(out) if out else None, history=list(self.history))

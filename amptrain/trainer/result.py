@@ -16,7 +16,6 @@ class FitResult:
     epochs_completed: int
     final_loss: float | None
     val_loss: float | None
-    val_acc: float | None
     skipped_steps: int
     samples_per_s: float | None
     peak_mem_bytes: int

@@ -145,7 +145,7 @@ def test_a_full_disk_at_the_last_background_save_fails_the_run(tmp_path, monkeyp
 def test_keep_last_rotation_with_background_saves(tmp_path):
     trainer = _train(tmp_path, "32-true", save_every=2, keep_last=2)
     directory = tmp_path / "checkpoints"
-    assert not trainer._writes.busy
+    assert not trainer.checkpointer.writes.busy
     assert sorted(p.name for p in directory.iterdir()) == ["last.pt", "step-20.pt",
                                                            "step-21.pt"]
     for name, step in (("step-20.pt", 20), ("step-21.pt", 21), ("last.pt", 21)):

@@ -38,7 +38,7 @@ def study(tmp_path_factory):
     torch.set_num_threads(2)
     out = tmp_path_factory.mktemp("compare") / "study"
     seen: dict[tuple[str, int], dict] = {}
-    original = Trainer._train_step
+    original = Trainer.train_step
 
     def spy(self, window):
         if self.out is not None:  # the training runs (timing Trainers write nothing)
@@ -51,7 +51,7 @@ def study(tmp_path_factory):
         return original(self, window)
 
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(Trainer, "_train_step", spy)
+        patch.setattr(Trainer, "train_step", spy)
         result = run_compare(small_config(out), CompareOptions(timing_steps=3, timing_warmup=1),
                              pick_log_every=False)
     return {"out": out, "result": result, "seen": seen,

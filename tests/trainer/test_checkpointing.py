@@ -52,7 +52,7 @@ def test_second_fit_into_the_same_out_is_refused_and_a_finished_run_resumes_quie
     # Resuming the finished run trains nothing and logs no second final record.
     result = Trainer(**options, resume="auto").fit(_mlp3(), data, data)
     assert (tmp_path / "metrics.jsonl").read_text() == metrics
-    assert result.val_acc == json.loads(metrics.splitlines()[-1])["val_acc"]
+    assert result.val_metrics["acc"] == json.loads(metrics.splitlines()[-1])["val_acc"]
 
 
 

@@ -96,7 +96,7 @@ def test_every_precision_learns_digits(digits, precision, tmp_path):
     trainer = Trainer(precision=precision, device="cpu", no_progress=True, batch_size=32,
                       epochs=4, lr=3e-3, out=str(tmp_path))
     result = trainer.fit(model, digits.train, digits.val, class_names=digits.class_names)
-    assert result.val_acc > 0.90, result
+    assert result.val_metrics["acc"] > 0.90, result
     expected = {"16-master": torch.float16, "bf16-master": torch.bfloat16,
                 "16-true": torch.float16, "bf16-true": torch.bfloat16}.get(precision, torch.float32)
     assert model.head.weight.dtype == expected
@@ -122,7 +122,7 @@ def test_hf_style_outputs_and_dict_batches():
     trainer = Trainer(precision="bf16-mixed", device="cpu", no_progress=True, batch_size=32,
                       epochs=2, log_every=1)
     result = trainer.fit(HFStyle(), batches, batches)
-    assert result.steps == 6 and result.val_acc is not None
+    assert result.steps == 6 and result.val_metrics["acc"] is not None
 
 
 def test_user_dataloader_partial_last_window_normalised_by_samples():
@@ -316,6 +316,42 @@ def test_fit_gives_the_users_model_its_own_forward_back(fails):
     if not fails:  # evaluating afterwards puts the islands back for the pass only
         assert trainer.evaluate(model, tiny_classification(n=64)).loss > 0
         assert all("forward" not in m.__dict__ for m in model.modules())
+
+
+def _islands_model():
+    return nn.Sequential(nn.Linear(8, 16), nn.LayerNorm(16), nn.Linear(16, 3))
+
+
+def test_fit_gives_the_forward_back_when_the_loss_raises_at_step_2():
+    calls = []
+
+    def loss_fn(outputs, targets):
+        calls.append(1)
+        if len(calls) == 2:
+            raise RuntimeError("the loss failed")
+        return nn.functional.cross_entropy(outputs, targets)
+
+    model = _islands_model()
+    trainer = Trainer(precision="16-mixed", device="cpu", no_progress=True, max_steps=4,
+                      batch_size=32, keep_fp32=["2"])
+    with pytest.raises(RuntimeError, match="the loss failed"):
+        trainer.fit(model, tiny_classification(n=64), loss_fn=loss_fn)
+    assert trainer.step == 1
+    assert all("forward" not in m.__dict__ for m in model.modules())
+
+
+def test_a_failed_set_up_gives_the_forward_back():
+    from amptrain.errors import UserError
+
+    data = tiny_classification(n=64)
+    model = _islands_model()
+    trainer = Trainer(precision="16-mixed", device="cpu", no_progress=True, max_steps=2,
+                      batch_size=32, keep_fp32=["2"])
+    # Refused by the output check, after the precision set the model up.
+    with pytest.raises(UserError, match="outside the model's 3 outputs"):
+        trainer.fit(model, TensorData(data.tensors[0], data.tensors[1] + 3))
+    assert all("forward" not in m.__dict__ for m in model.modules())
+
 
 def test_the_progress_bar_counts_epochs_like_the_log_lines(monkeypatch):
     # One numbering everywhere, from 0: metrics.jsonl's epoch, the log lines, the bar.

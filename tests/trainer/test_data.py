@@ -2,8 +2,6 @@
 data moved to the accelerator once, and the one-time check that outputs fit the targets."""
 from __future__ import annotations
 
-from types import SimpleNamespace
-
 import pytest
 import torch
 from torch import nn
@@ -14,6 +12,7 @@ from amptrain.batches import DatasetWindows, LoaderWindows
 from amptrain.data import TensorData
 from amptrain.errors import UserError
 from amptrain.trainer import DEVICE_DATA_LIMIT_BYTES, Trainer
+from amptrain.trainer.data import maybe_on_device, windows_of
 from tests.conftest import tiny_classification, tiny_mlp
 
 
@@ -77,7 +76,8 @@ def test_a_dataset_is_cut_into_global_batches_of_micro_batches():
     assert sorted(seen.tolist()) == sorted(data.tensors[1].tolist())  # each sample once
     assert not torch.equal(seen, data.tensors[1])                     # shuffled
     # Evaluation reads the data in order, one micro-batch per window.
-    ordered = trainer._windows(data, 50, 1, shuffle=False)
+    ordered = windows_of(data, micro=50, accumulate=1, shuffle=False, config=trainer.config,
+                         strategy=trainer.strategy)
     assert [w.micro_samples for w in ordered.epoch(0)] == [[50]] * 4
     assert torch.equal(torch.cat([w.micro_batches[0][-1] for w in ordered.epoch(0)]),
                        data.tensors[1])
@@ -101,17 +101,17 @@ def test_in_memory_data_moves_to_the_accelerator_once():
             return self
 
     small = Data(torch.zeros(4, 2), torch.zeros(4, dtype=torch.long))
-    fake = SimpleNamespace(device=torch.device("cuda"))
-    assert Trainer._maybe_on_device(fake, small) is small and moved == ["cuda"]
-    on_cpu = SimpleNamespace(device=torch.device("cpu"))
-    assert Trainer._maybe_on_device(on_cpu, small) is small and moved == ["cuda"]
+    fake = torch.device("cuda")
+    assert maybe_on_device(small, fake) is small and moved == ["cuda"]
+    on_cpu = torch.device("cpu")
+    assert maybe_on_device(small, on_cpu) is small and moved == ["cuda"]
 
     class Huge(Data):
         def nbytes(self):
             return DEVICE_DATA_LIMIT_BYTES + 1
 
     huge = Huge(torch.zeros(4, 2), torch.zeros(4, dtype=torch.long))
-    assert Trainer._maybe_on_device(fake, huge) is huge and moved == ["cuda"]
+    assert maybe_on_device(huge, fake) is huge and moved == ["cuda"]
 
 
 class Sleepy(torch.utils.data.Dataset):

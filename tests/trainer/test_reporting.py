@@ -127,11 +127,12 @@ def test_the_result_sums_up_the_records():
     last_eval = [r for r in trainer.history if "val_acc" in r][-1]
     assert (result.precision, result.steps, result.epochs_completed) == ("32-true", 14, 2)
     assert result.final_loss == train[-1]["loss"]
-    assert (result.val_loss, result.val_acc) == (last_eval["val_loss"], last_eval["val_acc"])
+    assert (result.val_loss, result.val_metrics["acc"]) == (last_eval["val_loss"],
+                                                            last_eval["val_acc"])
     assert result.val_metrics == {"acc": last_eval["val_acc"]}
     assert result.samples_per_s == pytest.approx(
         statistics.median(r["samples_per_s"] for r in train if r["samples_per_s"]))
-    assert result.skipped_steps == 0 and result.peak_mem_bytes == trainer.memory.peak()
+    assert result.skipped_steps == 0 and result.peak_mem_bytes == trainer.reporter.memory.peak()
     assert result.out is None and result.history == trainer.history
     assert result.history is not trainer.history  # a copy: the caller may keep it
 

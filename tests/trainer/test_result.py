@@ -15,14 +15,14 @@ def _mlp3():
 
 def _result(**values) -> FitResult:
     fields = dict(precision="32-true", steps=10, epochs_completed=1, final_loss=0.5,
-                  val_loss=0.6, val_acc=0.8, skipped_steps=0, samples_per_s=100.0,
+                  val_loss=0.6, val_metrics={"acc": 0.8}, skipped_steps=0, samples_per_s=100.0,
                   peak_mem_bytes=1, out=None)
     return FitResult(**{**fields, **values})
 
 
 @pytest.mark.parametrize("values, bad", [
     ({}, []),
-    (dict(val_loss=None, val_acc=None), []),             # no validation data: nothing to judge
+    (dict(val_loss=None, val_metrics={}), []),             # no validation data: nothing to judge
     (dict(final_loss=None), []),                          # no step was logged
     (dict(final_loss=math.nan), ["loss"]),
     (dict(val_loss=math.inf), ["val_loss"]),
@@ -34,7 +34,7 @@ def test_nonfinite_metrics_names_the_final_losses_that_diverged(values, bad):
 
 def test_accuracy_is_not_a_divergence_sign():
     # A NaN loss makes the accuracy meaningless, but the accuracy itself is never judged.
-    assert _result(val_acc=math.nan, val_metrics={"acc": math.nan}).nonfinite_metrics() == []
+    assert _result(val_metrics={"acc": math.nan}).nonfinite_metrics() == []
 
 
 def test_a_diverged_run_says_so(caplog):

@@ -1,0 +1,96 @@
+"""A training step as a task sees it: the :class:`StepContext` the Trainer hands to
+:meth:`Task.training_step <amptrain.tasks.Task.training_step>`, and the default supervised
+step (one model, one loss), which is today's loop written against that context.
+
+A step of several models (a GAN's discriminator and generator) is the same shape, a loop of
+``ctx.micro(name)`` per loss and one ``ctx.step(name)`` per optimizer::
+
+    def training_step(ctx):
+        for batch, n, share in ctx.micro("discriminator"):
+            with ctx.autocast():
+                d_loss = ...
+            ctx.backward(d_loss * share, loss_id=0)
+            ctx.log("d_loss", d_loss.detach(), n)
+        ctx.step("discriminator")
+        ...
+
+Tasks never import the Trainer: this module is the whole of what they know about it.
+"""
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from typing import Any, ContextManager, Protocol
+
+import torch
+from torch import nn
+
+from ..forward import LossFn, forward_batch
+
+
+class StepContext(Protocol):
+    """One optimizer step's view of the Trainer (see the module docstring)."""
+
+    #: This step's micro-batches for this rank, on the device.
+    micro_batches: list[Any]
+    #: Samples in each micro-batch.
+    micro_samples: list[int]
+    #: Samples in the global batch (all ranks, all micro-batches).
+    global_samples: int
+
+    def model(self, name: str = "model") -> nn.Module:
+        """The callable (wrapped/compiled) part ``name``."""
+        ...
+
+    def optimizer(self, name: str = "model") -> torch.optim.Optimizer:
+        """Part ``name``'s optimizer."""
+        ...
+
+    def autocast(self) -> ContextManager:
+        """The precision's autocast."""
+        ...
+
+    def micro(self, name: str = "model") -> Iterator[tuple[Any, int, float]]:
+        """``(batch, samples, share)`` per micro-batch, inside part ``name``'s gradient-sync
+        context (DDP's no_sync except on the last); ``share = samples * world /
+        global_samples`` turns a per-micro-batch mean loss into its share of the step."""
+        ...
+
+    def backward(self, loss: torch.Tensor, *, loss_id: int = 0) -> None:
+        """Backpropagate ``loss`` (scaled where the precision scales)."""
+        ...
+
+    def step(self, name: str = "model") -> None:
+        """Part ``name``'s optimizer step: unscale, clip, grad norm for the logs, non-finite
+        skip, ``optimizer.step``, zero_grad; the skip flag is read one step late and the
+        part's LR scheduler steps once it is known."""
+        ...
+
+    def log(self, key: str, value: torch.Tensor, samples: int) -> None:
+        """A detached device scalar (a per-sample mean over ``samples``), averaged by samples
+        over the ``--log-every`` window into the record's ``key`` (no host sync)."""
+        ...
+
+
+def supervised_step(ctx: StepContext, loss_fn: LossFn,
+                    check: Callable[[Any, Any], None] | None = None) -> None:
+    """One model, one loss: forward and backward of every micro-batch (gradients
+    accumulate), then one optimizer step; logs ``loss``.
+
+    ``check(outputs, targets)`` (the run's first batch only) sees the outputs before the
+    loss is computed from them. The loss is a mean over its micro-batch, so its share of the
+    step is ``n * world / N`` (N: samples in the global batch); DDP then averages gradients
+    over ranks, which the factor ``world`` undoes: the sum over all ranks and micro-batches
+    is exactly the mean over the global batch. A share of exactly 1 (no accumulation) is not
+    multiplied in: that would cost a kernel in the forward and one in the backward of every
+    step, for nothing.
+    """
+    model = ctx.model()
+    for i, (batch, n, share) in enumerate(ctx.micro()):
+        with ctx.autocast():
+            loss, _, _ = forward_batch(model, batch, loss_fn, check if i == 0 else None)
+        ctx.backward(loss if share == 1 else loss * share)
+        ctx.log("loss", loss.detach(), n)
+    ctx.step()
+
+
+__all__ = ["StepContext", "supervised_step"]

@@ -1,0 +1,125 @@
+"""The ``--log-every`` window: what a training record averages, kept on the device between
+records (no host sync per step) and read once per record."""
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable, Iterator
+from typing import Any, TypeVar
+
+import torch
+
+from ..checkpoint import plain_tensor
+from ..distributed import Strategy
+
+T = TypeVar("T")
+
+
+class MetricsWindow:
+    """Device-side sums of every logged key (weighted by samples) and their sample counts,
+    the global samples trained, the host time spent waiting for data, the clock, and the
+    last gradient norm of each part, since the last record."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.device = device
+        self.sums: dict[str, torch.Tensor] = {}
+        self.counts: dict[str, int] = {}
+        self.samples = 0           # global samples trained in the window
+        self.data_wait_s = 0.0     # host time spent waiting for windows in it
+        self.started = 0.0         # perf_counter() at the window's start
+        self.start_step = 0        # the loop's step at the window's start
+        self.grad_norms: dict[str, torch.Tensor | None] = {}
+
+    def start(self, step: int) -> None:
+        """The window starts now, at ``step`` (the loop's start)."""
+        self.started = time.perf_counter()
+        self.start_step = step
+
+    def add(self, logged: Iterable[tuple[str, torch.Tensor, int]], samples: int) -> None:
+        """A finished step: its logged ``(key, per-sample mean, samples)`` values and the
+        global samples it trained (counted once, after any redo of the step)."""
+        for key, value, n in logged:
+            total = self.sums.get(key)
+            if total is None:
+                total = self.sums[key] = torch.zeros((), device=self.device)
+                self.counts[key] = 0
+            total.add_(value, alpha=n)
+            self.counts[key] += n
+        self.samples += samples
+
+    def timed(self, windows: Iterable[T]) -> Iterator[T]:
+        """``windows``, adding the host time spent waiting for each to :attr:`data_wait_s`.
+
+        Host clock only, no device sync: on an accelerator the host runs ahead of the
+        device, so this is the time the loop could not queue work because data was not
+        ready -- what ``data_wait_frac`` reports (0: the input pipeline keeps up).
+        """
+        iterator = iter(windows)
+        while True:
+            started = time.perf_counter()
+            try:
+                window = next(iterator)
+            except StopIteration:
+                return
+            self.data_wait_s += time.perf_counter() - started
+            yield window
+
+    def pause(self, seconds: float) -> None:
+        """Leave ``seconds`` (an evaluation) out of the window's training time."""
+        self.started += seconds
+
+    def read(self, strategy: Strategy, step: int) -> dict[str, Any]:
+        """The window's means over all ranks (reads the device), speeds, and a fresh window.
+
+        Returns ``{"means": {key: mean}, "samples_per_s": ..., "data_wait_frac": ...}``.
+        """
+        means = {}
+        for key, total in self.sums.items():
+            loss_sum = strategy.reduce_sum(total.detach().double())
+            count = strategy.reduce_sum(torch.tensor(float(self.counts[key]),
+                                                     device=self.device, dtype=torch.float64))
+            means[key] = float((loss_sum / count.clamp(min=1)).item())
+        elapsed = time.perf_counter() - self.started
+        out = {"means": means,
+               "samples_per_s": self.samples / elapsed if elapsed > 0 else None,
+               # Share of the training time spent waiting for the next window (host clock).
+               "data_wait_frac": min(1.0, self.data_wait_s / elapsed) if elapsed > 0 else None}
+        for total in self.sums.values():
+            total.zero_()
+        self.counts = dict.fromkeys(self.counts, 0)
+        self.samples = 0
+        self.data_wait_s = 0.0
+        self.start(step)
+        return out
+
+    def state_dict(self) -> dict[str, Any]:
+        """The window in progress, so a resumed run logs the same means. A one-part run
+        that logs ``loss`` keeps today's entries (``loss_sum``, ``loss_samples``,
+        ``grad_norm``); others hold every key."""
+        def cpu(value: torch.Tensor | None) -> torch.Tensor | None:
+            # A plain host tensor, also for a DTensor (a grad norm under FSDP), so that the
+            # checkpoint loads with weights_only where torch.distributed is not imported.
+            return None if value is None else plain_tensor(value)
+
+        if set(self.sums) <= {"loss"} and set(self.grad_norms) <= {"model"}:
+            loss = self.sums.get("loss")
+            return {"loss_sum": cpu(loss) if loss is not None else torch.zeros(()),
+                    "loss_samples": self.counts.get("loss", 0),
+                    "samples_since_log": self.samples,
+                    "grad_norm": cpu(self.grad_norms.get("model"))}
+        return {"samples_since_log": self.samples,
+                "sums": {k: cpu(v) for k, v in self.sums.items()}, "counts": dict(self.counts),
+                "grad_norms": {k: cpu(v) for k, v in self.grad_norms.items()}}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore :meth:`state_dict` (every rank restores rank 0's sums)."""
+        self.samples = int(state["samples_since_log"])
+        if "sums" in state:
+            sums, counts, norms = state["sums"], state["counts"], state["grad_norms"]
+        else:
+            sums, counts = {"loss": state["loss_sum"]}, {"loss": state["loss_samples"]}
+            norms = {"model": state.get("grad_norm")} if state.get("grad_norm") is not None \
+                else {}
+        for key, value in sums.items():
+            self.sums[key] = torch.zeros((), device=self.device).copy_(value)
+            self.counts[key] = int(counts[key])
+        self.grad_norms = {k: None if v is None else v.to(self.device) for k, v in norms.items()}
