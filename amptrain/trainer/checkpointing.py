@@ -111,7 +111,7 @@ class CheckpointingMixin(TrainerBase):
             self.scheduler.load_state_dict(state["scheduler"])
         self.precision.load_state_dict(state.get("precision", {}))
         saved_rule = ((state.get("precision") or {}).get("weight_update") or {}).get("rule")
-        if saved_rule and self.precision.weight_update is None:  # resumed with plain
+        if saved_rule and not self.precision.has_weight_rule():  # resumed with plain
             log.warning("warning: the checkpoint's %s weight-update state is dropped: "
                         "%s plain rounds the updates (resume with %s %s to keep it)",
                         saved_rule, flag("weight_update"), flag("weight_update"), saved_rule)

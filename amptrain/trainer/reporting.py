@@ -104,7 +104,7 @@ class ReportingMixin(TrainerBase):
         def rerun() -> None:
             with self.precision.autocast():
                 loss, _, _ = forward_batch(model, window.micro_batches[0], self.loss_fn)
-            self.precision.guard.scale(loss).backward()
+            self.precision.scale_loss(loss).backward()
 
         where = first_nonfinite_module(model, rerun)
         optimizer.zero_grad(set_to_none=True)
