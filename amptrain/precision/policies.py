@@ -89,6 +89,21 @@ class MasterCopies(WeightPolicy):
         super().__init__(optimizer)
         self.master = MasterWeights(model, optimizer, dtype, kept_fp32)  # casts the model
         self._gathered = False
+        # The optimizer holds the masters, so its zero_grad() would leave the half model's
+        # gradients (another model's loss puts them there: a GAN's G loss on D) to be added
+        # to the next step's. It clears them too, as Apex O2's patched zero_grad does.
+        clear = optimizer.zero_grad
+        half = self.master.model_params
+
+        def zero_grad(set_to_none: bool = True) -> None:
+            clear(set_to_none)
+            for p in half:
+                if set_to_none or p.grad is None:
+                    p.grad = None
+                else:
+                    p.grad.detach_().zero_()
+
+        optimizer.__dict__["zero_grad"] = zero_grad   # this instance only
 
     def stepped_params(self, params: Iterable[torch.Tensor]) -> list[torch.Tensor]:
         return self.master.map_params(params)
@@ -115,6 +130,10 @@ class MasterCopies(WeightPolicy):
 
     def fp32_weights(self, model: nn.Module) -> dict[str, torch.Tensor]:
         return self.master.masters_by_name(model)
+
+    def remove(self) -> None:
+        assert self.optimizer is not None
+        self.optimizer.__dict__.pop("zero_grad", None)   # the class's own again
 
     def load_fp32(self, model: nn.Module, state: dict[str, torch.Tensor]) -> None:
         self.master.load_fp32({id(p): state[name] for name, p in model.named_parameters()

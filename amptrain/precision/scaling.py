@@ -130,14 +130,19 @@ class DynamicLossScaler:
         # saves a kernel per step.
         states = self.scaler._per_optimizer_states
         flags = list(states[id(optimizer)]["found_inf_per_device"].values())
-        device = self.scaler._scale.device
+        device = self._scale().device
         if len(flags) == 1 and flags[0].device == device:
             return flags[0].clone() if own_flag or len(states) > 1 else flags[0]
         return sum(t.to(device) for t in flags)
 
     def inv_scale(self) -> torch.Tensor:
         """1 / scale in fp32, computed as GradScaler.unscale_ does (for :mod:`.loss_scales`)."""
-        return self.scaler._scale.double().reciprocal().float()
+        return self._scale().double().reciprocal().float()
+
+    def _scale(self) -> torch.Tensor:
+        scale = self.scaler._scale
+        assert scale is not None, "the scale is made by scale(), before any backward"
+        return scale
 
     def update_from(self, found_inf: torch.Tensor) -> None:
         """Update the scale from one flag (a loss's own overflow: :mod:`.loss_scales`),

@@ -347,3 +347,17 @@ def test_todays_one_pair_state_loads(name, rule):
     assert _same(other.precision.weight_rule_buffers(), loop.precision.weight_rule_buffers())
     assert state["pairs"] == [{"skipped_steps": 1, "consecutive_skips": 0,
                                "weight_update": None}]
+
+
+@pytest.mark.parametrize("name", ["16-master", "bf16-master"])
+def test_in_master_modes_optimizer_zero_grad_clears_the_half_models_gradients(name):
+    # G's loss leaves half gradients on D, whose optimizer holds D's masters: zero_grad()
+    # must clear them, or D's next step would add them to its own (Apex O2 does the same).
+    loop = Loop(name, 2)
+    x, y = _batch(0)
+    loop.precision.backward(_losses(loop.parts, loop.precision.autocast, x, y, 1), loss_id=1)
+    assert loop.parts[0][0].weight.grad is not None
+    loop.optimizers[0].zero_grad()
+    assert all(p.grad is None for p in loop.parts[0].parameters())
+    loop.precision.teardown()
+    assert "zero_grad" not in vars(loop.optimizers[0])
