@@ -34,16 +34,9 @@ from ..errors import UserError, warn
 from .advice import emulation_warning
 from .emulation import EmulatedAutocast
 from .fp8 import Float8Plan, convert_linears, plan_float8
-from .islands import (
-    ForwardPatches,
-    cpu_fp32_island_types,
-    cpu_fp32_modules,
-    default_keep_fp32,
-    install_cpu_fp16_conv,
-    install_cpu_fp32_islands,
-    install_fp32_islands,
-    match_modules,
-)
+from .islands import (ForwardPatches, cpu_fp32_island_types, cpu_fp32_modules,
+                      default_keep_fp32, install_cpu_fp16_conv, install_cpu_fp32_islands,
+                      install_fp32_islands, match_modules)
 from .loss_scales import LossScales
 from .master import check_no_shared_kept, modules_kept_fp32
 from .misuse import CallOrder
