@@ -15,6 +15,7 @@ from typing import Any
 import torch
 from torch.amp import GradScaler
 
+from ..errors import UserError
 from ..scaler_settings import ScalerSettings
 
 #: Combines a rank's found-inf flag in place with every other rank's (an all-reduce with
@@ -130,6 +131,9 @@ class DynamicLossScaler:
         # saves a kernel per step.
         states = self.scaler._per_optimizer_states
         flags = list(states[id(optimizer)]["found_inf_per_device"].values())
+        if not flags:  # torch would assert "No inf checks were recorded for this optimizer"
+            raise UserError(f"step(): no parameter of this {type(optimizer).__name__} has a "
+                            "gradient: backward() a loss that depends on its model first")
         device = self._scale().device
         if len(flags) == 1 and flags[0].device == device:
             return flags[0].clone() if own_flag or len(states) > 1 else flags[0]

@@ -361,3 +361,14 @@ def test_in_master_modes_optimizer_zero_grad_clears_the_half_models_gradients(na
     assert all(p.grad is None for p in loop.parts[0].parameters())
     loop.precision.teardown()
     assert "zero_grad" not in vars(loop.optimizers[0])
+
+
+def test_stepping_an_optimizer_whose_model_got_no_gradient_is_amptrains_error():
+    # D's loss sees G's output detached: stepping G before G's own loss is a user's slip.
+    loop = Loop("16-mixed", 2)
+    x, y = _batch(0)
+    with loop.precision.autocast():
+        loss = F.mse_loss(loop.parts[1](loop.parts[0](x).detach()).float(), y)
+    loop.precision.backward(loss)
+    with pytest.raises(UserError, match="no parameter of this SGD has a gradient"):
+        loop.precision.step(loop.optimizers[0])
