@@ -11,11 +11,9 @@ master weights and fp32 islands behind one step protocol::
     prec.clip_grad_norm_(model.parameters(), 1.0)   # unscales first
     stepped = prec.step(optimizer)                   # False when skipped (inf/NaN)
 
-Several models, losses and optimizers (a GAN) share one Precision: ``setup`` each pair,
-``backward(loss_i, loss_id=i)`` per loss, ``step(opt_i)`` per optimizer (each skips alone),
-then ``update()`` once per iteration (with one optimizer ``step`` updates by itself).
-Each pair's weight handling is a policy (:mod:`.policies`, :mod:`.pairs`); the loss scales
-are :mod:`.loss_scales`.
+Several models, losses and optimizers (a GAN) share one Precision: ``setup`` each pair
+(:mod:`.pairs`, :mod:`.policies`), ``backward(loss_i, loss_id=i)`` per loss (:mod:`.loss_scales`),
+``step(opt_i)`` per optimizer (each skips alone), ``update()`` once per iteration.
 
 The Trainer uses :meth:`Precision.step_async`, which leaves the skip flag on the device
 and lets it be read one step later, so a steady-state step never waits for the GPU.
@@ -152,8 +150,7 @@ class Precision:
         return self.spec.name
 
     @property
-    def guard(self) -> Any:
-        """The step guard: the loss scaler (shared scale) or the non-finite check."""
+    def guard(self) -> Any:   # the step guard: the (shared) loss scaler or the non-finite check
         return self._scales.step_guard
 
     def emulation_note(self) -> str | None:
@@ -284,8 +281,7 @@ class Precision:
                               else [], [p.policy for p in self._pairs])
 
     def scale_loss(self, loss: torch.Tensor, loss_id: int = 0) -> torch.Tensor:
-        """``loss`` times its current loss scale (``loss`` itself without a scaler), for a
-        caller that runs its own backward (e.g. a rerun looking for non-finite values)."""
+        """``loss`` times its loss scale (itself without one), for a backward of your own."""
         return self._scales.scale(loss, loss_id)
 
     def unscale_(self, optimizer: torch.optim.Optimizer | None = None) -> None:
@@ -298,16 +294,16 @@ class Precision:
 
     def _grads_of(self, parameters: Iterable[torch.Tensor],
                   optimizer: torch.optim.Optimizer | None) -> list[torch.Tensor]:
-        params = self._pairs.of(optimizer).policy.stepped_params(parameters)
-        return [p for p in params if p.grad is not None]
+        return [p for p in self._pairs.of(optimizer).policy.stepped_params(parameters)
+                if p.grad is not None]
 
     def clip_grad_norm_(self, parameters: Iterable[torch.Tensor], max_norm: float,
                         norm_type: float = 2.0,
                         optimizer: torch.optim.Optimizer | None = None) -> torch.Tensor:
         """Unscale, then clip the gradient norm; returns the (unscaled) norm on the device."""
         self.unscale_(optimizer)
-        return torch.nn.utils.clip_grad_norm_(self._grads_of(parameters, optimizer), max_norm,
-                                              norm_type, foreach=True)
+        return _whole(torch.nn.utils.clip_grad_norm_(self._grads_of(parameters, optimizer),
+                                                     max_norm, norm_type, foreach=True))
 
     def grad_norm(self, parameters: Iterable[torch.Tensor],
                   optimizer: torch.optim.Optimizer | None = None) -> torch.Tensor:
@@ -316,7 +312,7 @@ class Precision:
         grads = [p.grad for p in self._grads_of(parameters, optimizer) if p.grad is not None]
         if not grads:
             return torch.zeros((), device=self.device)
-        return torch.nn.utils.get_total_norm(grads, foreach=True)
+        return _whole(torch.nn.utils.get_total_norm(grads, foreach=True))
 
     # ------------------------------------------------------------------ step
     def step_async(self, optimizer: torch.optim.Optimizer | None = None) -> StepOutcome:
@@ -371,7 +367,7 @@ class Precision:
         return False
 
     def skipped_steps_of(self, optimizer: torch.optim.Optimizer) -> int:
-        """Skipped (confirmed) steps of one optimizer."""
+        """Skipped (confirmed) steps of one optimizer (``skipped_steps``: of all)."""
         return self._pairs.of(optimizer).skips.skipped
 
     # --------------------------------------------------------------- state
@@ -408,7 +404,6 @@ class Precision:
         return [b for pair in self._pairs for b in pair.policy.buffers()]
 
     def weight_rule_nbytes(self) -> int:
-        """Bytes of :meth:`weight_rule_buffers`."""
         return sum(b.numel() * b.element_size() for b in self.weight_rule_buffers())
 
     def state_dict(self) -> dict[str, Any]:
@@ -447,3 +442,9 @@ class Precision:
         model.load_state_dict(state)
         for pair in self._pairs:
             pair.policy.load_fp32(model, state)
+
+
+def _whole(norm: torch.Tensor) -> torch.Tensor:
+    # Sharded (DTensor) gradients give a DTensor norm: the full norm, as a plain tensor
+    # (a scalar all-reduce, on the device), is what logs and checkpoints can hold.
+    return norm.full_tensor() if hasattr(norm, "full_tensor") else norm
