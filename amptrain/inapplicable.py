@@ -13,12 +13,13 @@ from collections.abc import Iterable
 
 from .config import TrainConfig
 from .errors import flag
+from .scaler_settings import SCALER_SETTINGS
 
 log = logging.getLogger("amptrain")
 
-#: The dynamic loss scaler's options: they only act in modes that scale the loss.
-SCALER_OPTIONS = ("init_scale", "growth_factor", "backoff_factor", "growth_interval",
-                  "min_scale")
+#: The dynamic loss scaler's options (its settings, and amptrain's floor): they only act
+#: in modes that scale the loss.
+SCALER_OPTIONS = (*SCALER_SETTINGS, "min_scale")
 
 
 def inapplicable(config: TrainConfig, given: Iterable[str], *, loss_scaling: bool,

@@ -60,8 +60,8 @@ def memory_ladder(model: nn.Module, optimizer: torch.optim.Optimizer,
     weights = sum(tensor_bytes(p) for p in model_params)
     grads = sum(p.numel() * p.element_size() for p in stepped if p.requires_grad)
     masters = sum(tensor_bytes(p) for p in stepped if id(p) not in own)
-    if precision is not None and precision.weight_update is not None:
-        masters += precision.weight_update.nbytes
+    if precision is not None:
+        masters += precision.weight_rule_nbytes()
     state = optimizer_state_bytes(optimizer)
     count = sum(p.numel() for p in model_params)
     return {"weights_bytes": weights, "grad_bytes": grads, "master_bytes": masters,

@@ -158,7 +158,7 @@ def state_bytes(trainer: Trainer) -> int:
         model.parameters(), model.buffers(),
         (p for optimizer in optimizers for group in optimizer.param_groups
          for p in group["params"]),
-        trainer.precision.weight_update.buffers() if trainer.precision.weight_update else (),
+        trainer.precision.weight_rule_buffers(),
         # Quantised states (adamw8bit) are tensor subclasses: count their inner tensors.
         (t for optimizer in optimizers for s in optimizer.state.values() for v in s.values()
          for t in inner_tensors(v)))

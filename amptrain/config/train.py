@@ -8,6 +8,7 @@ from typing import Any
 
 from ..choices import AUGMENTATIONS, LOSSES, PRECISION_NAMES, TASK_CHOICES, WEIGHT_UPDATES
 from ..errors import UserError, flag
+from ..scaler_settings import SCALER_HELP, SCALER_SETTINGS, ScalerSettings, check_scaler_settings
 from ..loggers import parse_names as parse_logger_names
 from .options import (
     build_config,
@@ -41,6 +42,10 @@ def _positive_numbers(section_: object, *names: str) -> None:
             raise UserError(f"{flag(name)} must be a positive number (got {value})")
 
 
+def _scaler_option(name: str) -> Any:
+    return option(getattr(ScalerSettings, name), SCALER_HELP[name], group="precision")
+
+
 @dataclass
 class PrecisionConfig:
     """The precision mode and its loss scaler (read by :meth:`Precision.from_config`)."""
@@ -50,11 +55,11 @@ class PrecisionConfig:
                                "O0-O3 are taken too",
                        group="precision", flat="precision", choices=PRECISION_NAMES,
                        open_choices=True)
-    init_scale: float = option(65536.0, "initial fp16 loss scale", group="precision")
-    growth_factor: float = option(2.0, "loss-scale growth factor", group="precision")
-    backoff_factor: float = option(0.5, "loss-scale backoff factor on overflow", group="precision")
-    growth_interval: int = option(2000, "clean steps before the loss scale grows",
-                                  group="precision")
+    # The loss scaler's four settings: names, defaults, help and checks in scaler_settings.py.
+    init_scale: float = _scaler_option("init_scale")
+    growth_factor: float = _scaler_option("growth_factor")
+    backoff_factor: float = _scaler_option("backoff_factor")
+    growth_interval: int = _scaler_option("growth_interval")
     min_scale: float = option(1.0, "loss-scale floor: reaching it stops training",
                               group="precision")
     keep_fp32: list[str] = option([], "glob of module names run in fp32 inside autocast "
@@ -67,16 +72,12 @@ class PrecisionConfig:
                                 group="precision", choices=WEIGHT_UPDATES)
 
     def __post_init__(self) -> None:
-        require_positive(self, "growth_interval", "max_bad_steps")
+        require_positive(self, "max_bad_steps")
         if self.weight_update not in WEIGHT_UPDATES:
             raise UserError(f"{flag('weight_update')} must be one of "
                             f"{', '.join(WEIGHT_UPDATES)} (got {self.weight_update!r})")
-        _positive_numbers(self, "init_scale", "min_scale")
-        if self.growth_factor <= 1.0:
-            raise UserError(f"{flag('growth_factor')} must be > 1 (got {self.growth_factor})")
-        if not 0.0 < self.backoff_factor < 1.0:
-            raise UserError(f"{flag('backoff_factor')} must be between 0 and 1 "
-                            f"(got {self.backoff_factor})")
+        check_scaler_settings({name: getattr(self, name) for name in SCALER_SETTINGS})
+        _positive_numbers(self, "min_scale")
         if self.min_scale > self.init_scale:
             raise UserError(f"{flag('min_scale')} ({self.min_scale}) must not exceed "
                             f"{flag('init_scale')} ({self.init_scale})")

@@ -1,6 +1,7 @@
 """FSDP2 (``fully_shard``): parameters sharded across ranks, gathered per forward."""
 from __future__ import annotations
 
+import warnings
 from typing import Any, cast
 
 import torch
@@ -11,6 +12,31 @@ from ..precision import Precision
 from ..precision.master import FP32_NORM_TYPES
 from ..precision.islands import match_modules
 from .ddp import ProcessGroupStrategy
+
+
+def sharded_grad_scaler() -> type:
+    """FSDP's ShardedGradScaler (it all-reduces found_inf across ranks itself), with flags
+    that fused optimizers understand; the precision layer uses it for every loss scale."""
+    from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler
+
+    class _ScalarFlagShardedScaler(ShardedGradScaler):
+        """torch 2.13's ShardedGradScaler flags have shape [1], which fused steps cannot
+        broadcast, and are summed over ranks, while a fused kernel only skips when the flag
+        is exactly 1 -- two ranks with an inf would step on it. This one clamps them."""
+
+        agrees_across_ranks = True   # no separate all-reduce of its flags (scaling.py)
+
+        def unscale_(self, optimizer: torch.optim.Optimizer) -> None:
+            with warnings.catch_warnings():
+                # Its own shape-[1] flag meeting DTensor gradients; harmless, once per run.
+                warnings.filterwarnings("ignore", "Found a non-scalar tensor with numel=1")
+                super().unscale_(optimizer)
+            state = self._per_optimizer_states[id(optimizer)]
+            state["found_inf_per_device"] = {device: flag.reshape(()).clamp_(max=1.0)
+                                             for device, flag
+                                             in state["found_inf_per_device"].items()}
+
+    return _ScalarFlagShardedScaler
 
 
 def fsdp_policy(precision: Precision, fp32: bool = False) -> Any:
@@ -81,6 +107,11 @@ class FSDPStrategy(ProcessGroupStrategy):
             if id(block) not in fp32_ids:
                 fully_shard(block, mp_policy=policy)
         fully_shard(model, mp_policy=policy)
+        # FSDP2 keeps each rank's shard in fp32 (the master copy) and casts per forward with
+        # the policy above: the precision layer has nothing to cast or copy, and scales the
+        # loss with the sharded scaler (each rank sees only its gradient shards).
+        precision.weights_managed_elsewhere(model, owner="FSDP's fp32 shards",
+                                            grad_scaler=sharded_grad_scaler())
         return model
 
     def model_state_dict(self, model: nn.Module, precision: Any) -> dict[str, torch.Tensor]:

@@ -18,16 +18,6 @@ from ..errors import UserError, flag
 FP32_NORM_TYPES: tuple[type[nn.Module], ...] = (nn.modules.batchnorm._BatchNorm,)
 
 
-def is_fsdp_sharded(model: nn.Module) -> bool:
-    """True for a module that FSDP2's ``fully_shard`` has sharded (its fp32 shards are the
-    master weights)."""
-    try:
-        from torch.distributed.fsdp import FSDPModule
-    except ImportError:  # torch builds without distributed support
-        return False
-    return isinstance(model, FSDPModule)
-
-
 def modules_kept_fp32(model: nn.Module, islands: Iterable[nn.Module]) -> set[nn.Module]:
     """All modules whose own parameters stay fp32: the islands' subtrees and norm layers."""
     kept: set[nn.Module] = set()

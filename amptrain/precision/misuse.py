@@ -4,8 +4,9 @@ refused with amptrain's own error instead of torch's assert or shape error.
 * a loss that is not one number (``backward`` of a per-sample loss);
 * ``step`` with no ``backward`` since the last step (torch's scaler asserts "No inf checks
   were recorded"; without a scaler the step silently does nothing);
-* a second model/optimizer pair set up in a mode with fp32 master weights, whose masters
-  belong to the first pair (one Precision per pair for now, e.g. a GAN's two networks).
+* with several optimizers, a second ``step`` of one optimizer before ``update()``: the
+  once-per-iteration ``update()`` was forgotten and the loss scale would never move (torch's
+  scaler raises "step() has already been called since the last update()").
 """
 from __future__ import annotations
 
@@ -15,22 +16,12 @@ from ..errors import UserError
 
 
 class CallOrder:
-    """Tracks ``setup``/``backward``/``step`` of one Precision and refuses misuse."""
+    """Tracks ``backward``/``step``/``update`` of one Precision and refuses misuse."""
 
     def __init__(self) -> None:
-        self.pairs = 0              # model/optimizer pairs set up
-        self.backward_since_step = False
-
-    def setup(self, name: str, master_weights: bool, has_optimizer: bool) -> None:
-        """Called by ``Precision.setup`` before it changes anything."""
-        if not has_optimizer:
-            return
-        if master_weights and self.pairs:
-            raise UserError(f"this Precision ({name}) already keeps fp32 master weights for "
-                            f"one model and optimizer; a second pair needs a Precision of its "
-                            f"own (Precision('{name}') per model, e.g. a GAN's generator and "
-                            f"discriminator)")
-        self.pairs += 1
+        self._backwards = 0                 # backward() calls so far
+        self._seen: dict[int, int] = {}     # id(optimizer) -> backwards at its last step
+        self._stepped: set[int] = set()     # optimizers stepped since the last update()
 
     def backward(self, loss: object) -> None:
         """Called by ``Precision.backward`` with the caller's loss."""
@@ -40,12 +31,24 @@ class CallOrder:
         if loss.numel() != 1:
             raise UserError(f"backward() needs a scalar loss (one number), got shape "
                             f"{tuple(loss.shape)}: reduce it first, e.g. loss.mean()")
-        self.backward_since_step = True
+        self._backwards += 1
 
-    def step(self) -> None:
-        """Called by ``Precision.step_async`` before the optimizer steps."""
-        if not self.backward_since_step:
+    def step(self, optimizer: object, several: bool) -> None:
+        """Called by ``Precision.step_async`` before ``optimizer`` steps; ``several``: more
+        than one optimizer is set up (then update() is the caller's, once per iteration)."""
+        if self._seen.get(id(optimizer), 0) == self._backwards:
             raise UserError("step() came without a backward() since the last step: call "
                             "precision.backward(loss) first (there are no gradients to "
                             "apply)")
-        self.backward_since_step = False
+        if several and id(optimizer) in self._stepped:
+            raise UserError(f"step() of this {type(optimizer).__name__} came twice without "
+                            "precision.update(): with several optimizers, call update() once "
+                            "per iteration, after every optimizer's step")
+        self._seen[id(optimizer)] = self._backwards
+        self._stepped.add(id(optimizer))
+
+    def updated(self) -> bool:
+        """Called by ``Precision.update``: True when some optimizer stepped since the last."""
+        stepped = bool(self._stepped)
+        self._stepped.clear()
+        return stepped

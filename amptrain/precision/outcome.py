@@ -2,9 +2,12 @@
 halt that ends a run whose steps keep failing."""
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
-from ..errors import TrainingHalted
+from ..errors import TrainingHalted, flag
+from .advice import range_safe_choice
 
 
 class NonFiniteHalt(TrainingHalted):
@@ -22,10 +25,12 @@ class StepOutcome:
     Trainer reads it (one step later) the copy has landed, so the read does not stall.
     """
 
-    __slots__ = ("found_inf", "_host", "_event")
+    __slots__ = ("found_inf", "owner", "_host", "_event")
 
-    def __init__(self, found_inf: torch.Tensor | None, host_buffer: torch.Tensor | None = None):
+    def __init__(self, found_inf: torch.Tensor | None, host_buffer: torch.Tensor | None = None,
+                 owner: int | None = None):
         self.found_inf = found_inf
+        self.owner = owner   # which model/optimizer pair stepped (its registration index)
         self._host: torch.Tensor | None = None
         self._event: torch.cuda.Event | None = None
         if found_inf is not None and found_inf.is_cuda and host_buffer is not None:
@@ -43,3 +48,43 @@ class StepOutcome:
             assert self._host is not None  # set together with the event
             return bool(self._host.item())
         return bool(self.found_inf.item())
+
+
+@dataclass
+class SkipCounter:
+    """Skipped optimizer steps (of one optimizer): in all, in a row, and where the current
+    run of skips began; and when they must stop training."""
+
+    skipped: int = 0
+    consecutive: int = 0
+    first_bad_step: int | None = None
+
+    def count(self, skipped: bool, step: int | None) -> None:
+        """Account for one confirmed step."""
+        if not skipped:
+            self.consecutive, self.first_bad_step = 0, None
+            return
+        self.skipped += 1
+        self.consecutive += 1
+        if self.first_bad_step is None:
+            self.first_bad_step = step
+
+    def check(self, *, scale: float | None, min_scale: float, max_bad_steps: int,
+              step: int | None, device: torch.device) -> None:
+        """Raise :class:`NonFiniteHalt` when the loss scale (None: no scaler) reached its
+        floor, or (no scaler) ``max_bad_steps`` steps in a row were skipped."""
+        where = f" at step {step}" if step is not None else ""
+        if scale is not None and scale <= min_scale:
+            raise NonFiniteHalt(
+                f"fp16 loss scale fell to {scale:g} ({flag('min_scale')} {min_scale:g})"
+                f"{where} after {self.consecutive} consecutive overflowing steps: the "
+                f"model overflows fp16 even unscaled. Train with "
+                f"{range_safe_choice(device)}, keep the overflowing modules in fp32 with "
+                f"{flag('keep_fp32')}, or find them with `amptrain diagnose`", step)
+        if scale is None and self.consecutive >= max_bad_steps:
+            first = f" (first at step {self.first_bad_step})" \
+                if self.first_bad_step is not None else ""
+            raise NonFiniteHalt(
+                f"{self.consecutive} consecutive steps had a non-finite loss or gradient"
+                f"{where}{first} (--max-bad-steps {max_bad_steps}); lower --lr, set "
+                f"--clip-grad-norm, or run `amptrain diagnose`", step)

@@ -9,12 +9,14 @@ fused optimizer would create its state: see :func:`_step_would_create_state`.)
 """
 from __future__ import annotations
 
-import warnings
 from collections.abc import Callable
 from typing import Any
 
 import torch
 from torch.amp import GradScaler
+
+from ..errors import UserError
+from ..scaler_settings import ScalerSettings
 
 #: Combines a rank's found-inf flag in place with every other rank's (an all-reduce with
 #: MAX), so that all ranks skip the same steps. Set by a distributed strategy.
@@ -78,42 +80,19 @@ class _HalfGradsScaler(GradScaler):
         return super()._unscale_grads_(optimizer, inv_scale, found_inf, True)
 
 
-def _sharded_scaler_class() -> type:
-    from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler
-
-    class _ScalarFlagShardedScaler(ShardedGradScaler):
-        """FSDP's ShardedGradScaler (it all-reduces found_inf across ranks itself), with
-        flags fused optimizers understand (torch 2.13): its flags have shape [1], which
-        fused steps cannot broadcast, and are summed over ranks, while a fused kernel only
-        skips when the flag is exactly 1 -- two ranks with an inf would step on it."""
-
-        def unscale_(self, optimizer: torch.optim.Optimizer) -> None:
-            with warnings.catch_warnings():
-                # Its own shape-[1] flag meeting DTensor gradients; harmless, once per run.
-                warnings.filterwarnings("ignore", "Found a non-scalar tensor with numel=1")
-                super().unscale_(optimizer)
-            state = self._per_optimizer_states[id(optimizer)]
-            state["found_inf_per_device"] = {device: flag.reshape(()).clamp_(max=1.0)
-                                             for device, flag
-                                             in state["found_inf_per_device"].items()}
-
-    return _ScalarFlagShardedScaler
-
-
 class DynamicLossScaler:
     """torch.amp.GradScaler, exposing found_inf on the device instead of a Python bool.
 
-    ``sharded=True`` uses FSDP's sharded scaler (each rank only sees its gradient shards).
+    ``scaler_class`` replaces torch's GradScaler (a distributed strategy's, e.g. FSDP's
+    sharded scaler, which sees only this rank's gradient shards); a class with a true
+    ``agrees_across_ranks`` combines the ranks' flags itself, so :attr:`agree` is not applied.
     """
 
-    def __init__(self, device_type: str, *, init_scale: float, growth_factor: float,
-                 backoff_factor: float, growth_interval: int, half_grads: bool = False,
-                 sharded: bool = False) -> None:
-        cls = _sharded_scaler_class() if sharded else \
-            _HalfGradsScaler if half_grads else GradScaler
-        self.scaler = cls(device_type, init_scale=init_scale, growth_factor=growth_factor,
-                          backoff_factor=backoff_factor, growth_interval=growth_interval)
-        self.sharded = sharded
+    def __init__(self, device_type: str, settings: ScalerSettings, *, half_grads: bool = False,
+                 scaler_class: type[GradScaler] | None = None) -> None:
+        cls = scaler_class or (_HalfGradsScaler if half_grads else GradScaler)
+        self.scaler = cls(device_type, **settings.as_kwargs())
+        self.agrees_itself = bool(getattr(cls, "agrees_across_ranks", False))
         self.agree: FoundInfAgreement | None = None
         self._unscaled: set[int] = set()
 
@@ -124,14 +103,20 @@ class DynamicLossScaler:
         if id(optimizer) not in self._unscaled:
             self.scaler.unscale_(optimizer)
             self._unscaled.add(id(optimizer))
-            if self.agree is not None and not self.sharded:  # the sharded scaler agrees itself
+            if self.agree is not None and not self.agrees_itself:
                 for flag in self.scaler._per_optimizer_states[id(optimizer)][
                         "found_inf_per_device"].values():
                     self.agree(flag)
 
-    def step(self, optimizer: torch.optim.Optimizer) -> torch.Tensor:
+    def step(self, optimizer: torch.optim.Optimizer, own_flag: bool = False) -> torch.Tensor:
+        """Step ``optimizer`` unless its gradients hold inf/NaN; returns its flag.
+
+        ``own_flag``: return a copy that :meth:`update` cannot change. With several
+        optimizers, GradScaler.update() adds every optimizer's flag in place into the
+        first one's, which would turn the first optimizer's outcome into the sum.
+        """
         self.unscale_(optimizer)
-        found_inf = self._found_inf(optimizer)
+        found_inf = self._found_inf(optimizer, own_flag)
         # Non-fused optimizers: GradScaler reads the flag itself and skips the call.
         # A skip that must not reach a fused kernel is not stepped at all: unscale_ has
         # recorded found_inf per device, which is all update() needs.
@@ -139,16 +124,37 @@ class DynamicLossScaler:
             self.scaler.step(optimizer)
         return found_inf
 
-    def _found_inf(self, optimizer: torch.optim.Optimizer) -> torch.Tensor:
+    def _found_inf(self, optimizer: torch.optim.Optimizer, own_flag: bool) -> torch.Tensor:
         # GradScaler keeps the per-device inf flags until update(); their sum is the
         # device-side "this step was skipped" flag. One flag (one device, one optimizer:
         # update() adds several in place into the first) is returned as it is, which
         # saves a kernel per step.
         states = self.scaler._per_optimizer_states
         flags = list(states[id(optimizer)]["found_inf_per_device"].values())
-        if len(flags) == 1 and len(states) == 1 and flags[0].device == self.scaler._scale.device:
-            return flags[0]
-        return sum(t.to(self.scaler._scale.device) for t in flags)
+        if not flags:  # torch would assert "No inf checks were recorded for this optimizer"
+            raise UserError(f"step(): no parameter of this {type(optimizer).__name__} has a "
+                            "gradient: backward() a loss that depends on its model first")
+        device = self._scale().device
+        if len(flags) == 1 and flags[0].device == device:
+            return flags[0].clone() if own_flag or len(states) > 1 else flags[0]
+        return sum(t.to(device) for t in flags)
+
+    def inv_scale(self) -> torch.Tensor:
+        """1 / scale in fp32, computed as GradScaler.unscale_ does (for :mod:`.loss_scales`)."""
+        return self._scale().double().reciprocal().float()
+
+    def _scale(self) -> torch.Tensor:
+        scale = self.scaler._scale
+        assert scale is not None, "the scale is made by scale(), before any backward"
+        return scale
+
+    def update_from(self, found_inf: torch.Tensor) -> None:
+        """Update the scale from one flag (a loss's own overflow: :mod:`.loss_scales`),
+        with torch's kernel and this scaler's settings, as GradScaler.update() would."""
+        s = self.scaler
+        scale, tracker = s._check_scale_growth_tracker("update")
+        torch._amp_update_scale_(scale, tracker, found_inf.to(scale.device), s._growth_factor,
+                                 s._backoff_factor, s._growth_interval)
 
     def update(self) -> None:
         self.scaler.update()
@@ -208,7 +214,8 @@ class NonFiniteGuard:
             self.agree(found)
         self._found_inf[id(optimizer)] = found
 
-    def step(self, optimizer: torch.optim.Optimizer) -> torch.Tensor:
+    def step(self, optimizer: torch.optim.Optimizer, own_flag: bool = False) -> torch.Tensor:
+        # Each optimizer's flag is a tensor of its own already (``own_flag`` is for the scaler).
         self.unscale_(optimizer)
         found_inf = self._found_inf[id(optimizer)]
         if _supports_fused_skip(optimizer) and not _skip_decided_on_host(optimizer):

@@ -65,7 +65,7 @@ def restore_state(trainer: Trainer, state: dict[str, Any]) -> None:
     precision = trainer.precision
     precision.load_state_dict(state.get("precision", {}))
     saved_rule = ((state.get("precision") or {}).get("weight_update") or {}).get("rule")
-    if saved_rule and precision.weight_update is None:  # resumed with plain
+    if saved_rule and not precision.has_weight_rule():  # resumed with plain
         log.warning("warning: the checkpoint's %s weight-update state is dropped: "
                     "%s plain rounds the updates (resume with %s %s to keep it)",
                     saved_rule, flag("weight_update"), flag("weight_update"), saved_rule)

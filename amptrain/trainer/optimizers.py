@@ -29,7 +29,6 @@ class Part:
     optimizer: torch.optim.Optimizer
     scheduler: Any = None
     pending: StepOutcome | None = None  # the last step's outcome, not yet read
-    skipped: int = 0                    # steps of this part skipped (non-finite)
 
 
 class OptimizerSteps:
@@ -95,11 +94,9 @@ class OptimizerSteps:
             outcome, part.pending = part.pending, None
             if outcome is None:
                 continue
-            if self.precision.confirm(outcome, step=self.position.step):
-                if part.scheduler is not None:
-                    part.scheduler.step()
-            else:
-                part.skipped += 1
+            if self.precision.confirm(outcome, step=self.position.step) \
+                    and part.scheduler is not None:
+                part.scheduler.step()
 
     def zero_grad(self, optimizers: bool = False) -> None:
         """Drop every part's gradients before a step, so that what one loss left on another
@@ -122,7 +119,9 @@ class OptimizerSteps:
         """``skipped_steps/<name>`` per part (several parts only)."""
         if self.single:
             return {}
-        return {f"skipped_steps/{p.name}": p.skipped for p in self.parts.values()}
+        # The precision counts each optimizer's skips (and checkpoints them).
+        return {f"skipped_steps/{p.name}": self.precision.skipped_steps_of(p.optimizer)
+                for p in self.parts.values()}
 
     # ------------------------------------------------------------------ state
     def state_dict(self, strategy: Strategy, *, optimizer_states: bool = True) -> dict[str, Any]:
@@ -139,7 +138,7 @@ class OptimizerSteps:
             (part,) = self.parts.values()
             return {"optimizer": state_of(part), "scheduler": _scheduler_state(part)}
         return {"optimizers": {p.name: state_of(p) for p in self.parts.values()},
-                "parts": {p.name: {"scheduler": _scheduler_state(p), "skipped_steps": p.skipped}
+                "parts": {p.name: {"scheduler": _scheduler_state(p)}
                           for p in self.parts.values()}}
 
     def load_state_dict(self, strategy: Strategy, state: dict[str, Any], *,
@@ -167,7 +166,6 @@ class OptimizerSteps:
                                                optimizers[part.name])
             saved = (state.get("parts") or {}).get(part.name, {})
             _load_scheduler(part, saved.get("scheduler"))
-            part.skipped = int(saved.get("skipped_steps", 0))
 
 
 def _scheduler_state(part: Part) -> dict[str, Any] | None:

@@ -108,7 +108,7 @@ class Reporter:
         def rerun() -> None:
             with precision.autocast():
                 loss, _, _ = forward_batch(model, batch, loss_fn)
-            precision.guard.scale(loss).backward()
+            precision.scale_loss(loss).backward()
 
         where = first_nonfinite_module(model, rerun)
         runner.steps.zero_grad(optimizers=True)

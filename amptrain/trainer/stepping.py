@@ -33,7 +33,7 @@ class TrainStep:
                  metrics: MetricsWindow) -> None:
         self._steps, self._precision, self._strategy = steps, precision, strategy
         self._metrics = metrics
-        self._backward: Callable[..., None] = precision.backward
+        self._backward = precision.backward
         self.micro_batches: list[Any] = []
         self.micro_samples: list[int] = []
         self.global_samples = 0
@@ -66,10 +66,7 @@ class TrainStep:
                 yield batch, n, n * world / self.global_samples
 
     def backward(self, loss: torch.Tensor, *, loss_id: int = 0) -> None:
-        if loss_id:
-            self._backward(loss, loss_id=loss_id)
-        else:
-            self._backward(loss)
+        self._backward(loss, loss_id=loss_id)
 
     def step(self, name: str = "model") -> None:
         self.stepped = name

@@ -225,4 +225,5 @@ def test_masters_by_name_are_the_fp32_copies():
     model, optimizer = precision.setup(model, optimizer)
     state = precision.fp32_state_dict(model)
     assert model[0].weight.dtype == torch.bfloat16 and state["0.weight"].dtype == torch.float32
-    assert torch.equal(state["0.weight"], precision._master.masters[0].detach())
+    assert torch.equal(state["0.weight"],
+                       precision.policy_of(optimizer).master.masters[0].detach())

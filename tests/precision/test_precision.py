@@ -252,13 +252,21 @@ def test_a_loss_that_is_not_one_number_is_refused():
         precision.backward(1.5)
 
 
-@pytest.mark.parametrize("name,refused", [("bf16-master", True), ("16-master", True),
-                                          ("bf16-mixed", False)])
-def test_a_second_model_and_optimizer_in_a_master_weight_mode_is_refused(name, refused):
+@pytest.mark.parametrize("name", ["bf16-master", "16-master", "bf16-mixed"])
+def test_a_second_model_and_optimizer_get_their_own_masters(name):
+    # Issue 25 replaced the refusal of a second pair in master-weight modes (issue 28):
+    # each pair keeps its own fp32 masters (tests/precision/test_pairs.py trains them).
     precision = Precision(name, device="cpu")
-    _pair(precision)
-    if refused:
-        with pytest.raises(UserError, match="already keeps fp32 master weights"):
-            _pair(precision)
-    else:
-        _pair(precision)  # no masters: one Precision may serve two pairs
+    first, first_opt = _pair(precision)
+    second, second_opt = _pair(precision)
+    masters = [precision.policy_of(o).stepped_params(m.parameters())
+               for m, o in ((first, first_opt), (second, second_opt))]
+    assert not {id(t) for t in masters[0]} & {id(t) for t in masters[1]}
+    assert all(t.dtype == torch.float32 for ts in masters for t in ts)
+
+
+def test_the_same_optimizer_twice_is_refused():
+    precision = Precision("bf16-mixed", device="cpu")
+    model, optimizer = _pair(precision)
+    with pytest.raises(UserError, match="this optimizer is set up already"):
+        precision.setup(model, optimizer)
