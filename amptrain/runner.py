@@ -22,7 +22,7 @@ from .distributed import build_strategy
 from .errors import UserError
 from .launch import resume_after_restart
 from .export import export_trained
-from .models import ModelInputs, build_model, text_encoder_for
+from .models import ModelInputs, build_model, task_of_model, text_encoder_for
 from .reproducibility import seed_everything
 from .precision.support import resolve_name
 from .tasks import TASKS, ClassificationTask, EvalResult, Task, build_task, resolve_task
@@ -80,11 +80,15 @@ def decide_task(config: RunConfig, data: DataBundle) -> Task:
     """The run's task, decided once: ``--task``, which must fit the data, or (auto) what
     the data is; ``--loss`` and integer labels that are not classes are checked here."""
     kind = data_task(data)
-    if config.task not in ("auto", kind):
-        raise UserError(f"--task {config.task} does not fit --data {config.data}, which holds "
-                        f"{TASKS[kind].data_holds}: {TASKS[config.task].data_needs} (or use "
+    by_model = task_of_model(config.model) if config.task == "auto" else None
+    name = by_model or config.task
+    if name != "auto" and not TASKS[name].fits(kind):
+        chosen = f"--model {config.model} trains {name}, which" if by_model \
+            else f"--task {name}"
+        raise UserError(f"{chosen} does not fit --data {config.data}, which holds "
+                        f"{TASKS[kind].data_holds}: {TASKS[name].data_needs} (or use "
                         f"--task {kind})")
-    return resolve_task(config.task, data.train, loss=config.loss,
+    return resolve_task(name, data.train, loss=config.loss,
                         class_names=data.class_names or None)
 
 

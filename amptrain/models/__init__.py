@@ -34,6 +34,7 @@ from .core import (
                    register,
                    register_text_encoder,
                    set_exporter,
+                   task_of_model,
                    text_encoder_for,
 )
 from .gpt import GPT
@@ -43,5 +44,5 @@ from .sequence import LSTMClassifier, TransformerClassifier
 __all__ = ["EXPORT_HOOK", "MODELS", "TEXT_ENCODERS", "ModelFactory", "ModelInputs", "build_model",
            "EXPORT_FORMAT",
            "export_format_of", "exporter_of", "is_conv_net", "set_exporter",
-           "register", "register_text_encoder", "text_encoder_for",
+           "register", "register_text_encoder", "task_of_model", "text_encoder_for",
            "MLP", "SmallCNN", "ResNet", "LSTMClassifier", "TransformerClassifier", "GPT"]

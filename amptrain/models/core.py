@@ -73,8 +73,23 @@ def set_exporter(model: nn.Module, format: str, export: Exporter) -> None:
 TextEncoderFactory = Callable[..., Any]  # (argument, option="model") -> a TextEncoder
 TEXT_ENCODERS: Registry[TextEncoderFactory] = Registry("tokenizer")
 
-#: ``@register("name")``: add a factory to :data:`MODELS`.
-register = MODELS.register
+#: The task a model trains when ``--task`` is ``auto`` (a model that is a generator and a
+#: discriminator trains ``gan``); models not listed train what their data is for.
+MODEL_TASKS: dict[str, str] = {}
+
+
+def register(name: str, *, task: str | None = None) -> Callable[[ModelFactory], ModelFactory]:
+    """``@register("name")``: add a factory to :data:`MODELS`; ``task``: the task the model
+    trains under ``--task auto`` (:data:`MODEL_TASKS`)."""
+    if task is not None:
+        MODEL_TASKS[name] = task
+    return MODELS.register(name)
+
+
+def task_of_model(spec: str) -> str | None:
+    """The task the model ``spec`` (``name:argument``) trains by itself, or None."""
+    return MODEL_TASKS.get(spec.partition(":")[0])
+
 #: ``@register_text_encoder("name")``: a tokenizer factory for the models called ``name``.
 register_text_encoder = TEXT_ENCODERS.register
 

@@ -140,7 +140,7 @@ class DCGAN(nn.Module):
         return self.generator(self.latents(n, generator))
 
 
-@register("dcgan")
+@register("dcgan", task="gan")
 def dcgan(argument: str, inputs: ModelInputs) -> nn.Module:
     """``dcgan[:width=32,latent=64]``: a generator/discriminator pair for the data's image
     size (``width``: the channels next to the image; they double per halving)."""

@@ -119,6 +119,12 @@ class Task(ABC):
         return {}
 
     @classmethod
+    def fits(cls, kind: str) -> bool:
+        """Whether this task trains on data that says it is for task ``kind`` (a run's
+        ``--task`` is checked against its ``--data`` with it)."""
+        return kind == cls.name
+
+    @classmethod
     def resume_mismatch(cls, key: str, now: Any, then: Any, *, config: dict[str, Any],
                         saved: dict[str, Any], path: str) -> str | None:
         """The message for resuming checkpoint ``path`` whose model fact ``key``

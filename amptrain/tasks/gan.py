@@ -110,6 +110,12 @@ class GanTask(Task):
     #: baseline's; perplexity's 2 % would report seed noise as a verdict.
     default_tolerance_rel = 0.25
 
+    @classmethod
+    def fits(cls, kind: str) -> bool:
+        """Images with class labels (digits, idx:, cifar10:, imagefolder:); the labels go
+        unused. ``check_data`` refuses what is not images."""
+        return kind == "classification"
+
     def __init__(self, value_range: list[list[float]] | None = None,
                  feature_seed: int = FEATURE_SEED, feature_steps: int = FEATURE_STEPS,
                  **_: Any) -> None:
