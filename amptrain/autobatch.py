@@ -38,12 +38,13 @@ exceeds the budget by more than :data:`PREDICTION_SLACK` is judged without runni
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from typing import Any
 
 import torch
 
+from . import nested
 from .batches import StepBatch
 from .errors import TrainingHalted, UserError, flag
 from .memory import MemoryMeter, available_bytes, free_memory, rss_bytes
@@ -329,31 +330,13 @@ def resplit(window: StepBatch, micro: int) -> StepBatch:
     n = sum(window.micro_samples)
     count = min(math.ceil(n / micro), n)
     cuts = [i * n // count for i in range(count + 1)]
-    whole = _concat(window.micro_batches)
-    batches = [_slice(whole, cuts[i], cuts[i + 1]) for i in range(count)]
+    try:
+        whole = nested.concat(window.micro_batches)
+    except TypeError as exc:
+        raise OutOfMemoryHalt(f"out of memory, and {exc}: set a smaller "
+                              f"--micro-batch-size") from None
+    batches = [nested.slice_rows(whole, cuts[i], cuts[i + 1]) for i in range(count)]
     return StepBatch(batches, [cuts[i + 1] - cuts[i] for i in range(count)], window.global_samples)
-
-
-def _concat(parts: list[Any]) -> Any:
-    first = parts[0]
-    if isinstance(first, torch.Tensor):
-        return torch.cat(parts)
-    if isinstance(first, Mapping):
-        return {k: _concat([p[k] for p in parts]) for k in first}
-    if isinstance(first, tuple):
-        return tuple(_concat(list(fields)) for fields in zip(*parts))
-    if isinstance(first, list):
-        return [_concat(list(fields)) for fields in zip(*parts)]
-    raise OutOfMemoryHalt(f"out of memory, and a batch holding a {type(first).__name__} cannot "
-                          f"be cut into smaller micro-batches: set a smaller --micro-batch-size")
-
-
-def _slice(batch: Any, start: int, stop: int) -> Any:
-    if isinstance(batch, torch.Tensor):
-        return batch[start:stop]
-    if isinstance(batch, dict):
-        return {k: _slice(v, start, stop) for k, v in batch.items()}
-    return type(batch)(_slice(v, start, stop) for v in batch)
 
 
 def _first_line(exc: BaseException) -> str:

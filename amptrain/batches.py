@@ -15,6 +15,7 @@ from typing import Any, Generator, Iterator, Protocol, Sequence
 import torch
 from torch.utils.data import DataLoader, Dataset
 
+from . import nested
 from .errors import UserError
 
 
@@ -95,23 +96,17 @@ class SampleOrder:
 
 def to_device(batch: Any, device: torch.device, non_blocking: bool = True) -> Any:
     """Move every tensor in a (nested) batch to ``device``."""
-    if isinstance(batch, torch.Tensor):
-        return batch.to(device, non_blocking=non_blocking)
-    if isinstance(batch, (list, tuple)):
-        return type(batch)(to_device(b, device, non_blocking) for b in batch)
-    if isinstance(batch, dict):
-        return {k: to_device(v, device, non_blocking) for k, v in batch.items()}
-    if hasattr(batch, "to") and callable(batch.to):  # e.g. transformers' BatchEncoding
-        return batch.to(device)
-    return batch
+    def move(value: Any) -> Any:  # an object that moves itself (transformers' BatchEncoding)
+        return value.to(device) if callable(getattr(value, "to", None)) else value
+
+    if not isinstance(batch, (torch.Tensor, dict, list, tuple)):
+        return move(batch)
+    return nested.map_tensors(lambda tensor: tensor.to(device, non_blocking=non_blocking),
+                              batch, leaf=move)
 
 
 def _pinned(batch: Any) -> Any:
-    if isinstance(batch, torch.Tensor):
-        return batch.pin_memory()
-    if isinstance(batch, dict):
-        return {k: _pinned(v) for k, v in batch.items()}
-    return type(batch)(_pinned(b) for b in batch)
+    return nested.map_tensors(torch.Tensor.pin_memory, batch)
 
 
 def batch_size_of(batch: Any) -> int:

@@ -31,6 +31,7 @@ from typing import Any
 
 import torch
 
+from .. import nested
 from .files import remove_unfinished
 
 log = logging.getLogger("amptrain")
@@ -121,18 +122,8 @@ class _Staging:
             used[where] = copies[key] = buffer
             return buffer
 
-        def walk(where: _Where, value: Any) -> Any:
-            if isinstance(value, torch.Tensor):
-                return tensor(where, value)
-            if isinstance(value, dict):  # dict and OrderedDict (weights_only loads both)
-                return type(value)((k, walk((*where, k), v)) for k, v in value.items())
-            if isinstance(value, list):
-                return [walk((*where, i), v) for i, v in enumerate(value)]
-            if type(value) is tuple:
-                return tuple(walk((*where, i), v) for i, v in enumerate(value))
-            return value  # numbers, strings, torch.Size, dtypes: immutable
-
-        copied = walk((), state)
+        # Numbers, strings, dtypes pass through: immutable.
+        copied = nested.map_tensors_with_path(tensor, state)
         self._buffers = used
         ready = None
         if from_cuda:

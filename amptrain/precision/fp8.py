@@ -75,11 +75,6 @@ def fp8_unsupported_reason(name: str, device: torch.device) -> str | None:
     return None
 
 
-def fp8_supported(device: torch.device) -> bool:
-    """True when ``--precision fp8`` runs on ``device`` (hardware and torchao)."""
-    return fp8_unsupported_reason("fp8", device) is None
-
-
 @dataclass
 class Float8Plan:
     """Which Linear layers become float8 and why the others do not."""

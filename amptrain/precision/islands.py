@@ -25,6 +25,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
+from .. import nested
 from ..errors import UserError
 
 
@@ -56,13 +57,8 @@ def match_modules(model: nn.Module, patterns: Iterable[str]) -> dict[str, nn.Mod
 
 
 def _cast_floats(value: Any, dtype: torch.dtype) -> Any:
-    if isinstance(value, torch.Tensor):
-        return value.to(dtype) if value.is_floating_point() else value
-    if isinstance(value, (list, tuple)):
-        return type(value)(_cast_floats(v, dtype) for v in value)
-    if isinstance(value, dict):
-        return {k: _cast_floats(v, dtype) for k, v in value.items()}
-    return value
+    return nested.map_tensors(
+        lambda tensor: tensor.to(dtype) if tensor.is_floating_point() else tensor, value)
 
 
 class ForwardPatches:

@@ -8,6 +8,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from .. import nested
 from ..precision import Precision
 
 
@@ -73,10 +74,5 @@ class StepStart:
 
 
 def _cpu_copy(value: Any) -> Any:
-    if isinstance(value, torch.Tensor):
-        return value.detach().to("cpu", copy=True)
-    if isinstance(value, dict):
-        return {k: _cpu_copy(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return type(value)(_cpu_copy(v) for v in value)
-    return copy.deepcopy(value)
+    return nested.map_tensors(lambda tensor: tensor.detach().to("cpu", copy=True), value,
+                              leaf=copy.deepcopy)
