@@ -29,7 +29,7 @@ from .. import checkpoint
 from . import datacheck, preemption
 from ..autobatch import MicroBatchPlanner, MicroBatchSplit
 from ..batches import Windows
-from ..config import TrainConfig, build_config, to_dict, write_yaml
+from ..config import TrainConfig, to_dict, write_yaml
 from ..distributed import Strategy, build_strategy
 from ..errors import UserError, flag
 from ..forward import LossFn
@@ -69,8 +69,8 @@ class Trainer:
         #: Options the caller chose (not left at their defaults).
         self.given_options = set(options) | {k for k, v in base.items()
                                              if k in defaults and v != defaults[k]}
-        self.config: TrainConfig = build_config(type(config) if config is not None
-                                                else TrainConfig, base)
+        self.config: TrainConfig = (config if config is not None else TrainConfig()
+                                    ).with_options(**options)
         c = self.config
         self.strategy = strategy or build_strategy(c.distributed.strategy, c.device)
         self.reporter = Reporter(self.device, callbacks, print_every)
