@@ -51,6 +51,21 @@ def collect_state(trainer: Trainer, *, weights: bool = True) -> dict[str, Any]:
     }
 
 
+def save_run(trainer: Trainer, path: str | Path | None = None, *,
+             background: bool) -> Path | None:
+    """Save ``trainer``'s state to ``path`` or the run's checkpoints; ``background``: the
+    file is written on a thread, which copies every part's optimizer state itself (their
+    next ``step()`` waits for it), or, under FSDP, each rank writes its shards."""
+    steps = trainer.steps
+    assert steps is not None, "set up first"
+    if background and path is None and trainer.checkpointer.sharded(steps):
+        return trainer.checkpointer.save_sharded(collect_state(trainer, weights=False),
+                                                 trainer.step, steps.only())
+    return trainer.checkpointer.save(trainer.state_dict(), trainer.step, path,
+                                     background=background,
+                                     defer=[part.optimizer for part in steps.parts.values()])
+
+
 def restore_state(trainer: Trainer, state: dict[str, Any]) -> None:
     """Restore :func:`collect_state` into a set-up Trainer."""
     steps = trainer.steps

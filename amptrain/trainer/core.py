@@ -4,11 +4,8 @@ difference lives in :class:`~amptrain.precision.Precision`, every task differenc
 process-group difference in the strategy.
 
 The Trainer is built from parts that each own their state (and its ``state_dict``):
-:class:`~.position.LoopPosition`, :class:`~.metrics.MetricsWindow`,
-:class:`~.optimizers.OptimizerSteps`, :class:`~.stepping.StepRunner`,
-:class:`~.reporting.Reporter`, :class:`~.evaluation.Evaluator`,
-:class:`~.checkpointing.Checkpointer`, and the train windows
-(:class:`~amptrain.batches.Windows`).
+LoopPosition, MetricsWindow, OptimizerSteps, StepRunner, Reporter, Evaluator,
+Checkpointer and the train windows (docs/architecture.md: who owns what).
 
 One optimizer step ("step") is one global batch: ``accumulate`` micro-batches per rank.
 ``--max-steps``, ``--log-every``, ``--save-every`` and the LR schedule count steps.
@@ -39,7 +36,8 @@ from ..tasks import EvalResult, Task, resolve_task
 from ..tasks.step import StepContext
 from .batching import agreement
 from .assembly import assemble, placed
-from .checkpointing import (Checkpointer, collect_state, resolved_config, restore_state)
+from .checkpointing import (Checkpointer, collect_state, resolved_config, restore_state,
+                            save_run)
 from .evaluation import Evaluator
 from .metrics import MetricsWindow
 from .optimizers import OptimizerSteps, Part
@@ -90,7 +88,7 @@ class Trainer:
                                          memory_budget_gb=c.batching.memory_budget_gb,
                                          agree=agreement(self.strategy))
         self.checkpointer = Checkpointer(self.out, c, self.strategy)
-        self.model: nn.Module | None = None   # the user's module, set up for precision
+        self.model: nn.Module | None = None  # the user's module, set up for precision
         self.task: Task | None = None
         self.steps: OptimizerSteps | None = None
         self.runner: StepRunner | None = None
@@ -287,16 +285,16 @@ class Trainer:
     @property
     def optimizer(self) -> torch.optim.Optimizer | None:
         """The one optimizer (None before set-up; several parts: see :attr:`optimizers`)."""
-        return self._only().optimizer if self.parts else None
+        return self.steps.only().optimizer if self.steps is not None else None
 
     @property
     def scheduler(self) -> Any:
-        return self._only().scheduler if self.parts else None
+        return self.steps.only().scheduler if self.steps is not None else None
 
     @property
     def train_model(self) -> nn.Module | None:
         """What the step calls (wrapped/compiled), for a one-part task."""
-        return self._only().forward if self.parts else None
+        return self.steps.only().forward if self.steps is not None else None
 
     @property
     def micro_batch_size(self) -> int:
@@ -309,18 +307,11 @@ class Trainer:
         """Micro-batches per optimizer step on each device."""
         return split_of(self.micro_batch_size, self.planner.per_device).accumulate
 
-    def _only(self) -> Part:
-        if len(self.parts) != 1:
-            raise UserError(f"this run trains {len(self.parts)} parts "
-                            f"({', '.join(self.parts)}): use trainer.parts or .optimizers")
-        return next(iter(self.parts.values()))
-
     def _ready(self) -> tuple[StepRunner, Windows]:
         if self.runner is None or self.train_windows is None:
             raise UserError("set the Trainer up first (setup() or fit())")
         return self.runner, self.train_windows
 
-    # ----------------------------------------------------------------- setup
     def _teardown(self) -> None:
         """The user's module gets its own forwards back (evaluate() reinstates them)."""
         self.precision.teardown()
@@ -431,15 +422,8 @@ class Trainer:
         self.metrics.pause(time.perf_counter() - started)
 
     def _save(self, path: str | Path | None = None, *, background: bool) -> Path | None:
-        """:meth:`save_checkpoint`; ``background``: copy the state and return, the run's
-        checkpoint is written on a thread."""
-        steps = self.steps
-        assert steps is not None, "set up first"
-        if background and path is None and self.checkpointer.sharded(steps):
-            return self.checkpointer.save_sharded(collect_state(self, weights=False), self.step,
-                                                  steps.only())
-        return self.checkpointer.save(self.state_dict(), self.step, path, background=background,
-                                      defer=[part.optimizer for part in steps.parts.values()])
+        """:meth:`save_checkpoint`; ``background``: the file is written on a thread."""
+        return save_run(self, path, background=background)
 
     def _preempted(self) -> Exception:
         """Checkpoint after a stop request (a signal) and build the exception that ends the run.

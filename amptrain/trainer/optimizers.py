@@ -64,8 +64,8 @@ class OptimizerSteps:
     def only(self) -> Part:
         """The one part of a one-part run."""
         if not self.single:
-            raise UserError(f"this needs a run of one part; this one trains "
-                            f"{', '.join(self.parts)}")
+            raise UserError(f"this run trains {len(self.parts)} parts "
+                            f"({', '.join(self.parts)}): use trainer.parts or .optimizers")
         (part,) = self.parts.values()
         return part
 
