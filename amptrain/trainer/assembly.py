@@ -1,7 +1,8 @@
-"""A run assembled in one downward pass (:func:`assemble`): the data and the task, the
-model's parts with their optimizers (set up for the precision, wrapped for the strategy),
-the train windows, the LR schedules, the step runner, resume, and the logger. Each of these
-is decided here, once; the Trainer then only runs them."""
+"""The Trainer assembled in one downward pass (:func:`assemble_parts`): the data and the
+task, the model's parts with their optimizers (set up for the precision, wrapped for the
+strategy), the train windows, the LR schedules, the step runner, resume, and the logger.
+Each of these is decided here, once; the Trainer then only runs them. (The runner's
+``assemble`` builds what a run trains: data, task, model; this builds what trains it.)"""
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, cast
@@ -32,7 +33,7 @@ if TYPE_CHECKING:
     from .core import Trainer
 
 
-def assemble(trainer: Trainer, model: nn.Module, train_data: Any, val_data: Any, *,
+def assemble_parts(trainer: Trainer, model: nn.Module, train_data: Any, val_data: Any, *,
              optimizer: torch.optim.Optimizer | None, scheduler: Any,
              loss_fn: LossFn | None, class_names: list[str] | None, task: Task | None,
              training_step: StepFn | None) -> None:

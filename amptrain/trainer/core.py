@@ -35,7 +35,7 @@ from ..precision import NonFiniteHalt, Precision
 from ..tasks import EvalResult, Task, resolve_task
 from ..tasks.step import StepContext
 from .batching import agreement
-from .assembly import assemble, placed
+from .assembly import assemble_parts, placed
 from .checkpointing import (Checkpointer, collect_state, resolved_config, restore_state,
                             save_run)
 from .evaluation import Evaluator
@@ -142,9 +142,9 @@ class Trainer:
         if self.model is not None:  # a second fit: a new model, trained from step 0
             self._reset()
         try:
-            assemble(self, model, train_data, val_data, optimizer=optimizer,
-                     scheduler=scheduler, loss_fn=loss_fn, class_names=names, task=task,
-                     training_step=training_step)
+            assemble_parts(self, model, train_data, val_data, optimizer=optimizer,
+                           scheduler=scheduler, loss_fn=loss_fn, class_names=names,
+                           task=task, training_step=training_step)
         except BaseException:
             self._teardown()
             raise
