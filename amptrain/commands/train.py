@@ -44,7 +44,7 @@ def run(args: argparse.Namespace) -> int:
             f"({result.skipped_steps} skipped); lower --lr, set --clip-grad-norm or run "
             f"`amptrain diagnose` (outputs kept in {result.out}/)")
     metrics = "  ".join(f"val_{k} {number(v)}" for k, v in result.val_metrics.items()) \
-        or "val_acc n/a"
+        or "no validation metrics"
     speed = f", {result.samples_per_s:.0f} samples/s" if result.samples_per_s else ""
     speed += f", {result.tokens_per_s:.0f} tokens/s" if result.tokens_per_s else ""
     if result.data_wait_frac is not None:
