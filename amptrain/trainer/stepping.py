@@ -103,7 +103,11 @@ class StepRunner:
             ) -> MicroBatchSplit:
         """One optimizer step of every part on ``window`` (cut as ``split``); returns the
         split later steps should use (smaller after out-of-memory)."""
-        self.steps.zero_grad()
+        if not self.steps.single:
+            # What one part's loss left on another (G's loss through D) must not reach that
+            # part's step. One part needs no pass over the modules: its optimizer's
+            # zero_grad after each step already left every gradient it steps at None.
+            self.steps.zero_grad()
         if self.start is not None:
             self.start.save()
         window, split = self.planner.run(window, self._attempt, plan=split, step=step,
