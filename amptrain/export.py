@@ -186,7 +186,7 @@ def export_checkpoint(checkpoint: str | Path, format: str, out: str | Path | Non
     """Export a checkpoint written by ``amptrain train`` (or a run directory's last one)
     as ``format``; returns (output directory, files written)."""
     from .trainer import outdir
-    from .runner import build_saved_model, checkpoint_file, load_run
+    from .saved_run import build_saved_model, checkpoint_file, load_run
 
     if dtype not in DTYPES:
         raise UserError(f"{flag('dtype')} {dtype}: choose one of {', '.join(DTYPES)}")

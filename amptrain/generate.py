@@ -21,8 +21,8 @@ from torch import nn
 from .config.train import MAX_SEED
 from .data import ByteTokenizer
 from .errors import UserError
-from .runner import (build_saved_model, checkpoint_file, load_run, saved_task,
-                     text_encoder)
+from .runner import text_encoder
+from .saved_run import build_saved_model, checkpoint_file, load_run, saved_task
 from .forward import split_outputs
 from .trainer import Trainer
 

@@ -21,7 +21,8 @@ from amptrain.export import (
     load_safetensors,
     write_safetensors,
 )
-from amptrain.runner import build_saved_model, load_run, run_training
+from amptrain.runner import run_training
+from amptrain.saved_run import build_saved_model, load_run
 
 ROOT = Path(__file__).parents[1]
 HAS_TRANSFORMERS = importlib.util.find_spec("transformers") is not None

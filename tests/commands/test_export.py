@@ -14,7 +14,8 @@ import torch
 from amptrain.cli import main
 from amptrain.config import RunConfig, build_config
 from amptrain.export import INFO_NAME, SAFETENSORS_NAME, load_safetensors
-from amptrain.runner import load_run, run_training
+from amptrain.runner import run_training
+from amptrain.saved_run import load_run
 
 from .helpers import amptrain
 

@@ -1,0 +1,85 @@
+"""A run saved by ``amptrain train``, read back: its checkpoint file (a file or a run
+directory), its state and run info, the task and the model it trained. ``eval``,
+``generate`` and ``export`` start here; the runner only writes runs."""
+from __future__ import annotations
+
+import contextlib
+import logging
+from pathlib import Path
+from typing import Any, Iterator
+
+from torch import nn
+
+from . import checkpoint
+from .checkpoint.sections import check_finite_weights
+from .errors import UserError
+from .models import ModelInputs, build_model
+from .tasks import ClassificationTask, Task, build_task
+
+
+@contextlib.contextmanager
+def _log_level(level: int) -> Iterator[None]:
+    logger = logging.getLogger("amptrain")
+    saved = logger.level
+    logger.setLevel(max(level, saved))
+    try:
+        yield
+    finally:
+        logger.setLevel(saved)
+
+
+def checkpoint_file(path: str | Path) -> Path:
+    """``--checkpoint``: a file, or a run directory (its ``checkpoints/last.pt``)."""
+    path = Path(path)
+    if not path.is_dir():
+        return path
+    for candidate in (path / checkpoint.CHECKPOINT_DIR / checkpoint.LAST, path / checkpoint.LAST):
+        if candidate.is_file():
+            logging.getLogger("amptrain").info("--checkpoint %s is a directory: using %s",
+                                               path, candidate)
+            return candidate
+    raise UserError(f"--checkpoint {path} is a directory with no checkpoint in it; pass a "
+                    f"checkpoint file, e.g. RUN_DIR/{checkpoint.CHECKPOINT_DIR}/{checkpoint.LAST}")
+
+
+def load_run(checkpoint_path: str) -> tuple[dict[str, Any], dict[str, Any]]:
+    """(checkpoint state, its run info) of a checkpoint written by a command-line run."""
+    state = checkpoint.load(checkpoint_path)
+    run = state.get("run") or {}
+    if not isinstance(run, dict) or "model" not in run or "inputs" not in run:
+        raise UserError(f"checkpoint {checkpoint_path} was not written by `amptrain train` "
+                        f"(no model name inside); use it with the library API")
+    try:
+        saved_inputs(run)
+    except (TypeError, ValueError, KeyError):
+        raise UserError(f"checkpoint {checkpoint_path}: its 'run' section does not describe "
+                        f"the model's inputs (a damaged or hand-edited file)") from None
+    # NaN weights evaluate to NaN and generate NUL bytes: garbage must not exit 0.
+    check_finite_weights(state["model"], checkpoint_path)
+    return state, run
+
+
+def saved_inputs(run: dict[str, Any]) -> ModelInputs:
+    """The model facts a run was trained with."""
+    return ModelInputs(**{**run["inputs"], "input_shape": tuple(run["inputs"]["input_shape"])})
+
+
+def saved_task_name(state: dict[str, Any]) -> str:
+    """The name of the task a checkpoint trained (checkpoints older than tasks were
+    classifiers: they carry no task)."""
+    return str((state.get("task") or {}).get("name") or (state.get("run") or {}).get("task")
+               or ClassificationTask.name)
+
+
+def saved_task(state: dict[str, Any], class_names: list[str] | None) -> Task:
+    """The task a checkpoint was trained on, with what it learnt from the data."""
+    saved = {k: v for k, v in (state.get("task") or {}).items() if k != "name"}
+    return build_task(saved_task_name(state), class_names=class_names, **saved)
+
+
+def build_saved_model(run: dict[str, Any]) -> nn.Module:
+    """A run's model, freshly built (its weights come from the checkpoint afterwards)."""
+    # What the builder says about initialisation (hf:PATH's "head newly initialised")
+    # does not apply to weights loaded next, so only warnings get through.
+    with _log_level(logging.WARNING):
+        return build_model(run["model"], saved_inputs(run))
