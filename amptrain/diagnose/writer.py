@@ -22,7 +22,7 @@ def summary_lines(report: dict[str, Any]) -> list[str]:
     if first:
         scale = f", loss scale {first['loss_scale']:g}" if first["loss_scale"] else ""
         lines.append(f"first non-finite in 16-mixed: module '{first['module']}' "
-                     f"({first['phase']}) at step {first['step']}{scale}; "
+                     f"({first['phase']}){_part_and_loss(first)} at step {first['step']}{scale}; "
                      f"{fp16['skipped_steps']} of {fp16['steps']} steps skipped"
                      + (" (halted)" if fp16["halted"] else ""))
     else:
@@ -154,3 +154,18 @@ def strict_json(value: Any) -> Any:
     if isinstance(value, float) and not math.isfinite(value):
         return str(value)
     return value
+
+
+def _part_and_loss(first: dict[str, Any]) -> str:
+    """Which part and which loss (`` of part 'discriminator', in the backward of d_loss
+    (loss_id 0)``) where a run has several to tell apart (a GAN); nothing for a
+    one-model, one-loss run."""
+    part, loss, loss_id = first.get("part"), first.get("loss"), first.get("loss_id")
+    words = []
+    if part not in (None, "model"):
+        words.append(f"of part '{part}'")
+    if loss_id is not None and (loss_id != 0 or loss not in (None, "loss")):
+        words.append(f"in the backward of {loss} (loss_id {loss_id})"
+                     if first.get("phase") == "backward"
+                     else f"computing {loss} (loss_id {loss_id})")
+    return (" " + ", ".join(words)) if words else ""
