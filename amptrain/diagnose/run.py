@@ -56,6 +56,9 @@ class RunSummary:
     halted: str | None
     keep_fp32: list[str]
     init_scale: float | None
+    #: Optimizers stepped per training step (a GAN's 2): ``skipped_steps`` counts each
+    #: part's skipped optimizer steps, out of ``steps * parts``.
+    parts: int = 1
 
     def to_json(self) -> dict[str, Any]:
         data = dataclasses.asdict(self)
@@ -104,7 +107,8 @@ def run_steps(config: TrainConfig, data: DataBundle, model: nn.Module, steps: in
                          first_nonfinite=_with_part(watch.first(), trainer), halted=halted,
                          keep_fp32=list(c.precision.keep_fp32),
                          init_scale=(c.precision.init_scale
-                                     if trainer.precision.spec.loss_scaling else None))
+                                     if trainer.precision.spec.loss_scaling else None),
+                         parts=len(trainer.parts))
     return summary, attached
 
 
@@ -242,6 +246,7 @@ def diagnose(config: TrainConfig, steps: int = 20, *, data: DataBundle | None = 
     report["recommendations"]["flags"] = _flags(report["recommendations"], islands)
     report["recommendations"]["verified"] = {
         "skipped_steps": verified.skipped_steps, "steps": verified.steps,
+        "parts": verified.parts, "not_checked": verified.halted if verified.steps == 0 else None,
         "first_nonfinite": report["runs"]["16-mixed-recommended"]["first_nonfinite"],
         "clean": verified.skipped_steps == 0 and verified.halted is None}
     return report

@@ -106,3 +106,6 @@ def test_gan_overflow_names_the_part_and_the_loss(monkeypatch):
     assert report["runs"]["32-true"]["first_nonfinite"] is None
     line = next(s for s in summary_lines(report) if s.startswith("first non-finite"))
     assert "of part 'discriminator'" in line and "d_loss (loss_id 0)" in line
+    # Each step steps both parts' optimizers, and each part's skip counts.
+    assert report["runs"]["16-mixed"]["parts"] == 2
+    assert "4 of 4 optimizer steps (2 steps x 2 parts) skipped" in line
