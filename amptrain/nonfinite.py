@@ -78,12 +78,17 @@ def extremes(tensor: torch.Tensor) -> torch.Tensor:
 
 @dataclass(frozen=True)
 class NonFiniteEvent:
-    """Where a non-finite value first appeared: module, phase, optimizer step (1-based)."""
+    """Where a non-finite value first appeared: module, phase, optimizer step (1-based),
+    and the loss it belongs to (``loss_id`` of the backward that ran it or that followed
+    the forward; None when unknown). ``part`` is the model part holding the module (the
+    name in ``Task.models``), filled in by who knows the parts (diagnose)."""
 
     module: str
     phase: str           # "forward" (the module's output) or "backward" (its output's gradient)
     step: int
     loss_scale: float | None = None
+    loss_id: int | None = None
+    part: str | None = None
 
 
 class NonFiniteWatch:
@@ -93,14 +98,21 @@ class NonFiniteWatch:
     each check queues one device-side reduction (the tensor's :func:`extremes`, which
     are inf/NaN exactly when the tensor holds one), and :meth:`first` reads them all
     once. ``step_of()`` tells the hooks which optimizer step is running (0-based);
-    ``scale_of()`` may return the loss-scale tensor of that step.
+    ``scale_of()`` may return the loss-scale tensor of that step; ``loss_of()`` the
+    ``loss_id`` of the backward in flight (e.g. ``lambda: precision.backward_loss_id``),
+    else None. A gradient's check is the in-flight loss's; a forward output's is the loss
+    whose backward runs next (the loss that forward computed).
     """
 
     def __init__(self, model: nn.Module, step_of: Callable[[], int],
-                 scale_of: Callable[[], torch.Tensor | None] = lambda: None) -> None:
+                 scale_of: Callable[[], torch.Tensor | None] = lambda: None,
+                 loss_of: Callable[[], int | None] = lambda: None) -> None:
         self._step_of = step_of
         self._scale_of = scale_of
+        self._loss_of = loss_of
         self._events: list[tuple[str, str, int]] = []
+        self._losses: list[int | None] = []     # each event's loss_id
+        self._unassigned = 0                    # first forward event with no loss yet
         self._peaks: list[torch.Tensor] = []
         self._scales: dict[int, torch.Tensor | None] = {}
         self._handles: list[Any] = []
@@ -116,10 +128,17 @@ class NonFiniteWatch:
             # A GradScaler creates its scale at the first backward, after step 1's forward.
             scale = self._scale_of()
             self._scales[step] = scale.detach().clone() if scale is not None else None
+        loss = self._loss_of() if phase == "backward" else None
+        if loss is not None:  # the forwards since the last backward computed this loss
+            for i in range(self._unassigned, len(self._losses)):
+                if self._losses[i] is None and self._events[i][1] == "forward":
+                    self._losses[i] = loss
+            self._unassigned = len(self._losses)
         for t in tensors:
             if t.numel():
                 self._peaks.append(extremes(t))
                 self._events.append((label, phase, step))
+                self._losses.append(loss)
 
     def _forward_hook(self, label: str) -> Callable:
         def hook(module: nn.Module, args: Any, output: Any) -> None:
@@ -140,6 +159,8 @@ class NonFiniteWatch:
         """Forget the checks queued so far (a long run reads and resets them in turns,
         so what is held stays bounded)."""
         self._events.clear()
+        self._losses.clear()
+        self._unassigned = 0
         self._peaks.clear()
         self._scales.clear()
 
@@ -151,7 +172,9 @@ class NonFiniteWatch:
         bad = ~torch.isfinite(torch.stack([p.to(device) for p in self._peaks])).all(dim=1)
         if not bool(bad.any()):
             return None
-        label, phase, step = self._events[int(bad.to(torch.uint8).argmax())]
+        index = int(bad.to(torch.uint8).argmax())
+        label, phase, step = self._events[index]
         scale = self._scales.get(step)
         return NonFiniteEvent(label, phase, step + 1,
-                              None if scale is None else float(scale.item()))
+                              None if scale is None else float(scale.item()),
+                              loss_id=self._losses[index])

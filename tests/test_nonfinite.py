@@ -16,6 +16,7 @@ from amptrain.nonfinite import (
     first_nonfinite_module,
     floating_tensors,
 )
+from amptrain.precision import Precision
 
 
 class Sqrt(nn.Module):
@@ -153,3 +154,34 @@ def test_watch_without_any_checks_and_a_scale_that_appears_at_the_first_backward
     out.sum().backward()
     assert late.first() == NonFiniteEvent("amplify", "forward", 1, 8.0)
     late.remove()
+
+
+def two_losses(first: nn.Module, second: nn.Module) -> tuple[nn.Module, Precision]:
+    """Two parts, each with its optimizer, each loss backpropagated by the Precision with
+    its own loss_id (0: ``first``'s, 1: ``second``'s), as a GAN's step does."""
+    model = nn.ModuleDict({"first": first, "second": second})
+    precision = Precision("32-true", device="cpu")
+    for part in (first, second):
+        precision.setup(part, torch.optim.SGD(part.parameters(), lr=0.0))
+    return model, precision
+
+
+def test_watch_names_the_loss_of_the_backward_in_flight():
+    finite = nn.Linear(4, 2)
+    model, precision = two_losses(finite, root_of_relu())
+    watch = NonFiniteWatch(model, lambda: 0, loss_of=lambda: precision.backward_loss_id)
+    precision.backward(model["first"](X).sum(), loss_id=0)
+    assert watch.first() is None and precision.backward_loss_id is None  # only during backward
+    precision.backward(model["second"](X).sum(), loss_id=1)
+    assert watch.first() == NonFiniteEvent("second.relu", "backward", 1, None, loss_id=1)
+    watch.remove()
+
+
+def test_watch_gives_a_forward_event_the_loss_whose_backward_follows():
+    model, precision = two_losses(nn.Linear(4, 2), overflowing())
+    watch = NonFiniteWatch(model, lambda: 0, loss_of=lambda: precision.backward_loss_id)
+    precision.backward(model["first"](X).sum(), loss_id=0)
+    out = model["second"](X)  # inf from second.amplify on: the forward of loss 1
+    precision.backward(out.sum(), loss_id=1)
+    assert watch.first() == NonFiniteEvent("second.amplify", "forward", 1, None, loss_id=1)
+    watch.remove()

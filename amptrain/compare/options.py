@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 import math
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 # torch-free: `compare --help` builds its flags from CompareOptions without importing torch
 # (the precision layer is imported where a precision is resolved).
@@ -27,6 +27,9 @@ SUMMARY_FIELDS = ("precision", "samples_per_s", "speedup", "step_time_ms", "peak
                   "val_acc_mean", "val_acc_std", "delta_acc_pp", "final_loss_mean",
                   "skipped_steps", "speedup_low", "speedup_high", "timing_reliable",
                   "timing_note", "verdict", "data_wait_frac")
+#: The tolerance a task gets when neither the user nor the task names one (``--tolerance-pp``
+#: 0.5 percentage points of accuracy; ``--tolerance-rel`` two percent of perplexity or RMSE).
+SHARED_TOLERANCES = {"tolerance_pp": 0.5, "tolerance_rel": 0.02}
 #: A run logs about this many training records, so every loss curve has enough points.
 CURVE_POINTS = 100
 #: The most timed (or warm-up) steps per precision: a median settles within tens of steps,
@@ -46,11 +49,14 @@ class CompareOptions:
                         group="compare")
     baseline: str = option("32-true", "precision that speedup, mem_ratio and delta_acc_pp are "
                            "relative to (added to --precisions when missing)", group="compare")
-    tolerance_pp: float = option(0.5, "verdict ok when |accuracy difference to the baseline| is "
-                                 "at most this many percentage points", group="compare")
-    tolerance_rel: float = option(0.02, "verdict ok when the relative change of perplexity (lm) "
-                                  "or RMSE (regression) against the baseline is at most this "
-                                  "(0.02: two percent)", group="compare")
+    tolerance_pp: float = option(SHARED_TOLERANCES["tolerance_pp"], "verdict ok when "
+                                 "|accuracy difference to the baseline| is at most this many "
+                                 "percentage points", group="compare")
+    tolerance_rel: float | None = option(None, "verdict ok when the relative change of the "
+                                         "task's metric (perplexity, RMSE, Fréchet distance) "
+                                         "against the baseline is at most this (default: the "
+                                         "task's own, e.g. 0.25 for gan, else 0.02)", kind=float,
+                                         group="compare")
     interleave: bool = option(True, "alternate the timed steps between precisions "
                               "(--no-interleave times one precision after the other and holds "
                               "one model at a time)", group="compare")
@@ -72,6 +78,8 @@ class CompareOptions:
                                 f"settle within tens of steps; the study would run for hours)")
         for name in ("tolerance_pp", "tolerance_rel"):
             value = getattr(self, name)
+            if value is None and name == "tolerance_rel":
+                continue  # the task's default (resolve_tolerance)
             if not (isinstance(value, (int, float)) and math.isfinite(value) and value >= 0):
                 raise UserError(f"{flag(name)} must be a number >= 0 (got {value!r})")
         if not [p for p in str(self.precisions).split(",") if p.strip()]:
@@ -85,6 +93,37 @@ class CompareOptions:
     @property
     def timed_steps(self) -> int:
         return self.bench_steps if self.bench_steps is not None else self.timing_steps
+
+
+@dataclass(frozen=True)
+class Tolerance:
+    """The verdict's tolerance in the task's unit, the option that holds it and why it is
+    this value (given on the command line, the task's default, or the shared default)."""
+
+    value: float
+    option: str
+    source: str      # "given", "task" or "shared"
+    why: str
+
+
+def resolve_tolerance(options: CompareOptions, task: Any) -> Tolerance:
+    """The tolerance of ``task``'s verdict: the option the task names
+    (``task.tolerance_option``) when given, else the task's ``default_<option>`` (a GAN's
+    Fréchet distance varies far more between seeds than perplexity), else
+    :data:`SHARED_TOLERANCES` (a value equal to it, such as ``--tolerance-pp``'s default,
+    is reported as the shared default)."""
+    name = task.tolerance_option
+    given = getattr(options, name, None)
+    if given is not None and given != SHARED_TOLERANCES[name]:
+        return Tolerance(float(given), name, "given", f"{flag(name)} {given:g} as given")
+    own = getattr(task, f"default_{name}", None)
+    if own is not None and given is None:
+        return Tolerance(float(own), name, "task",
+                         f"the {task.name} task's default {flag(name)} {own:g}: its metric "
+                         f"varies this much between seeds of the same recipe (measured; see "
+                         f"{type(task).__name__}.default_{name})")
+    shared = SHARED_TOLERANCES[name]
+    return Tolerance(shared, name, "shared", f"the shared default {flag(name)} {shared:g}")
 
 
 def resolve_precisions(options: CompareOptions, device: torch.device,

@@ -13,7 +13,7 @@ from ..config import RunConfig, to_dict
 from ..devices import resolve_device
 from ..env import collect_env
 from ..errors import UserError
-from .options import CURVE_POINTS, CompareOptions, resolve_precisions
+from .options import CURVE_POINTS, CompareOptions, resolve_precisions, resolve_tolerance
 from .reliability import assess_timing, machine_load, usable_cores
 from .runs import train_runs
 from .summary import summarise
@@ -79,9 +79,12 @@ def run_compare(config: RunConfig, options: CompareOptions, *, command: str | No
     runs = [] if options.speed_only else train_runs(config, precisions, seeds, out,
                                                     print_every=print_every)
 
+    tolerance = resolve_tolerance(options, task)
+    log.info("compare: verdict tolerance %s", tolerance.why)
+    # compare.json's keys are fixed (docs/design.md); which tolerance judged the verdicts
+    # and why goes to study.json's "task" and to the reports.
     result = {"baseline": baseline, "runs": runs,
-              "summary": summarise(baseline, precisions, runs, speed,
-                                   getattr(options, task.tolerance_option), task)}
+              "summary": summarise(baseline, precisions, runs, speed, tolerance.value, task)}
     (out / "compare.json").write_text(json.dumps(result, indent=2) + "\n")
     study = {
         "command": command, "started": time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(started)),
@@ -91,8 +94,8 @@ def run_compare(config: RunConfig, options: CompareOptions, *, command: str | No
         # What the reports label: the task and its primary metric.
         "task": {"name": task.name, "metric": task.primary.key, "label": task.primary.label,
                  "delta_field": task.delta_field,
-                 "tolerance": getattr(options, task.tolerance_option),
-                 "tolerance_option": task.tolerance_option},
+                 "tolerance": tolerance.value, "tolerance_option": task.tolerance_option,
+                 "tolerance_source": tolerance.source, "tolerance_why": tolerance.why},
         "timing_load": timing_load,
         "memory_method": memory_method(device), "env": collect_env(),
     }

@@ -14,7 +14,7 @@ import torch
 
 from ..config import RunConfig
 from ..errors import TrainingHalted
-from ..runner import prepare_run, run_training
+from ..runner import assemble, run_training
 from ..batches import DatasetWindows
 from ..forward import forward_batch
 from ..trainer import Trainer
@@ -111,9 +111,14 @@ def train_runs(config: RunConfig, precisions: list[str], seeds: list[int], out: 
     runs: list[dict[str, Any]] = []
     total = len(precisions) * len(seeds)
     for seed in seeds:
-        _, reference_model = prepare_run(config.with_options(seed=seed))
+        reference_run = assemble(config.with_options(seed=seed))
+        # What the Trainer does to a model before its first step: the task learns from the
+        # data and takes the model's parts (a GAN maps its generator to the data's range).
+        reference_run.task.fit(reference_run.data.train)
+        reference_run.task.models(reference_run.model)
+        reference_model = reference_run.model
         reference = {k: v.detach().clone() for k, v in reference_model.state_dict().items()}
-        del reference_model
+        del reference_model, reference_run
         for precision in precisions:
             run_dir = out / "runs" / precision / f"seed-{seed}"
             run_config = config.with_options(**row_options(precision), seed=seed,

@@ -18,7 +18,7 @@ from ..config import RunConfig, replace_options
 from ..errors import TrainingHalted
 from ..memory import MemoryMeter
 from ..precision.tf32 import MathSwitches
-from ..runner import prepare_run
+from ..runner import assemble
 from ..tasks import Task
 from ..trainer import Trainer
 from .ladder import inner_tensors, memory_ladder
@@ -82,9 +82,9 @@ def build_contender(config: RunConfig, precision: str, needed_windows: int) -> C
     """A Trainer set up exactly as a training run's (same seed, same model), writing nothing."""
     run_config = replace_options(config, **row_options(precision), out=None, resume=None,
                                      no_progress=True)
-    data, model = prepare_run(run_config)
+    run = assemble(run_config)  # the run's task too (--model dcgan trains the gan task)
     trainer = Trainer(run_config)
-    trainer.setup(model, data.train)
+    trainer.setup(run.model, run.data.train, task=run.task)
     switches = MathSwitches()
     epochs = trainer.train_windows
     assert epochs is not None  # set up

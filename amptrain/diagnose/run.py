@@ -29,7 +29,8 @@ from ..precision import NonFiniteHalt
 from ..precision.advice import emulation_warning, range_safe_choice
 from ..precision.support import device_features, supported_precisions
 from ..nonfinite import NonFiniteEvent, NonFiniteWatch
-from ..runner import prepare_run
+from ..runner import assemble
+from ..tasks import Task
 from ..trainer import Trainer
 from .ranges import FORMATS, FP16, SAMPLE_LIMIT, RangeRecorder, fractions
 from .recommend import (
@@ -55,6 +56,9 @@ class RunSummary:
     halted: str | None
     keep_fp32: list[str]
     init_scale: float | None
+    #: Optimizers stepped per training step (a GAN's 2): ``skipped_steps`` counts each
+    #: part's skipped optimizer steps, out of ``steps * parts``.
+    parts: int = 1
 
     def to_json(self) -> dict[str, Any]:
         data = dataclasses.asdict(self)
@@ -65,12 +69,14 @@ class RunSummary:
 
 def run_steps(config: TrainConfig, data: DataBundle, model: nn.Module, steps: int,
               precision: str, attach: Callable[[Trainer], Any] | None = None,
-              **overrides: Any) -> tuple[RunSummary, Any]:
+              task: Task | None = None, **overrides: Any) -> tuple[RunSummary, Any]:
     """Train ``model`` for ``steps`` steps with the Trainer; returns (summary, attached).
 
-    ``attach(trainer)`` installs hooks on the prepared model and returns an object with
-    ``remove()``. Nothing is written to disk; a run that halts on non-finite values is
-    reported, not raised.
+    ``task`` (default: the one the data says) owns the training step: a GAN's runs are its
+    own D and G steps. ``attach(trainer)`` installs hooks on the prepared model and
+    returns an object with ``remove()``. Nothing is written to disk; a run that halts on
+    non-finite values is reported, not raised. The first non-finite event names its
+    module, the part holding it and the ``loss_id`` of its loss.
     """
     options = dict(precision=precision, max_steps=steps, epochs=steps, out=None,
                    no_progress=True, log_every=steps, eval_every=None, save_every=None,
@@ -80,10 +86,11 @@ def run_steps(config: TrainConfig, data: DataBundle, model: nn.Module, steps: in
         # diagnose runs 16-mixed and bf16-mixed on purpose, to study their numerics; the
         # report says once whether this device only emulates them (device_note, bf16 verdict)
         warnings.filterwarnings("ignore", r".* is emulated on this", AmptrainWarning)
-        trainer.setup(model, data.train)
+        trainer.setup(model, data.train, task=task)
     assert trainer.model is not None  # set by setup()
     watch = NonFiniteWatch(trainer.model, lambda: trainer.step,
-                           lambda: trainer.precision.loss_scale_tensor)
+                           lambda: trainer.precision.loss_scale_tensor,
+                           lambda: trainer.precision.backward_loss_id)
     attached = attach(trainer) if attach is not None else None
     halted = None
     try:
@@ -97,11 +104,41 @@ def run_steps(config: TrainConfig, data: DataBundle, model: nn.Module, steps: in
     c = trainer.config
     summary = RunSummary(precision=trainer.precision.name, steps=trainer.step,
                          skipped_steps=trainer.precision.skipped_steps,
-                         first_nonfinite=watch.first(), halted=halted,
+                         first_nonfinite=_with_part(watch.first(), trainer), halted=halted,
                          keep_fp32=list(c.precision.keep_fp32),
                          init_scale=(c.precision.init_scale
-                                     if trainer.precision.spec.loss_scaling else None))
+                                     if trainer.precision.spec.loss_scaling else None),
+                         parts=len(trainer.parts))
     return summary, attached
+
+
+def part_of(trainer: Trainer, label: str) -> str | None:
+    """The part (its name in ``Task.models``) holding the module the watch labelled
+    ``label`` (a qualified name in ``trainer.model``, or the root's class name)."""
+    assert trainer.model is not None
+    modules = dict(trainer.model.named_modules())
+    module = modules.get(label, trainer.model if label == type(trainer.model).__name__
+                         else None)
+    if module is None:
+        return None
+    for name, part in trainer.parts.items():
+        if any(m is module for m in part.module.modules()):
+            return name
+    return None  # the root of several parts (the whole model)
+
+
+def _with_part(event: NonFiniteEvent | None, trainer: Trainer) -> NonFiniteEvent | None:
+    return None if event is None else dataclasses.replace(event,
+                                                          part=part_of(trainer, event.module))
+
+
+def loss_name(task: Task | None, loss_id: int | None) -> str | None:
+    """A loss's name by its ``loss_id``: the task's ``loss_names`` (a GAN's ``d_loss``,
+    ``g_loss``), else ``loss`` for a one-loss task's ``loss_id`` 0."""
+    if loss_id is None:
+        return None
+    names = getattr(task, "loss_names", None) or {0: "loss"}
+    return names.get(loss_id, f"loss {loss_id}")
 
 
 #: The most steps per diagnosis run: overflow shows within tens of steps, and a mistyped
@@ -110,13 +147,14 @@ MAX_STEPS = 10_000
 
 
 def diagnose(config: TrainConfig, steps: int = 20, *, data: DataBundle | None = None,
-             model: nn.Module | None = None) -> dict[str, Any]:
+             model: nn.Module | None = None, task: Task | None = None) -> dict[str, Any]:
     """Run the four diagnosis runs and build the report (a JSON-ready dict).
 
     ``config`` (a :class:`RunConfig`) names the model and data, built with
-    :func:`~amptrain.runner.prepare_run`, unless ``data`` and ``model`` are given (then a
-    plain :class:`TrainConfig` will do). Its training options (batch size, lr, seed,
-    scaler settings, keep_fp32...) apply to every run.
+    :func:`~amptrain.runner.assemble` (with the task the model or data picks), unless
+    ``data`` and ``model`` are given (then a plain :class:`TrainConfig` will do, and
+    ``task`` picks the training step: default, the data's). Its training options (batch
+    size, lr, seed, scaler settings, keep_fp32...) apply to every run.
     """
     if steps < 1:
         raise UserError(f"--steps must be an integer >= 1 (got {steps})")
@@ -126,7 +164,8 @@ def diagnose(config: TrainConfig, steps: int = 20, *, data: DataBundle | None = 
     if data is None or model is None:
         if not isinstance(config, RunConfig):
             raise UserError("diagnose needs a model and data, or a RunConfig naming them")
-        data, model = prepare_run(config)
+        run = assemble(config)
+        data, model, task = run.data, run.model, run.task
     initial = copy.deepcopy(model)
 
     def record_ranges(trainer: Trainer) -> RangeRecorder:
@@ -134,10 +173,11 @@ def diagnose(config: TrainConfig, steps: int = 20, *, data: DataBundle | None = 
         return RangeRecorder(trainer.model)
 
     stats_run, recorder = run_steps(config, data, copy.deepcopy(initial), steps, "32-true",
-                                    attach=record_ranges)
+                                    attach=record_ranges, task=task)
     stats = recorder.read()
     device = resolve_device(config.device)
-    fp16_run, _ = run_steps(config, data, copy.deepcopy(initial), steps, "16-mixed")
+    fp16_run, _ = run_steps(config, data, copy.deepcopy(initial), steps, "16-mixed",
+                            task=task)
     first = fp16_run.first_nonfinite
 
     modules = {(n or type(m).__name__): m for n, m in initial.named_modules()}
@@ -150,12 +190,19 @@ def diagnose(config: TrainConfig, steps: int = 20, *, data: DataBundle | None = 
     verify_options: dict[str, Any] = {"keep_fp32": islands, "init_scale": scale["init_scale"]}
     if scale["init_scale"] < config.precision.min_scale:
         verify_options["min_scale"] = scale["init_scale"]
-    verified, _ = run_steps(config, data, copy.deepcopy(initial), steps, "16-mixed",
-                            **verify_options)
+    try:
+        verified, _ = run_steps(config, data, copy.deepcopy(initial), steps, "16-mixed",
+                                task=task, **verify_options)
+    except UserError as exc:
+        # The precision matches --keep-fp32 within each part of a several-part model (a
+        # GAN's discriminator, generator): a whole-model name cannot be checked there.
+        verified = RunSummary("16-mixed", 0, 0, None, f"could not be checked: {exc}",
+                              list(islands), scale["init_scale"])
     bf16_run = None
     supported = _supported_here(device)
     if supported["bf16-mixed"] or device.type == "cpu":
-        bf16_run, _ = run_steps(config, data, copy.deepcopy(initial), steps, "bf16-mixed")
+        bf16_run, _ = run_steps(config, data, copy.deepcopy(initial), steps, "bf16-mixed",
+                                task=task)
 
     for name, s in stats.items():
         island = _in_island(name, islands)
@@ -177,7 +224,8 @@ def diagnose(config: TrainConfig, steps: int = 20, *, data: DataBundle | None = 
         "sample_limit": SAMPLE_LIMIT,
         "formats": {f.name: {"max": f.max, "min_normal": f.min_normal,
                              "flush_below": f.flush_below} for f in FORMATS},
-        "first_nonfinite": dataclasses.asdict(first) if first else None,
+        "first_nonfinite": ({**dataclasses.asdict(first),
+                             "loss": loss_name(task, first.loss_id)} if first else None),
         "runs": {"32-true": stats_run.to_json(), "16-mixed": fp16_run.to_json(),
                  "16-mixed-recommended": verified.to_json(),
                  "bf16-mixed": bf16_run.to_json() if bf16_run else None},
@@ -198,6 +246,7 @@ def diagnose(config: TrainConfig, steps: int = 20, *, data: DataBundle | None = 
     report["recommendations"]["flags"] = _flags(report["recommendations"], islands)
     report["recommendations"]["verified"] = {
         "skipped_steps": verified.skipped_steps, "steps": verified.steps,
+        "parts": verified.parts, "not_checked": verified.halted if verified.steps == 0 else None,
         "first_nonfinite": report["runs"]["16-mixed-recommended"]["first_nonfinite"],
         "clean": verified.skipped_steps == 0 and verified.halted is None}
     return report

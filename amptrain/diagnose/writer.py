@@ -22,23 +22,27 @@ def summary_lines(report: dict[str, Any]) -> list[str]:
     if first:
         scale = f", loss scale {first['loss_scale']:g}" if first["loss_scale"] else ""
         lines.append(f"first non-finite in 16-mixed: module '{first['module']}' "
-                     f"({first['phase']}) at step {first['step']}{scale}; "
-                     f"{fp16['skipped_steps']} of {fp16['steps']} steps skipped"
+                     f"({first['phase']}){_part_and_loss(first)} at step {first['step']}{scale}; "
+                     f"{fp16['skipped_steps']} of {_steps(fp16)} skipped"
                      + (" (halted)" if fp16["halted"] else ""))
     else:
         lines.append(f"16-mixed: no non-finite values in {fp16['steps']} steps")
     fp32 = report["runs"]["32-true"]
     if fp32["skipped_steps"]:
         lines.append(f"32-true itself had {fp32['skipped_steps']} non-finite steps of "
-                     f"{fp32['steps']}: that is not a precision problem (lower --lr, "
+                     f"{_steps(fp32)}: that is not a precision problem (lower --lr, "
                      f"--clip-grad-norm)")
     lines += finding_lines(report)
     ls = recs["loss_scale"]
     lines.append(f"initial loss scale: {recs['init_scale']:g} -- {ls['reason']}")
     v = recs["verified"]
     lines.append(f"recommended: {recs['flags']}")
-    lines.append(f"  checked: {v['steps']} steps of 16-mixed with it -> {v['skipped_steps']} "
-                 f"non-finite steps")
+    if v.get("not_checked"):
+        lines.append(f"  not checked: {v['not_checked']}")
+    else:
+        lines.append(f"  checked: {v['steps']} steps of 16-mixed with it -> "
+                     f"{v['skipped_steps']} non-finite steps"
+                     + (f" (of {_steps(v)})" if v.get("parts", 1) > 1 else ""))
     if recs.get("device_note"):  # these flags are fp16's; this device may only emulate fp16
         lines.append(f"  note: {recs['device_note']}")
     b = recs["bf16"]
@@ -154,3 +158,27 @@ def strict_json(value: Any) -> Any:
     if isinstance(value, float) and not math.isfinite(value):
         return str(value)
     return value
+
+
+def _part_and_loss(first: dict[str, Any]) -> str:
+    """Which part and which loss (`` of part 'discriminator', in the backward of d_loss
+    (loss_id 0)``) where a run has several to tell apart (a GAN); nothing for a
+    one-model, one-loss run."""
+    part, loss, loss_id = first.get("part"), first.get("loss"), first.get("loss_id")
+    words = []
+    if part not in (None, "model"):
+        words.append(f"of part '{part}'")
+    if loss_id is not None and (loss_id != 0 or loss not in (None, "loss")):
+        words.append(f"in the backward of {loss} (loss_id {loss_id})"
+                     if first.get("phase") == "backward"
+                     else f"computing {loss} (loss_id {loss_id})")
+    return (" " + ", ".join(words)) if words else ""
+
+
+def _steps(run: dict[str, Any]) -> str:
+    """A run's steps as skipped steps count them: ``20 steps``, or ``40 optimizer steps
+    (20 steps x 2 parts)`` where each step steps several optimizers (a GAN)."""
+    parts = run.get("parts") or 1
+    if parts == 1:
+        return f"{run['steps']} steps"
+    return f"{run['steps'] * parts} optimizer steps ({run['steps']} steps x {parts} parts)"

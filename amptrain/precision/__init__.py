@@ -116,6 +116,9 @@ class Precision:
         self._pairs = Pairs()
         self._patches = ForwardPatches()
         self._order = CallOrder()
+        #: The ``loss_id`` of the backward now running, else None (read by the non-finite
+        #: watch's gradient hooks to name the loss that overflowed).
+        self.backward_loss_id: int | None = None
         self._agree: FoundInfAgreement | None = None
         self._elsewhere: dict[int, str] = {}    # id(parameter) -> who keeps its fp32 weights
         self._scaler_class: type | None = None
@@ -277,8 +280,12 @@ class Precision:
         """Backpropagate ``loss``, scaled where the mode uses loss scaling (with its own
         scale per ``loss_id`` when ``separate_loss_scales``)."""
         self._order.backward(loss)
-        self._scales.backward(loss, loss_id, self._pairs.grad_links() if self._scales.separate
-                              else [], [p.policy for p in self._pairs])
+        self.backward_loss_id = loss_id
+        try:
+            self._scales.backward(loss, loss_id, self._pairs.grad_links()
+                                  if self._scales.separate else [], [p.policy for p in self._pairs])
+        finally:
+            self.backward_loss_id = None
 
     def scale_loss(self, loss: torch.Tensor, loss_id: int = 0) -> torch.Tensor:
         """``loss`` times its loss scale (itself without one), for a backward of your own."""

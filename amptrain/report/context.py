@@ -66,6 +66,7 @@ def _method_lines(study: Study) -> list[str]:
         ("Every run of a seed starts from identical initial weights and sees the same data "
          "order (checked per run: see compare.json runs[].same_initial_weights, "
          "data_order_sha256, first_step_loss_fp32)."),
+        f"Verdict tolerance: {study.tolerance_why}.",
     ]
     if d.get("duration_s") is not None:
         lines.append(f"Whole study: {d['duration_s']:.0f} s, started {d.get('started', '?')}.")

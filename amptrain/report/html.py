@@ -7,7 +7,7 @@ import html
 
 from .context import _config_line, _device_line, _method_lines, _title, env_rows
 from .plots import panel_row
-from .load import Study, _num, delta_of, run_metric_cell
+from .load import SAMPLES_PNG, Study, _num, delta_of, run_metric_cell, sample_grids
 from .tables import _cells, columns, fastest, recommendation, timing_warning
 
 #: Inline rather than a linked stylesheet: the page must stay one self-contained file.
@@ -59,6 +59,10 @@ table.env td { text-align:left; white-space:normal; } table.env td:first-child {
 .warning { background:var(--badbg); color:var(--bad); border-radius:10px; padding:10px 14px;
            font-weight:600; }
 footer { color:var(--muted); font-size:13px; margin-top:28px; }
+.grids { display:flex; flex-wrap:wrap; gap:16px; }
+.grids figure { margin:0; flex:1 1 220px; max-width:360px; }
+.grids img { image-rendering:pixelated; border:1px solid var(--line); border-radius:6px; }
+.grids figcaption { font-size:13px; color:var(--muted); margin-top:6px; }
 """
 
 
@@ -127,6 +131,23 @@ def _html_runs(study: Study) -> str:
             f"<tbody>{''.join(rows)}</tbody></table></div>")
 
 
+def _html_samples(study: Study) -> str:
+    """Each precision's sample grid side by side (embedded, so the page stays one file)."""
+    grids = sample_grids(study)
+    if not grids:
+        return ""
+    figures = []
+    for p, run, path in grids:
+        png = path.read_bytes()
+        caption = (f"{p}, seed {run['seed']}: val {study.task.primary.label} "
+                   f"{run_metric_cell(run, study.task)}")
+        figures.append(f"<figure>{_img(png, f'generated samples, {p}')}"
+                       f"<figcaption>{html.escape(caption)}</figcaption></figure>")
+    return (f'<h2>Samples</h2><div class="card"><div class="grids">{"".join(figures)}</div>'
+            f'<p class="sub">The final evaluation\'s generated images of each precision\'s '
+            f"first seed ({SAMPLES_PNG} of its run).</p></div>")
+
+
 def render_html(study: Study) -> str:
     """report.html: one self-contained page (styles inline, plots as base64 PNGs)."""
     headline = recommendation(study.summary, study.baseline, study.tolerance, study.emulated)
@@ -152,6 +173,7 @@ relative to <b>{esc(study.baseline)}</b> measured in the same invocation</p>
 <div class="card">{_img(speed_png, f"throughput, peak memory and {metric} per precision")}</div>
 <h2>Training curves</h2>
 <div class="card">{_img(curves_png, "training loss and fp16 loss scale over steps")}</div>
+{_html_samples(study)}
 {_html_runs(study)}
 <h2>How it was measured</h2>
 <div class="card"><ul class="method">{method}</ul>{command}</div>

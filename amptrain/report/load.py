@@ -80,10 +80,28 @@ class Study:
     @property
     def tolerance(self) -> float:
         """The verdict's tolerance in the task's unit (``--tolerance-pp`` or
-        ``--tolerance-rel``)."""
+        ``--tolerance-rel``): the one study.json says judged the verdicts, else the option
+        as given, else the task's default (:func:`~amptrain.compare.options.resolve_tolerance`)."""
+        recorded = (self.details.get("task") or {}).get("tolerance")
+        if isinstance(recorded, (int, float)):
+            return float(recorded)
+        return self._resolved().value
+
+    @property
+    def tolerance_why(self) -> str:
+        """Why the verdicts' tolerance is this value (study.json's ``task.tolerance_why``,
+        else worked out again from the options)."""
+        why = (self.details.get("task") or {}).get("tolerance_why")
+        return str(why) if why else self._resolved().why
+
+    def _resolved(self) -> Any:
+        from ..compare.options import CompareOptions, resolve_tolerance
+
         options = self.details.get("options") or {}
-        default = 0.5 if self.task.tolerance_option == "tolerance_pp" else 0.02
-        return float(options.get(self.task.tolerance_option, default))
+        name = self.task.tolerance_option
+        given = options.get(name)
+        return resolve_tolerance(CompareOptions(**{name: given}) if given is not None
+                                 else CompareOptions(), self.task)
 
     def colour(self, precision: str) -> str:
         if precision in _COLOURS:
@@ -167,6 +185,24 @@ def load_study(out: str | Path) -> Study:
         curves.setdefault(run["precision"], {})[run["seed"]] = read_curves(
             run_dir / "metrics.jsonl")
     return Study(out, compare, details, curves)
+
+
+#: Where a run's evaluation leaves its sample grid (a generative task's eval/samples.png).
+SAMPLES_PNG = "eval/samples.png"
+
+
+def sample_grids(study: Study) -> list[tuple[str, dict[str, Any], Path]]:
+    """(precision, run, path) of each precision's first run (lowest seed) that left a
+    sample grid (:data:`SAMPLES_PNG`), in the summary's order; empty when no run did."""
+    grids = []
+    runs = study.compare.get("runs", [])
+    for p in study.precisions:
+        for run in sorted((r for r in runs if r["precision"] == p), key=lambda r: r["seed"]):
+            png = study.out / run.get("dir", f"runs/{p}/seed-{run['seed']}") / SAMPLES_PNG
+            if png.is_file():
+                grids.append((p, run, png))
+                break
+    return grids
 
 
 # --------------------------------------------------------------- formatting

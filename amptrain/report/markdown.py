@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from .context import _config_line, _method_lines, _title, env_rows
-from .load import Study, _num, run_metric_cell
+from .load import Study, _num, run_metric_cell, sample_grids
 from .tables import markdown_table, recommendation, timing_warning
 
 
@@ -30,6 +30,14 @@ def render_markdown(study: Study) -> str:
                          f"{r.get('skipped_steps', 'n/a')} | {r.get('steps', 'n/a')} | "
                          f"{_num(r.get('wall_s'), '.1f', ' s')} | {same} | `{r['dir']}` |")
         parts.append("")
+    grids = sample_grids(study)
+    if grids:  # each precision's generated samples (a generative task's runs)
+        parts += ["## Samples", "", "| " + " | ".join(f"`{p}`" for p, _, _ in grids) + " |",
+                  "|" + "---|" * len(grids),
+                  "| " + " | ".join(f"![{p} samples]({path.relative_to(study.out).as_posix()})"
+                                    for p, _, path in grids) + " |",
+                  "| " + " | ".join(f"seed {run['seed']}: {run_metric_cell(run, study.task)}"
+                                    for _, run, _ in grids) + " |", ""]
     parts += ["## How it was measured", ""] + [f"- {line}" for line in _method_lines(study)]
     if study.details.get("command"):
         parts += ["", "```bash", study.details["command"], "```"]

@@ -98,6 +98,7 @@ class GanTask(Task):
     metrics = (Metric("fd", "Fréchet distance", higher_is_better=False),)
     delta_unit = "rel"
     tolerance_option = "tolerance_rel"
+    loss_names = {0: "d_loss", 1: "g_loss"}  # by loss_id (diagnose names the loss that overflows)
     data_holds = "images"
     data_needs = "gan needs images (--data digits, idx:, cifar10: or imagefolder:)"
     output_noun = "discriminator logits per image"

@@ -71,3 +71,25 @@ def test_auto_resolves_to_what_the_device_would_train_in():
 
     _, names = resolve_precisions(CompareOptions(precisions="auto,32-true"), CPU)
     assert names == list(dict.fromkeys(["32-true", auto_mode(CPU)]))
+
+
+def test_tolerance_is_the_given_one_else_the_tasks_else_the_shared_default():
+    from amptrain.compare.options import SHARED_TOLERANCES, resolve_tolerance
+    from amptrain.tasks import ClassificationTask, GanTask, LanguageModelTask
+
+    assert CompareOptions().tolerance_rel is None  # the task decides unless given
+    gan = resolve_tolerance(CompareOptions(), GanTask())
+    assert (gan.value, gan.option, gan.source) == (GanTask.default_tolerance_rel,
+                                                   "tolerance_rel", "task")
+    assert "gan task's default" in gan.why and "seeds" in gan.why
+    lm = resolve_tolerance(CompareOptions(), LanguageModelTask())
+    assert (lm.value, lm.source) == (SHARED_TOLERANCES["tolerance_rel"], "shared") == (0.02,
+                                                                                      "shared")
+    given = resolve_tolerance(CompareOptions(tolerance_rel=0.1), GanTask())
+    assert (given.value, given.source) == (0.1, "given") and "as given" in given.why
+    pp = resolve_tolerance(CompareOptions(tolerance_pp=1.0), ClassificationTask())
+    assert (pp.value, pp.option, pp.source) == (1.0, "tolerance_pp", "given")
+    default_pp = resolve_tolerance(CompareOptions(), ClassificationTask())
+    assert (default_pp.value, default_pp.source) == (0.5, "shared")
+    with pytest.raises(UserError, match="tolerance_rel must be a number >= 0"):
+        CompareOptions(tolerance_rel=-0.5)

@@ -1,7 +1,9 @@
 """compare/study.py: the whole study, from options to compare.json, study.json and reports."""
 from __future__ import annotations
 
+import base64
 import json
+import re
 
 import pytest
 import yaml
@@ -11,7 +13,7 @@ from amptrain import report
 from amptrain.compare import CompareOptions, check_out, run_compare
 from amptrain.config import replace_options
 from amptrain.errors import UserError
-from amptrain.tasks import ClassificationTask
+from amptrain.tasks import ClassificationTask, GanTask
 from tests.compare.conftest import PRECISIONS, SEEDS, SUMMARY_FIELDS, small_config
 
 verdict = ClassificationTask().verdict
@@ -91,3 +93,34 @@ def test_run_compare_refuses_before_measuring_anything(tmp_path, overrides, mess
     with pytest.raises(UserError, match=message):
         run_compare(config, CompareOptions(bench_steps=1, timing_warmup=0))
     assert not (tmp_path / "study").exists()
+
+
+@pytest.mark.slow
+def test_a_gan_is_judged_by_val_fd_with_the_tasks_tolerance_and_shows_its_grids(tmp_path):
+    """compare --model dcgan: the gan task's metric and default tolerance (said why in
+    study.json and report.md), and one embedded sample grid per precision in report.html."""
+    out = tmp_path / "gan"
+    config = small_config(out, model="dcgan:width=8,latent=8", max_steps=3, batch_size=32)
+    result = run_compare(config, CompareOptions(precisions="32-true,bf16-mixed", seeds=1,
+                                                timing_steps=2, timing_warmup=1))
+    task = GanTask()
+    rows = {r["precision"]: r for r in result["summary"]}
+    assert list(rows) == ["32-true", "bf16-mixed"]
+    for row in rows.values():
+        assert row["val_fd_mean"] > 0 and "val_acc_mean" not in row
+        assert row["verdict"] == task.verdict(row["delta_fd_rel"],
+                                              GanTask.default_tolerance_rel)
+    for run in result["runs"]:
+        assert run["val_fd"] > 0 and run["same_initial_weights"] is True
+    details = json.loads((out / "study.json").read_text())["task"]
+    assert (details["name"], details["tolerance"], details["tolerance_source"]) == \
+        ("gan", GanTask.default_tolerance_rel, "task")
+    assert re.search(r"tolerance: the gan task's default \S*tolerance.rel 0\.25: its metric "
+                     r"varies", (out / "report.md").read_text())
+    page = (out / "report.html").read_text()
+    figures = re.findall(r'<figure><img alt="generated samples, ([^"]+)" '
+                         r'src="data:image/png;base64,([^"]+)">', page)
+    assert [p for p, _ in figures] == ["32-true", "bf16-mixed"]
+    for p, data in figures:  # each precision's own grid, embedded (the page stays one file)
+        assert base64.b64decode(data) == \
+            (out / "runs" / p / "seed-0" / "eval" / "samples.png").read_bytes()

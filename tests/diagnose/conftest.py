@@ -62,3 +62,15 @@ def inflated_gpt(factor: float, seed: int = 0) -> nn.Module:
         for block in model.blocks:
             block.attn.qkv.weight[:64] *= factor  # rows 0-31 make q, 32-63 make k
     return model
+
+
+def overflowing_gan(num_classes: int, input_shape: tuple[int, ...]) -> nn.Module:
+    """A ``module:`` factory: a small DCGAN whose discriminator multiplies its features by
+    1e6 before the head, so its logits leave fp16's range (trained with ``--task gan``)."""
+    from amptrain.models.dcgan import DCGAN
+
+    torch.manual_seed(0)
+    gan = DCGAN(input_shape[0], input_shape[1], input_shape[2], 8, 8)
+    gan.discriminator.head = nn.Sequential(OrderedDict(amplify=Scale(1e6),
+                                                       head=gan.discriminator.head))
+    return gan

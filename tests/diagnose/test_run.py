@@ -3,9 +3,13 @@ from __future__ import annotations
 
 import math
 
+import pytest
+
+from amptrain.config import RunConfig
 from amptrain.diagnose.ranges import FP16_MAX
 from amptrain.diagnose.run import diagnose
-from amptrain.diagnose.writer import write_reports
+from amptrain.diagnose.writer import summary_lines, write_reports
+from amptrain.tasks.gan import GanTask
 from tests.diagnose.conftest import (
     bundle,
     config,
@@ -72,3 +76,36 @@ def test_gpt_attention_in_range_is_not_named():
     assert report["recommendations"]["keep_fp32"] == []
     # The recorder saw the attention's scores and softmax although training fuses them.
     assert report["modules"]["blocks.1.attn.softmax"]["activation"]["abs_max"] <= 1.0
+
+
+@pytest.mark.slow
+def test_gan_overflow_names_the_part_and_the_loss(monkeypatch):
+    """diagnose on a GAN trains the GAN's own step (its two losses, through the task's
+    training_step) and names the part and the loss whose values overflow fp16."""
+    calls = []
+    original = GanTask.training_step
+
+    def spy(self, ctx):
+        calls.append(ctx)
+        return original(self, ctx)
+
+    monkeypatch.setattr(GanTask, "training_step", spy)
+    run = RunConfig.from_options(model="module:tests.diagnose.conftest.overflowing_gan",
+                                 task="gan", data="digits", device="cpu", batch_size=32,
+                                 no_progress=True, scheduler="none", lr=1e-4)
+    report = diagnose(run, steps=2)
+
+    # 32-true, 16-mixed and bf16-mixed runs of two steps each, every one the GAN's own
+    # step (the check of the recommendation is a fourth when --keep-fp32 can apply).
+    assert len(calls) >= 3 * 2
+    first = report["first_nonfinite"]
+    assert first["module"] == "discriminator.head.amplify" and first["phase"] == "forward"
+    assert first["part"] == "discriminator"
+    assert (first["loss_id"], first["loss"]) == (0, "d_loss")
+    assert report["runs"]["16-mixed"]["first_nonfinite"]["part"] == "discriminator"
+    assert report["runs"]["32-true"]["first_nonfinite"] is None
+    line = next(s for s in summary_lines(report) if s.startswith("first non-finite"))
+    assert "of part 'discriminator'" in line and "d_loss (loss_id 0)" in line
+    # Each step steps both parts' optimizers, and each part's skip counts.
+    assert report["runs"]["16-mixed"]["parts"] == 2
+    assert "4 of 4 optimizer steps (2 steps x 2 parts) skipped" in line
