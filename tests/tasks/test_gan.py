@@ -283,3 +283,95 @@ def test_parts_are_found_inside_compile_and_data_parallel_wrappers():
 
     holder = Holder()
     assert unwrap(holder) is holder
+
+
+# ------------------------------------------------- through the Trainer (resume, rules)
+def _fit_gan(out, *, model: nn.Module | None = None, **options):
+    from amptrain.trainer import Trainer
+
+    data = build_data("digits", DataOptions())
+    torch.manual_seed(0)
+    model = model or build_model("dcgan:width=8,latent=16", ModelInputs(10, (1, 8, 8)))
+    trainer = Trainer(**{"device": "cpu", "no_progress": True, "batch_size": 32,
+                         "log_every": 2, "lr": 1e-3, "out": str(out), "logger": "none",
+                         "scheduler": "none",  # the resumed run's longer --max-steps
+                         "precision": "32-true", **options})
+    trainer.fit(model, data.train, task=GanTask())
+    return trainer
+
+
+def _states(trainer):
+    """Both parts' weights (fp32) and both optimizers' states, as flat tensors."""
+    weights = {k: v.detach().clone() for k, v in trainer.model.state_dict().items()}
+    optimizers = {}
+    for name, optimizer in trainer.optimizers.items():
+        for index, state in optimizer.state_dict()["state"].items():
+            for key, value in state.items():
+                optimizers[f"{name}.{index}.{key}"] = torch.as_tensor(value).clone()
+    return weights, optimizers
+
+
+@pytest.mark.slow  # three short GAN runs through the Trainer (~10 s)
+def test_a_gan_run_stopped_and_resumed_equals_an_unbroken_one_to_the_bit(tmp_path):
+    whole = _fit_gan(tmp_path / "whole", max_steps=8)
+    _fit_gan(tmp_path / "split", max_steps=3, save_every=3)
+    resumed = _fit_gan(tmp_path / "split", max_steps=8, resume="auto")
+    assert whole.step == resumed.step == 8
+    (w_weights, w_opt), (r_weights, r_opt) = _states(whole), _states(resumed)
+    assert w_weights.keys() == r_weights.keys() and w_opt.keys() == r_opt.keys()
+    assert any(k.startswith("generator.") for k in w_weights)
+    for key in w_weights:
+        assert torch.equal(w_weights[key], r_weights[key]), key
+    for key in w_opt:
+        assert torch.equal(w_opt[key], r_opt[key]), key
+
+    def records(path):
+        rows = [json.loads(line) for line in (path / "metrics.jsonl").read_text().splitlines()]
+        return [{k: v for k, v in r.items()
+                 if k not in ("samples_per_s", "data_wait_frac", "peak_mem_bytes")} for r in rows]
+
+    # The stopped run logged its last window at step 3 (and saved it in the checkpoint,
+    # so the resumed run's step-4 record still averages steps 3-4 as the unbroken one's).
+    split = records(tmp_path / "split")
+    assert [r["step"] for r in split] == [2, 3, 4, 6, 8]
+    assert [r for r in split if r["step"] != 3] == records(tmp_path / "whole")
+    assert {"d_loss", "g_loss", "skipped_steps/generator", "grad_norm/discriminator",
+            "lr/generator"} <= set(records(tmp_path / "whole")[-1])
+
+
+@pytest.mark.slow  # three short GAN runs (~10 s)
+@pytest.mark.parametrize("options", [
+    {"optimizer": "adamw8bit"},
+    {"precision": "bf16-true", "weight_update": "kahan"},
+    {"precision": "bf16-true", "weight_update": "stochastic"},
+], ids=["adamw8bit", "kahan", "stochastic"])
+def test_gan_trains_with_adamw8bit_and_with_each_weight_update_rule_per_pair(tmp_path, options):
+    from amptrain.precision import MODES
+    from amptrain.precision.support import unsupported_reason
+
+    if options.get("optimizer") == "adamw8bit":
+        pytest.importorskip("torchao", reason="--optimizer adamw8bit needs torchao")
+    name = options.get("precision", "32-true")
+    reason = unsupported_reason(MODES[name], CPU)
+    if reason:
+        pytest.skip(reason)
+    torch.manual_seed(0)
+    model = build_model("dcgan:width=8,latent=16", ModelInputs(10, (1, 8, 8)))
+    before = {k: v.detach().clone() for k, v in model.state_dict().items()}
+    trainer = _fit_gan(tmp_path / "run", model=model, max_steps=4, **options)
+    assert trainer.step == 4 and set(trainer.optimizers) == {"discriminator", "generator"}
+    if "weight_update" in options:  # each (part, optimizer) pair has its own rule
+        for optimizer in trainer.optimizers.values():
+            assert type(trainer.precision.policy_of(optimizer)).__name__ \
+                == type(trainer.precision.policy_of(trainer.optimizers["generator"])).__name__
+        assert trainer.precision.policy_of(trainer.optimizers["generator"]) \
+            is not trainer.precision.policy_of(trainer.optimizers["discriminator"])
+    else:
+        assert [type(o).__name__ for o in trainer.optimizers.values()] == ["AdamW8bit"] * 2
+    after = trainer.precision.fp32_state_dict(trainer.model)
+    for part in ("generator.", "discriminator."):  # both parts trained
+        moved = [k for k in before if k.startswith(part) and before[k].is_floating_point()
+                 and "running" not in k and not torch.equal(before[k], after[k].float())]
+        assert moved, part
+    assert all(math.isfinite(v) for r in trainer.history for k, v in r.items()
+               if k in ("d_loss", "g_loss"))
