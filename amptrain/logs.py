@@ -31,6 +31,20 @@ def _fmt(value: Any) -> str:
     return str(value)
 
 
+def shown_key(key: str) -> bool:
+    """Whether the console line and the bar show a record field: every loss the step
+    logged (``loss``, a GAN's ``d_loss``/``g_loss``: any ``*_loss``), the learning rate of
+    a one-part run, every loss scale (``loss_scale``, ``loss_scale/<id>``) and every
+    evaluation metric (``val_*``)."""
+    return (key in ("loss", "lr", "loss_scale") or key.endswith("_loss")
+            or key.startswith("loss_scale/") or key.startswith("val_"))
+
+
+def is_train_record(record: dict[str, Any]) -> bool:
+    """A training record (not an evaluation's): it has a loss or a speed."""
+    return "loss" in record or "samples_per_s" in record
+
+
 class LogWriteError(AmptrainError):
     """metrics.jsonl could not be written (a full disk, a lost mount): the run stops with
     one line (exit 1); the last checkpoint is intact and ``--resume auto`` continues."""
@@ -117,11 +131,10 @@ class RunLogger:
                 sink.log(record)
             except OSError as exc:
                 raise LogWriteError(getattr(sink, "path", self._path), exc) from None
-        shown = {k: v for k, v in record.items() if v is not None and (
-            k in ("loss", "lr", "loss_scale") or k.startswith("val_"))}
+        shown = {k: v for k, v in record.items() if v is not None and shown_key(k)}
         if self._bar is not None:
             self._bar.set_postfix({k: _fmt(v) for k, v in shown.items()}, refresh=False)
-        elif "loss" in record and self.print_every and record["step"] % self.print_every:
+        elif is_train_record(record) and self.print_every and record["step"] % self.print_every:
             pass  # a fine-grained training record for the files only
         else:
             text = "  ".join(f"{k} {_fmt(v)}" for k, v in shown.items())
@@ -131,6 +144,20 @@ class RunLogger:
             speed_text += f"  {tokens:.0f} tokens/s" if tokens else ""
             print(f"epoch {record.get('epoch')} step {record['step']}  {text}{speed_text}",
                   file=self.stream, flush=True)
+
+    def images(self, step: int, images: dict[str, Any]) -> None:
+        """An evaluation's image grids (``name`` -> ``H x W x C`` uint8 array) to the
+        trackers that keep images (TensorBoard: ``val/<name>``)."""
+        if not self.enabled or not images:
+            return
+        for sink in self._sinks:
+            show = getattr(sink, "images", None)
+            if show is None:
+                continue
+            try:
+                show(step, images)
+            except OSError as exc:
+                raise LogWriteError(getattr(sink, "path", self._path), exc) from None
 
     def message(self, text: str) -> None:
         """A one-off line for the user, printed above any progress bar."""

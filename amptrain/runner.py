@@ -191,7 +191,11 @@ def run_evaluation(*, checkpoint_path: str, data: str | None, precision: str, ou
                       no_progress=not progress)
     class_names = run.get("class_names") or bundle.class_names or None
     task = saved_task(state, class_names)
-    task.fit(bundle.val)  # facts of this data (an LM's bytes per token); learnt ones are kept
+    # Facts of this data (an LM's bytes per token); learnt ones are kept. A task that
+    # measures against the training split (a GAN's feature network: eval_fit_split
+    # "train") is fitted on that split of the data, as in training.
+    fit_split = getattr(task, "eval_fit_split", "val")
+    task.fit(bundle.train if fit_split == "train" else bundle.val)
     trainer.prepare(model, task=task)
     trainer.load_weights(state["model"])
     result = trainer.evaluate(trainer.model, bundle.val, write_dir=Path(out) / "eval")

@@ -373,6 +373,24 @@ ERROR_TABLE = [
                                                                "limit of 100"),
     ("diagnose-steps-over-the-limit", "diagnose --steps 1000000000",
      "--steps 1000000000 is over the limit of 10000"),
+    # GANs (issue 25): a factory's one model, a model or data that is not a GAN's.
+    ("gan-factory-returns-one-model",
+     "train --model module:factories.three_outputs --task gan --data digits",
+     "--task gan needs a model with .generator and .discriminator parts"),
+    ("gan-builtin-model-without-parts", "train --task gan --model mlp --data digits",
+     "--task gan needs a model with .generator and .discriminator parts"),
+    ("gan-on-feature-data", "train --task gan --model mlp --data npz:{features}",
+     "--task gan generates images: train_data must hold grey or RGB images"),
+    ("gan-sequence-model-on-text",
+     "train --task gan --model gpt:layers=1,heads=2,width=32 --data text:{long_txt}",
+     "--task gan does not fit --data text:"),
+    ("gan-sequence-model-on-images",
+     "train --task gan --model gpt:layers=1,heads=2,width=32 --data digits",
+     "is a language model: it needs text"),
+    ("dcgan-on-feature-data", "train --model dcgan --data npz:{features}",
+     "--model dcgan generates images: it needs grey or RGB image data"),
+    ("dcgan-on-text", "train --model dcgan --data text:{long_txt}",
+     "--model dcgan trains gan, which does not fit --data text:"),
 ]
 
 

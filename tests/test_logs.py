@@ -180,3 +180,47 @@ def test_a_full_disk_while_logging_is_one_error_naming_the_file(tmp_path):
         logger.log({"step": 1, "loss": 0.5})
     assert error.value.exit_code == 1 and "resume auto" in str(error.value)
     logger.close()  # the failed write does not fail again on close
+
+
+def test_a_gan_record_shows_both_losses_and_every_loss_scale_in_lines_and_the_bar():
+    gan = {"step": 20, "epoch": 0, "d_loss": 1.25, "g_loss": 0.75,
+           "lr/discriminator": 0.001, "lr/generator": 0.001, "loss_scale": 1024.0,
+           "loss_scale/0": 1024.0, "loss_scale/1": 2048.0, "grad_norm/generator": 3.0,
+           "skipped_steps": 1, "skipped_steps/generator": 1, "samples_per_s": 100.0}
+    stream = io.StringIO()
+    logger = RunLogger(None, progress=False, stream=stream, print_every=20)
+    logger.log({**gan, "step": 10})  # not a multiple of print_every: files only
+    logger.log(gan)
+    logger.log({"step": 20, "epoch": 0, "val_loss": 0.5, "val_fd": 12.5})
+    logger.close()
+    assert stream.getvalue().splitlines() == [
+        "epoch 0 step 20  d_loss 1.2500  g_loss 0.7500  loss_scale 1024.0000  "
+        "loss_scale/0 1024.0000  loss_scale/1 2048.0000  100 samples/s",
+        "epoch 0 step 20  val_loss 0.5000  val_fd 12.5000",
+    ]
+    bar = Terminal()
+    logger = RunLogger(None, progress=True, stream=bar)
+    logger.bar(40, "epoch 0")
+    logger.log(gan)
+    logger.message("redraw")  # the bar redraws below it, with the record's values
+    logger.close()
+    assert "d_loss=1.2500" in bar.getvalue() and "g_loss=0.7500" in bar.getvalue()
+    assert "loss_scale/1=2048.0000" in bar.getvalue()
+
+
+def test_an_evaluations_image_grid_goes_to_tensorboard_and_nowhere_on_other_ranks(tmp_path):
+    import numpy as np
+
+    image = np.full((6, 6, 1), 128, dtype=np.uint8)
+    logger = RunLogger(tmp_path / "run", progress=False, stream=io.StringIO(),
+                       loggers="tensorboard,csv")
+    logger.images(4, {"samples": image})
+    logger.images(5, {})
+    logger.close()
+    accumulator = EventAccumulator(str(tmp_path / "run" / "tb"), size_guidance={"images": 0})
+    accumulator.Reload()
+    assert [e.step for e in accumulator.Images("val/samples")] == [4]
+    off = RunLogger(tmp_path / "off", enabled=False, progress=False)
+    off.images(4, {"samples": image})
+    off.close()
+    assert not (tmp_path / "off").exists()

@@ -43,5 +43,9 @@ def run(args: argparse.Namespace) -> int:
     print(f"{metrics}  loss {result.loss:.4f} on {result.samples} samples "
           f"(checkpoint trained with {trained_with})")
     readable, _ = result.task.report_text(result)
-    print(f"reports: {Path(args.out) / 'eval'}/ ({readable}, report.json)")
+    reports = Path(args.out) / "eval"
+    # The task's other files (a GAN's samples.png) after its two reports.
+    others = sorted(p.name for p in reports.iterdir() if p.name not in (readable, "report.json")) \
+        if reports.is_dir() else []
+    print(f"reports: {reports}/ ({', '.join([readable, 'report.json', *others])})")
     return 0

@@ -130,25 +130,43 @@ class ProcessGroupStrategy(Strategy):
 class DDPStrategy(ProcessGroupStrategy):
     """DistributedDataParallel: replicas on every rank, gradients all-reduced in backward.
 
-    Off-boundary accumulation micro-batches run under ``no_sync`` (one all-reduce per
-    optimizer step, not per micro-batch); checkpoints hold the unwrapped module.
+    Each wrapped module (each part of a task with several: a GAN's generator and
+    discriminator) gets its own DDP wrapper, and off-boundary accumulation micro-batches
+    run under that part's ``no_sync`` (one all-reduce per optimizer step, not per
+    micro-batch); checkpoints hold the unwrapped module.
     """
 
     def __init__(self, device: torch.device, *, owns_group: bool = False) -> None:
         super().__init__(device, owns_group=owns_group)
-        self.ddp: nn.parallel.DistributedDataParallel | None = None
+        self.wrappers: list[nn.parallel.DistributedDataParallel] = []
+
+    @property
+    def ddp(self) -> nn.parallel.DistributedDataParallel | None:
+        """The last wrapper made (the one model of a one-part run), or None."""
+        return self.wrappers[-1] if self.wrappers else None
 
     def _release_wrappers(self) -> None:
-        self.ddp = None
+        self.wrappers = []
 
     def wrap(self, model: nn.Module) -> nn.Module:
         device_ids = [self.device.index] if self.device.type == "cuda" else None
-        self.ddp = nn.parallel.DistributedDataParallel(model, device_ids=device_ids)
+        ddp = nn.parallel.DistributedDataParallel(model, device_ids=device_ids)
+        self.wrappers.append(ddp)
+        return ddp
+
+    def wrapper_of(self, model: nn.Module) -> nn.parallel.DistributedDataParallel | None:
+        """The DDP wrapper we made that ``model`` is or holds (through torch.compile's
+        wrapper); for another module (a caller's own forward), the last one made, as
+        before parts had wrappers of their own."""
+        inner: Any = model
+        while isinstance(inner, nn.Module):
+            if any(inner is w for w in self.wrappers):
+                return cast(nn.parallel.DistributedDataParallel, inner)
+            inner = getattr(inner, "_orig_mod", None)
         return self.ddp
 
     def accumulation_context(self, model: nn.Module,
                              boundary: bool) -> contextlib.AbstractContextManager:
-        # The DDP wrapper we made, not `model`: the loop may call a torch.compile'd module.
-        if boundary or self.ddp is None:
-            return contextlib.nullcontext()
-        return self.ddp.no_sync()
+        # Our DDP wrapper of `model`, which the loop may call through torch.compile.
+        ddp = None if boundary else self.wrapper_of(model)
+        return contextlib.nullcontext() if ddp is None else ddp.no_sync()

@@ -16,6 +16,10 @@ class Sink:
     def log(self, record: dict[str, Any]) -> None:
         raise NotImplementedError
 
+    def images(self, step: int, images: dict[str, Any]) -> None:
+        """Image grids of an evaluation (``name`` -> ``H x W x C`` uint8 array, C 1 or 3);
+        trackers without images ignore them."""
+
     def close(self) -> None:
         """Flush and release files (called once, at the end of the run)."""
 

@@ -1,4 +1,5 @@
-"""TensorBoard event files under ``DIR/tb`` (the default tracker)."""
+"""TensorBoard event files under ``DIR/tb`` (the default tracker): every record's numbers
+as scalars, and an evaluation's image grids (a GAN's samples) as images."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -17,11 +18,19 @@ TB_TAGS = {
 
 
 def tb_tag(key: str) -> str | None:
-    """The TensorBoard tag of a record field: :data:`TB_TAGS`, and ``val/<metric>`` for
-    every task's ``val_<metric>`` (``val_rmse`` -> ``val/rmse``)."""
+    """The TensorBoard tag of a record field: :data:`TB_TAGS`, ``val/<metric>`` for every
+    task's ``val_<metric>`` (``val_rmse`` -> ``val/rmse``), ``train/<key>`` for every loss a
+    step logged (a GAN's ``d_loss``), and a per-part or per-loss field under its field's
+    tag (``lr/generator`` -> ``train/lr/generator``, ``loss_scale/1`` ->
+    ``train/loss_scale/1``)."""
     if key in TB_TAGS:
         return TB_TAGS[key]
-    return f"val/{key[4:]}" if key.startswith("val_") else None
+    if key.startswith("val_"):
+        return f"val/{key[4:]}"
+    if key.endswith("_loss"):
+        return f"train/{key}"
+    field, _, which = key.partition("/")
+    return f"{TB_TAGS[field]}/{which}" if which and field in TB_TAGS else None
 
 
 class TensorBoardSink(Sink):
@@ -43,6 +52,11 @@ class TensorBoardSink(Sink):
             tag = tb_tag(key)
             if tag:
                 self._writer.add_scalar(tag, value, step)
+
+    def images(self, step: int, images: dict[str, Any]) -> None:
+        """Each grid as the image ``val/<name>`` (an evaluation's, e.g. a GAN's ``val/samples``)."""
+        for name, image in images.items():
+            self._writer.add_image(f"val/{name}", image, step, dataformats="HWC")
 
     def close(self) -> None:
         self._writer.flush()

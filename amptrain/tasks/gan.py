@@ -110,6 +110,9 @@ class GanTask(Task):
     #: seeds. A precision is therefore "worse" only when its FD is more than 25 % above the
     #: baseline's; perplexity's 2 % would report seed noise as a verdict.
     default_tolerance_rel = 0.25
+    #: ``amptrain eval`` fits this task on the data's training split (the feature network
+    #: and the value range are learnt from real training images, as in training).
+    eval_fit_split = "train"
 
     @classmethod
     def fits(cls, kind: str) -> bool:
@@ -246,9 +249,20 @@ class GanTask(Task):
             else math.nan
         grid = torch.cat(sums.samples).cpu() if sums.samples else None
         return EvalResult(loss=loss, samples=samples, metrics={"fd": fd},
-                          details={"samples": grid, "real_images": n_real,
+                          details={"samples": grid, "images": self.images(grid),
+                                   "real_images": n_real,
                                    "generated_images": n_fake, "feature_dim": dim,
                                    "features_trained": self._trained_features}, task=self)
+
+    def images(self, samples: torch.Tensor | None) -> dict[str, Any]:
+        """``{"samples": grid}``: the evaluation's generated images as one ``H x W x C``
+        uint8 grid in the data's value range (TensorBoard's ``val/samples``)."""
+        from ..imagegrid import grid, to_uint8
+
+        if samples is None or not len(samples):
+            return {}
+        low, high = self.value_range or (None, None)
+        return {"samples": grid(to_uint8(samples, low, high))}
 
     def report(self, result: EvalResult) -> dict[str, Any]:
         d = result.details

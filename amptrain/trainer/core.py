@@ -418,6 +418,7 @@ class Trainer:
         if result is not None and record:
             self.reporter.record(self, {"step": self.step, "epoch": self.position.step_epoch,
                                         **result.record()})
+            self.logger.images(self.step, result.details.get("images") or {})
         # Evaluation time is not training time: keep it out of samples_per_s.
         self.metrics.pause(time.perf_counter() - started)
 

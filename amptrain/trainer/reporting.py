@@ -21,6 +21,14 @@ from .result import FitResult
 from .stepping import StepRunner
 
 
+def loss_scales(precision: Precision) -> dict[str, float]:
+    """``loss_scale/<id>`` for each loss's own scale (``separate_loss_scales``); nothing
+    with one shared scale, which the record's ``loss_scale`` already is."""
+    if not precision.separate_loss_scales:
+        return {}
+    return {f"loss_scale/{i}": scale for i, scale in sorted(precision.loss_scales().items())}
+
+
 class Reporter:
     """The run's logger, callbacks, history of records and memory meter.
 
@@ -83,12 +91,12 @@ class Reporter:
                      precision: Precision, task: Task) -> dict[str, Any]:
         """A training record (reads the device): the logged means of the window, each
         part's LR, gradient norm and skips (one part: ``lr``, ``grad_norm``), the loss
-        scale, speeds and memory."""
+        scale (and ``loss_scale/<id>`` per loss with separate scales), speeds and memory."""
         norms = {("grad_norm" if steps.single else f"grad_norm/{name}"):
                  float(norm.item()) if (norm := grad_norms.get(name)) is not None else None
                  for name in steps.parts}
         record = {"step": step, "epoch": epoch, **window["means"], **steps.records(),
-                  "loss_scale": precision.loss_scale, **norms,
+                  "loss_scale": precision.loss_scale, **loss_scales(precision), **norms,
                   "skipped_steps": precision.skipped_steps, **steps.skipped_records(),
                   "samples_per_s": window["samples_per_s"],
                   "data_wait_frac": window["data_wait_frac"], "peak_mem_bytes": self.memory.peak()}

@@ -22,7 +22,7 @@ from amptrain.commands.common import merged_values
 from amptrain.config import RunConfig, build_config
 from amptrain.distributed import Strategy
 from tests.conftest import tiny_classification, tiny_mlp
-from tests.distributed import worker
+from tests.distributed import two_part_worker, worker
 from tests.distributed.helpers import (
     ROOT,
     _assert_params_close,
@@ -236,3 +236,105 @@ def test_lm_run_under_two_processes_equals_one_process(tmp_path):
     vals = [[json.loads(line) for line in (tmp_path / d / "metrics.jsonl").open()
              if "val_perplexity" in line][-1] for d in ("one", "two")]
     assert vals[1]["val_perplexity"] == pytest.approx(vals[0]["val_perplexity"], rel=1e-4)
+
+
+# ------------------------------------------------- several parts (a two-part task)
+@pytest.fixture(scope="module")
+def two_part_ranks(tmp_path_factory):
+    """tests/distributed/two_part_worker.py on 2 processes: each rank's observations."""
+    out = tmp_path_factory.mktemp("two_part")
+    result = torchrun(str(ROOT / "tests" / "distributed" / "two_part_worker.py"), str(out))
+    if result.returncode != 0:
+        pytest.fail(f"two-part worker failed ({result.returncode}):\n{result.stderr[-6000:]}")
+    return [torch.load(out / f"two_part-rank{r}.pt", weights_only=False) for r in (0, 1)]
+
+
+def _tensors(state):
+    """Every tensor of a nested state (optimizer states), in order."""
+    if isinstance(state, torch.Tensor):
+        return [state]
+    if isinstance(state, dict):
+        return [t for k in sorted(state, key=str) for t in _tensors(state[k])]
+    if isinstance(state, (list, tuple)):
+        return [t for v in state for t in _tensors(v)]
+    return []
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("precision,accumulate,options", two_part_worker.RUNS,
+                         ids=[two_part_worker.run_name(p, a) for p, a, _ in two_part_worker.RUNS])
+def test_two_parts_each_with_its_own_ddp_wrapper_equal_one_process(
+        two_part_ranks, precision, accumulate, options):
+    name = two_part_worker.run_name(precision, accumulate)
+    ranks = [r[name] for r in two_part_ranks]
+    # Replicas bitwise equal: weights of both parts, both optimizers' states, the skips
+    # and the loss scale (the found-inf flag agreed across ranks per optimizer).
+    for key, value in ranks[0]["params"].items():
+        assert torch.equal(value, ranks[1]["params"][key]), key
+    for a, b in zip(_tensors(ranks[0]["optimizers"]), _tensors(ranks[1]["optimizers"])):
+        assert torch.equal(a, b)
+    assert ranks[0]["skipped"] == ranks[1]["skipped"]
+    assert ranks[0]["loss_scale"] == ranks[1]["loss_scale"]
+    reference = two_part_worker.fit(None, precision, accumulate, **options)
+    ref = two_part_worker.observe(reference)
+    assert ranks[0]["steps"] == ref["steps"] == two_part_worker.SAMPLES // 32
+    assert ranks[0]["skipped"] == ref["skipped"]
+    assert ranks[0]["loss_scale"] == ref["loss_scale"]
+    if precision == "16-mixed":  # the first steps overflowed: D's and G's alike, on both
+        assert ref["skipped"]["discriminator"] > 0 and ref["skipped"]["generator"] > 0
+    else:
+        assert ref["skipped"] == {"discriminator": 0, "generator": 0}
+    # 32-true: the two processes sum the same fp32 gradients in another order (each rank
+    # its half, then the all-reduce): differences at fp32 rounding, grown a little over 12
+    # Adam steps. 16-mixed: each rank's forward/backward rounds its half-batch's matmuls
+    # to fp16 (10 mantissa bits) where one process rounds the whole batch's: still far
+    # below what training moves (asserted: > 5e-2).
+    rtol, atol = (1e-5, 1e-6) if precision == "32-true" else (5e-3, 1e-3)
+    init = two_part_worker.ToyGan().state_dict()
+    for key, value in ref["params"].items():
+        torch.testing.assert_close(ranks[0]["params"][key], value, rtol=rtol, atol=atol,
+                                   msg=key)
+    moved = max((ref["params"][k] - init[k]).abs().max().item() for k in init)
+    assert moved > 5e-2, moved
+    for got, want in zip(ranks[0]["records"], ref["records"]):
+        assert got.keys() == want.keys()
+        assert got["d_loss"] == pytest.approx(want["d_loss"], rel=1e-2)
+        assert got["g_loss"] == pytest.approx(want["g_loss"], rel=1e-2)
+
+
+def test_each_part_has_its_own_wrapper_and_no_sync_finds_it_through_compile():
+    """wrapper_of: the wrapper a forward is (or holds through torch.compile); no_sync is
+    that wrapper's (without a process group: wrappers stand-ins)."""
+    from amptrain.distributed import DDPStrategy
+
+    strategy = DDPStrategy.__new__(DDPStrategy)
+    strategy.wrappers = []
+    assert strategy.ddp is None and strategy.wrapper_of(torch.nn.Linear(1, 1)) is None
+
+    class Wrapper(torch.nn.Module):  # a DDP stand-in: no process group here
+        def __init__(self):
+            super().__init__()
+            self.synced = []
+
+        def no_sync(self):
+            import contextlib
+
+            self.synced.append(False)
+            return contextlib.nullcontext()
+
+    d, g = Wrapper(), Wrapper()
+    strategy.wrappers = [d, g]
+
+    class Compiled(torch.nn.Module):
+        def __init__(self, inner):
+            super().__init__()
+            self._orig_mod = inner
+
+    assert strategy.wrapper_of(d) is d and strategy.wrapper_of(Compiled(g)) is g
+    assert strategy.ddp is g  # the last made; a forward we did not wrap falls back to it
+    assert strategy.wrapper_of(torch.nn.Linear(1, 1)) is g
+    with strategy.accumulation_context(Compiled(d), boundary=False):
+        pass
+    with strategy.accumulation_context(g, boundary=True):
+        pass
+    assert d.synced == [False] and g.synced == []

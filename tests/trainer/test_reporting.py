@@ -154,3 +154,27 @@ def test_final_evaluation_reuses_an_eval_every_pass_of_the_same_step(tmp_path):
     assert trainer.step == 4 and counter.val_records == [2, 4]  # not [2, 4, 4]
     report = json.loads((tmp_path / "run" / "eval" / "report.json").read_text())
     assert report["accuracy"] == trainer.last_eval.accuracy
+
+
+def test_separate_loss_scales_put_one_scale_per_loss_in_the_records():
+    """A two-part task with separate_loss_scales: each record carries ``loss_scale/<id>``
+    (D's loss 0, G's loss 1) beside the first scale's ``loss_scale``; one shared scale
+    adds nothing."""
+    from amptrain.precision import Precision
+    from tests.distributed.two_part_worker import ToyGan, TwoPartTask, data
+
+    records = {}
+    for separate in (False, True):
+        trainer = Trainer(precision="16-mixed", device="cpu", no_progress=True, batch_size=32,
+                          max_steps=6, log_every=2, optimizer="adamw", lr=0.01,
+                          init_scale=2.0 ** 18)
+        trainer.precision = Precision("16-mixed", device="cpu", init_scale=2.0 ** 18,
+                                      separate_loss_scales=separate)
+        trainer.fit(ToyGan(), data(), task=TwoPartTask(class_names=["real"]))
+        records[separate] = [r for r in trainer.history if "d_loss" in r]
+        assert len(records[separate]) == 3
+    assert not any(k.startswith("loss_scale/") for r in records[False] for k in r)
+    last = records[True][-1]
+    assert {"loss_scale/0", "loss_scale/1"} <= set(last)
+    assert last["loss_scale"] == last["loss_scale/0"]
+    assert {last["loss_scale/0"], last["loss_scale/1"]} <= {2.0 ** k for k in range(10, 19)}
