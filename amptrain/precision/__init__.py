@@ -11,12 +11,10 @@ master weights and fp32 islands behind one step protocol::
     prec.clip_grad_norm_(model.parameters(), 1.0)   # unscales first
     stepped = prec.step(optimizer)                   # False when skipped (inf/NaN)
 
-Several models, losses and optimizers (a GAN) share one Precision: ``setup`` each pair
-(:mod:`.pairs`, :mod:`.policies`), ``backward(loss_i, loss_id=i)`` per loss (:mod:`.loss_scales`),
-``step(opt_i)`` per optimizer (each skips alone), ``update()`` once per iteration.
-
-The Trainer uses :meth:`Precision.step_async`, which leaves the skip flag on the device
-and lets it be read one step later, so a steady-state step never waits for the GPU.
+Several models, losses and optimizers (a GAN) share one Precision: ``setup`` each pair,
+``backward(loss_i, loss_id=i)``, ``step(opt_i)`` (each skips alone), ``update()`` once per
+iteration. The Trainer's :meth:`Precision.step_async` leaves the skip flag on the device
+to be read one step later, so a steady-state step never waits for the GPU.
 """
 from __future__ import annotations
 
@@ -147,14 +145,10 @@ class Precision:
                                   scaler_class=self._scaler_class)
         self._scales.set_agreement(self._agree)
 
-    @property
-    def name(self) -> str:
-        """The mode actually used (``auto`` resolved)."""
-        return self.spec.name
+    name = property(lambda self: self.spec.name, doc="The mode used (``auto`` resolved).")
 
-    @property
-    def guard(self) -> Any:   # the step guard: the (shared) loss scaler or the non-finite check
-        return self._scales.step_guard
+    guard = property(lambda self: self._scales.step_guard,
+                     doc="The step guard: the (shared) loss scaler or the non-finite check.")
 
     def emulation_note(self) -> str | None:
         """A warning when this device only emulates the mode, naming the fastest native
@@ -248,13 +242,11 @@ class Precision:
         self._scales.set_agreement(agree)
 
     def keep_patterns(self, model: nn.Module) -> list[str]:
-        """``keep_fp32`` plus the patterns the model asks for itself (a Keras model's output
-        layer: :func:`~.islands.default_keep_fp32`)."""
+        """``keep_fp32`` plus the patterns the model asks for (:func:`.default_keep_fp32`)."""
         return list(dict.fromkeys([*self.keep_fp32, *default_keep_fp32(model)]))
 
     def allows_fused(self, optimizer_name: str) -> bool:
-        """Whether torch's fused kernel for amptrain's ``optimizer_name`` is exact here
-        (see :func:`.weight_update.fused_is_exact`)."""
+        """Whether torch's fused ``optimizer_name`` is exact here (:func:`.fused_is_exact`)."""
         return fused_is_exact(optimizer_name, self.spec, self.device)
 
     def teardown(self) -> None:
@@ -267,7 +259,7 @@ class Precision:
         """The forward wrappers of :meth:`setup` back in place for a block (after teardown)."""
         return self._patches.reinstated()
 
-    # --------------------------------------------------------------- forward
+    # ------------------------------------------------------- forward, backward
     def autocast(self) -> ContextManager:
         """The autocast context for forward passes and the loss (emulated: emulation.py)."""
         if self.spec.compute_dtype is None:
@@ -275,7 +267,6 @@ class Precision:
         return EmulatedAutocast(self.spec.compute_dtype) if self.emulated_fast \
             else torch.autocast(self.device.type, dtype=self.spec.compute_dtype)
 
-    # -------------------------------------------------------------- backward
     def backward(self, loss: torch.Tensor, *, loss_id: int = 0) -> None:
         """Backpropagate ``loss``, scaled where the mode uses loss scaling (with its own
         scale per ``loss_id`` when ``separate_loss_scales``)."""
@@ -410,7 +401,7 @@ class Precision:
         """What the pairs' weight policies keep between steps (kahan's compensations)."""
         return [b for pair in self._pairs for b in pair.policy.buffers()]
 
-    def weight_rule_nbytes(self) -> int:
+    def weight_rule_nbytes(self) -> int:  # what compare's memory ladder counts
         return sum(b.numel() * b.element_size() for b in self.weight_rule_buffers())
 
     def state_dict(self) -> dict[str, Any]:
