@@ -68,12 +68,13 @@ class EagerCopy(Trainer):
 
     def _reset(self) -> None:
         super()._reset()
-        submit = self._writes.submit
+        writes = self.checkpointer.writes
+        submit = writes.submit
 
         def eager(state: Any, write: Any, directory: Any, defer: Any = ()) -> None:
             submit(state, write, directory)
 
-        self._writes.submit = eager  # type: ignore[method-assign]
+        writes.submit = eager  # type: ignore[method-assign]
 
 
 LANES: dict[str, tuple[type[Trainer], int | None]] = {
