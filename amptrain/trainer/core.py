@@ -404,10 +404,9 @@ class Trainer:
     def _log_train(self) -> None:
         assert self.steps is not None and self.task is not None, "set up first"
         self.reporter.record(self, self.reporter.train_record(
-            step=self.step, epoch=self.position.step_epoch,
-            window=self.metrics.read(self.strategy, self.step),
-            grad_norms=self.metrics.grad_norms, steps=self.steps, precision=self.precision,
-            task=self.task))
+            step=self.step, epoch=self.position.step_epoch, task=self.task,
+            window=self.metrics.read(self.strategy, self.step), steps=self.steps,
+            grad_norms=self.metrics.grad_norms, precision=self.precision))
 
     def _evaluate_and_log(self, final: bool = False, record: bool = True) -> None:
         assert self.evaluator is not None and self.model is not None
