@@ -3,10 +3,9 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-__version__ = "0.1.0"
-
-from .errors import AmptrainWarning  # noqa: E402  (torch-free)
-from .lazy import lazy_exports  # noqa: E402
+from .errors import AmptrainWarning  # torch-free
+from .lazy import lazy_exports
+from .version import __version__
 
 if TYPE_CHECKING:
     from .precision import Precision

@@ -14,7 +14,7 @@ import warnings
 from collections.abc import Callable, Collection, Sequence
 from typing import Any, NoReturn
 
-from . import __version__
+from .version import __version__
 from .commands import COMMANDS
 from .commands import load as load_command
 from .errors import AmptrainError, AmptrainWarning, Preempted, cli_spelling, forget_warnings

@@ -23,7 +23,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from . import __version__
+from .version import __version__
 from .errors import UserError, flag
 
 log = logging.getLogger("amptrain")

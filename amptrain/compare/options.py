@@ -14,6 +14,7 @@ from ..config import option
 from ..config.options import require_non_negative, require_positive
 from ..config.train import OPTIMIZERS
 from ..errors import UserError, flag
+from ..tolerance import SHARED_TOLERANCES, Tolerance, tolerance_for
 
 if TYPE_CHECKING:
     import torch
@@ -29,7 +30,6 @@ SUMMARY_FIELDS = ("precision", "samples_per_s", "speedup", "step_time_ms", "peak
                   "timing_note", "verdict", "data_wait_frac")
 #: The tolerance a task gets when neither the user nor the task names one (``--tolerance-pp``
 #: 0.5 percentage points of accuracy; ``--tolerance-rel`` two percent of perplexity or RMSE).
-SHARED_TOLERANCES = {"tolerance_pp": 0.5, "tolerance_rel": 0.02}
 #: A run logs about this many training records, so every loss curve has enough points.
 CURVE_POINTS = 100
 #: The most timed (or warm-up) steps per precision: a median settles within tens of steps,
@@ -95,35 +95,10 @@ class CompareOptions:
         return self.bench_steps if self.bench_steps is not None else self.timing_steps
 
 
-@dataclass(frozen=True)
-class Tolerance:
-    """The verdict's tolerance in the task's unit, the option that holds it and why it is
-    this value (given on the command line, the task's default, or the shared default)."""
-
-    value: float
-    option: str
-    source: str      # "given", "task" or "shared"
-    why: str
-
-
 def resolve_tolerance(options: CompareOptions, task: Any) -> Tolerance:
-    """The tolerance of ``task``'s verdict: the option the task names
-    (``task.tolerance_option``) when given, else the task's ``default_<option>`` (a GAN's
-    Fréchet distance varies far more between seeds than perplexity), else
-    :data:`SHARED_TOLERANCES` (a value equal to it, such as ``--tolerance-pp``'s default,
-    is reported as the shared default)."""
-    name = task.tolerance_option
-    given = getattr(options, name, None)
-    if given is not None and given != SHARED_TOLERANCES[name]:
-        return Tolerance(float(given), name, "given", f"{flag(name)} {given:g} as given")
-    own = getattr(task, f"default_{name}", None)
-    if own is not None and given is None:
-        return Tolerance(float(own), name, "task",
-                         f"the {task.name} task's default {flag(name)} {own:g}: its metric "
-                         f"varies this much between seeds of the same recipe (measured; see "
-                         f"{type(task).__name__}.default_{name})")
-    shared = SHARED_TOLERANCES[name]
-    return Tolerance(shared, name, "shared", f"the shared default {flag(name)} {shared:g}")
+    """The tolerance of ``task``'s verdict for these options (see
+    :func:`~amptrain.tolerance.tolerance_for`)."""
+    return tolerance_for(task, getattr(options, task.tolerance_option, None))
 
 
 def resolve_precisions(options: CompareOptions, device: torch.device,

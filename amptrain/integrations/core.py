@@ -35,7 +35,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from .. import __version__
+from ..version import __version__
 from ..diagnose.ranges import FORMATS, FP16, SAMPLE_LIMIT, RangeRecorder, RangeStats, fractions
 from ..diagnose.recommend import (
     _bf16_verdict,

@@ -15,6 +15,7 @@ from typing import Any
 from ..precision.advice import base_mode
 from ..precision.modes import as_given
 from ..tasks import TASKS, ClassificationTask, Task
+from ..tolerance import tolerance_for
 
 #: Stable colours for the usual precisions; others take the next free one.
 #: (Here rather than in plots.py: :meth:`Study.colour` picks from them, and the HTML table's
@@ -81,7 +82,7 @@ class Study:
     def tolerance(self) -> float:
         """The verdict's tolerance in the task's unit (``--tolerance-pp`` or
         ``--tolerance-rel``): the one study.json says judged the verdicts, else the option
-        as given, else the task's default (:func:`~amptrain.compare.options.resolve_tolerance`)."""
+        as given, else the task's default (:func:`~amptrain.tolerance.tolerance_for`)."""
         recorded = (self.details.get("task") or {}).get("tolerance")
         if isinstance(recorded, (int, float)):
             return float(recorded)
@@ -95,13 +96,8 @@ class Study:
         return str(why) if why else self._resolved().why
 
     def _resolved(self) -> Any:
-        from ..compare.options import CompareOptions, resolve_tolerance
-
         options = self.details.get("options") or {}
-        name = self.task.tolerance_option
-        given = options.get(name)
-        return resolve_tolerance(CompareOptions(**{name: given}) if given is not None
-                                 else CompareOptions(), self.task)
+        return tolerance_for(self.task, options.get(self.task.tolerance_option))
 
     def colour(self, precision: str) -> str:
         if precision in _COLOURS:

@@ -10,7 +10,8 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from .. import __version__, checkpoint
+from .. import checkpoint
+from ..version import __version__
 from ..config import TrainConfig, to_dict
 from ..distributed import Strategy
 from ..errors import UserError, flag
