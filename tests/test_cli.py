@@ -391,6 +391,16 @@ ERROR_TABLE = [
      "--model dcgan generates images: it needs grey or RGB image data"),
     ("dcgan-on-text", "train --model dcgan --data text:{long_txt}",
      "--model dcgan trains gan, which does not fit --data text:"),
+    # --- reliability-readers ---
+    # (end of reliability-readers)
+    # --- reliability-data-writers ---
+    # (end of reliability-data-writers)
+    # --- newcomer-defaults ---
+    # (end of newcomer-defaults)
+    # --- newcomer-readme ---
+    # (end of newcomer-readme)
+    # --- lowbit-formats ---
+    # (end of lowbit-formats)
 ]
 
 

@@ -232,6 +232,16 @@ LIBRARY_HOSTILE = [
     ("loss-not-scalar", {}, lambda d, m: dict(model=m, train_data=d,
                                               loss_fn=lambda out, y: (out - out.detach()).sum(1)),
      "backward() needs a scalar loss (one number), got shape (16,)"),
+    # --- reliability-readers ---
+    # (end of reliability-readers)
+    # --- reliability-data-writers ---
+    # (end of reliability-data-writers)
+    # --- newcomer-defaults ---
+    # (end of newcomer-defaults)
+    # --- newcomer-readme ---
+    # (end of newcomer-readme)
+    # --- lowbit-formats ---
+    # (end of lowbit-formats)
 ]
 
 
