@@ -212,7 +212,8 @@ def _coerce_text(field_: dataclasses.Field, name: str, value: Any) -> Any:
     if isinstance(value, os.PathLike):
         return os.fspath(value)
     if not isinstance(value, str):
-        raise UserError(f"{flag(name)} must be a string (got {type(value).__name__} {shown(value)})")
+        raise UserError(f"{flag(name)} must be a string (got {type(value).__name__} "
+                        f"{shown(value)})")
     return value
 
 
