@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import math
 import os
 from dataclasses import field
 from pathlib import Path
@@ -254,10 +255,12 @@ def require_positive(section: Any, *names: str, optional: bool = False) -> None:
 
 
 def require_non_negative(section: Any, *names: str) -> None:
-    """Each named option is a number >= 0."""
+    """Each named option is a finite number >= 0 (NaN compares false with everything, so
+    ``value < 0`` alone let ``--weight-decay nan`` through: a run that diverged)."""
     for name in names:
         value = getattr(section, name)
-        if not isinstance(value, (int, float)) or isinstance(value, bool) or value < 0:
+        if not isinstance(value, (int, float)) or isinstance(value, bool) \
+                or not math.isfinite(value) or value < 0:
             raise UserError(f"{flag(name)} must be >= 0 (got {shown(value)})")
 
 

@@ -17,6 +17,7 @@ the other is one line, exit 2.
 """
 from __future__ import annotations
 
+import contextlib
 import errno
 import fcntl
 import os
@@ -199,6 +200,14 @@ def lock(path: Path) -> None:
                             f"{flag('out')}") from None
         raise UserError(f"{flag('out')} {path}: cannot lock it "
                         f"({exc.strerror or type(exc).__name__})") from None
+    try:  # the file locked must still be the lock: a run that ended may have removed it
+        same = os.stat(file, follow_symlinks=False).st_ino == os.fstat(fd).st_ino
+    except OSError:
+        same = False
+    if not same:
+        os.close(fd)
+        raise UserError(f"{flag('out')} {path} is in use by another amptrain run (its lock "
+                        f"changed hands); wait for it to end or choose another {flag('out')}")
     _HELD[key] = fd
 
 
@@ -208,7 +217,10 @@ def release(path: str | os.PathLike[str] | None) -> None:
         return
     fd = _HELD.pop(os.path.realpath(path), None)
     if fd is not None:
-        os.close(fd)  # closing the only descriptor drops the flock
+        # Removed while still held (no other run can have it), then unlocked by closing.
+        with contextlib.suppress(OSError):
+            os.unlink(Path(path) / LOCK_NAME)
+        os.close(fd)
 
 
 def new_file(path: str | os.PathLike[str], *, option: str = "out") -> IO[bytes]:
