@@ -98,3 +98,7 @@ def len_raises():
             raise RuntimeError("the index file is gone")
 
     return NoLength(), None
+
+
+def val_huge_length():
+    return Blobs(), Blobs(length=10**12)
