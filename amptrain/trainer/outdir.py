@@ -128,7 +128,8 @@ def _writable(out: str | os.PathLike[str]) -> Path:
         raise UserError(f"{flag('out')} {str(path)[:60]}...: {what}; choose a shorter "
                         f"{flag('out')}")
     if path.exists() and not path.is_dir():
-        raise UserError(f"{name} is a file, not a directory: choose another {flag('out')}")
+        raise UserError(f"{name} is {special_kind(path) or 'a file'}, not a directory: choose "
+                        f"another {flag('out')}")
     existing = path
     while not existing.exists() and existing != existing.parent:
         existing = existing.parent
