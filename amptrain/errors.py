@@ -53,7 +53,10 @@ class UserError(AmptrainError):
 
     def __init__(self, *args: object) -> None:
         if len(args) == 1 and isinstance(args[0], str):
-            args = (_unwrapped(args[0]),)
+            message = _unwrapped(args[0])
+            if len(message) > MESSAGE_LIMIT:  # whatever a message echoed, one line stays one
+                message = f"{message[:MESSAGE_LIMIT]}... ({len(message)} characters in all)"
+            args = (message,)
         super().__init__(*args)
 
 
@@ -67,6 +70,8 @@ def _unwrapped(message: str) -> str:
     return lines[-1].split("UserError: ", 1)[-1] if lines else message
 
 
+#: The longest message a UserError carries: the last bound, for an echo nobody bounded.
+MESSAGE_LIMIT = 2000
 #: The most characters of the user's own input an error message repeats (a YAML file, a
 #: value): a hostile file must not turn one error line into megabytes.
 ECHO_LIMIT = 200

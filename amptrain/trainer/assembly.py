@@ -108,7 +108,7 @@ def assemble_parts(trainer: Trainer, model: nn.Module, train_data: Any, val_data
                                 model=trainer.model, device=trainer.device,
                                 training_step=own_step, loss_fn=loss, check=check)
     if trainer.strategy.is_main and trainer.out is not None:
-        outdir.prepare(trainer.out, resume=bool(c.checkpointing.resume),
+        outdir.prepare_run(trainer.out, resume=bool(c.checkpointing.resume),
                        outputs=outdir.train_outputs(c.logging.logger))
     resume_if_requested(trainer)
     if trainer.strategy.is_main and trainer.out is not None:

@@ -11,7 +11,7 @@ continues what its own earlier invocation wrote.
 
 The same rule holds for every single file the package writes (:func:`new_file`: created
 exclusively, never opened through a FIFO, a device or a link), and for two runs started
-together on one ``--out``: :func:`prepare` takes an exclusive lock on the directory
+together on one ``--out``: :func:`prepare_run` takes an exclusive lock on the directory
 (``.amptrain.lock``, ``flock``) and checks again under it, so exactly one of them runs and
 the other is one line, exit 2.
 """
@@ -162,10 +162,16 @@ def _exists(path: Path) -> bool:
 
 def prepare(out: str | os.PathLike[str], *, resume: bool,
             outputs: tuple[str, ...] = TRAIN_OUTPUTS) -> Path:
-    """:func:`check`, then create the directory (one line naming ``--out`` if that fails),
-    lock it for this process (:func:`lock`) and check again under the lock: of two runs
+    """:func:`check`, then create the directory (one line naming ``--out`` if that fails)."""
+    return make(check(out, resume=resume, outputs=outputs))
+
+
+def prepare_run(out: str | os.PathLike[str], *, resume: bool,
+                outputs: tuple[str, ...] = TRAIN_OUTPUTS) -> Path:
+    """:func:`prepare` for a training run, which then locks the directory for this process
+    (:func:`lock`, until :func:`release`) and checks again under the lock: of two runs
     started together on one ``--out``, the second is refused before it writes anything."""
-    path = make(check(out, resume=resume, outputs=outputs))
+    path = prepare(out, resume=resume, outputs=outputs)
     lock(path)
     try:
         return check(path, resume=resume, outputs=outputs)

@@ -114,7 +114,7 @@ def test_a_locked_out_is_refused_and_free_again_once_released(tmp_path):
     import subprocess
     import sys
 
-    outdir.prepare(tmp_path, resume=False)
+    outdir.prepare_run(tmp_path, resume=False)
     try:
         # Another process: the flock is per open file, so this process would not see it.
         probe = ("from amptrain.trainer import outdir\n"
