@@ -49,12 +49,6 @@ def inapplicable(config: TrainConfig, given: Iterable[str], *, loss_scaling: boo
         notes.append(f"{flag('max_bad_steps')} stops a run without a loss scaler; "
                      f"{flag('precision')} {precision} has one, whose floor "
                      f"{flag('min_scale')} stops it instead")
-    if config.out is None:
-        unwritten = [name for name in ("save_every", "keep_last") if name in given]
-        if unwritten:
-            notes.append(f"{', '.join(flag(n) for n in unwritten)} "
-                         f"{'says' if len(unwritten) == 1 else 'say'} when checkpoints are "
-                         f"written into {flag('out')}; without {flag('out')} none are")
     scaler = [name for name in SCALER_OPTIONS if name in given]
     if scaler and not loss_scaling:
         names = ", ".join(flag(name) for name in scaler)

@@ -74,9 +74,6 @@ MORE_CASES = [
      "base_batch_size is the batch size lr was tuned for, read by lr_scaling"),
     ("max-bad-steps-with-a-loss-scaler", dict(precision="16-mixed", max_bad_steps=3),
      "max_bad_steps stops a run without a loss scaler; precision 16-mixed has one"),
-    ("save-every-without-out", dict(save_every=1), "save_every says when checkpoints are "
-                                                   "written into out; without out none are"),
-    ("keep-last-without-out", dict(keep_last=5), "keep_last says when checkpoints"),
     ("base-batch-size-with-lr-scaling", dict(base_batch_size=32, lr_scaling="linear"), None),
     ("max-bad-steps-without-a-scaler", dict(precision="bf16-mixed", max_bad_steps=3), None),
 ]
