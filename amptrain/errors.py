@@ -44,9 +44,46 @@ class UserError(AmptrainError):
     """Bad input: unknown name, missing path, impossible flag combination (exit 2).
 
     The message should say what to change, naming the flag where there is one.
+    A ``UserError`` raised in a DataLoader worker arrives in the training process rebuilt
+    from the worker's whole traceback (torch's ``ExceptionWrapper``); its message is then
+    the user's line again, whichever place reads the loader.
     """
 
     exit_code = 2
+
+    def __init__(self, *args: object) -> None:
+        if len(args) == 1 and isinstance(args[0], str):
+            message = _unwrapped(args[0])
+            if len(message) > MESSAGE_LIMIT:  # whatever a message echoed, one line stays one
+                message = f"{message[:MESSAGE_LIMIT]}... ({len(message)} characters in all)"
+            args = (message,)
+        super().__init__(*args)
+
+
+def _unwrapped(message: str) -> str:
+    """The original line of a message torch wrapped in a DataLoader worker's traceback
+    ("Caught UserError in DataLoader worker process 0.\nOriginal Traceback ...")."""
+    head = message.split("\n", 1)[0]
+    if not (head.startswith("Caught UserError") and "DataLoader worker" in head):
+        return message
+    lines = [line for line in message.strip().splitlines() if line.strip()]
+    return lines[-1].split("UserError: ", 1)[-1] if lines else message
+
+
+#: The longest message a UserError carries: the last bound, for an echo nobody bounded.
+MESSAGE_LIMIT = 2000
+#: The most characters of the user's own input an error message repeats (a YAML file, a
+#: value): a hostile file must not turn one error line into megabytes.
+ECHO_LIMIT = 200
+
+
+def bounded(text: object, limit: int = ECHO_LIMIT) -> str:
+    """``text`` as one line of at most ``limit`` characters (the rest said as a count)."""
+    whole = str(text)
+    line = " ".join(whole[:4 * limit].split())  # never split (copy) megabytes for 200
+    if len(line) <= limit and len(whole) <= 4 * limit:
+        return line
+    return f"{line[:limit]}... ({len(whole)} characters in all)"
 
 
 class TrainingHalted(AmptrainError):

@@ -143,8 +143,11 @@ def generate_images(checkpoint_path: str, samples: int, out: str, *, seed: int =
     directory) into ``out``: ``sample_00000.png`` ... at the data's resolution and
     ``grid.png`` (the first :data:`GRID_IMAGES`, enlarged); returns the files written."""
     from .imagegrid import save_grid, save_png, to_uint8
+    from .trainer import outdir
 
     check_image_request(samples, out, seed)
+    # Before the checkpoint is read: never a user's grid.png or sample_00000.png replaced.
+    outdir.claim(out, image_outputs(samples))
     path = str(checkpoint_file(checkpoint_path))
     state, run = load_run(path)
     task = saved_task(state, None)
@@ -161,8 +164,7 @@ def generate_images(checkpoint_path: str, samples: int, out: str, *, seed: int =
     # The data's value range (restored with the weights); else each image's own.
     low, high = model.output_range() if hasattr(model, "output_range") else (None, None)
     generator = torch.Generator(device=trainer.device).manual_seed(seed)
-    directory = Path(out)
-    directory.mkdir(parents=True, exist_ok=True)
+    directory = outdir.make(Path(out))
     written: list[Path] = []
     first: list[torch.Tensor] = []
     model.eval()
@@ -174,12 +176,18 @@ def generate_images(checkpoint_path: str, samples: int, out: str, *, seed: int =
                 raise UserError("the generator's outputs are not finite (NaN or infinity, e.g. "
                                 "an fp16 overflow); generate with --precision 32-true")
             for i, pixels in enumerate(to_uint8(images, low, high)):
-                written.append(save_png(pixels, directory / f"sample_{start + i:05d}.png"))
+                written.append(save_png(pixels, directory / f"sample_{start + i:05d}.png",
+                                        replace=False))
             if len(first) * 256 < GRID_IMAGES:
                 first.append(images[:GRID_IMAGES].cpu())
     grid = torch.cat(first)[:GRID_IMAGES]
-    written.append(save_grid(grid, directory / "grid.png", low=low, high=high))
+    written.append(save_grid(grid, directory / "grid.png", low=low, high=high, replace=False))
     return written
+
+
+def image_outputs(samples: int) -> tuple[str, ...]:
+    """The files ``generate --samples N --out DIR`` writes into DIR."""
+    return (*(f"sample_{i:05d}.png" for i in range(samples)), "grid.png")
 
 
 __all__ = ["GRID_IMAGES", "MAX_SAMPLES", "MAX_TOKENS", "Sampling", "check_image_request",

@@ -56,10 +56,19 @@ def grid(images: np.ndarray, columns: int | None = None, padding: int = 2,
     return out
 
 
-def save_png(image: np.ndarray, path: str | Path, scale: int = 1) -> Path:
+def save_png(image: np.ndarray, path: str | Path, scale: int = 1, *,
+             replace: bool = True) -> Path:
     """Write an ``H x W x C`` (C 1 or 3) uint8 image as PNG, each pixel ``scale`` x
-    ``scale`` (nearest neighbour: 8x8 digits stay visible)."""
+    ``scale`` (nearest neighbour: 8x8 digits stay visible).
+
+    Written as every file of the package is (:func:`amptrain.trainer.outdir.write_bytes`):
+    never through a link, FIFO or device; ``replace=False`` also refuses an existing file
+    (``generate``'s images in a directory that holds the user's own)."""
+    import io
+
     from PIL import Image
+
+    from .trainer.outdir import write_bytes
 
     if image.ndim != 3 or image.shape[2] not in (1, 3) or image.dtype != np.uint8:
         raise ValueError("save_png() takes an H x W x C uint8 image with C 1 or 3")
@@ -69,8 +78,9 @@ def save_png(image: np.ndarray, path: str | Path, scale: int = 1) -> Path:
                               mode="L" if image.shape[2] == 1 else "RGB")
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    picture.save(path, format="PNG")
-    return path
+    encoded = io.BytesIO()
+    picture.save(encoded, format="PNG")
+    return write_bytes(path, encoded.getvalue(), replace=replace)
 
 
 def upscale_for(size: int, target: int = 64) -> int:
@@ -80,11 +90,14 @@ def upscale_for(size: int, target: int = 64) -> int:
 
 
 def save_grid(images: torch.Tensor, path: str | Path, *, low: Sequence[float] | float | None = None,
-              high: Sequence[float] | float | None = None, columns: int | None = None) -> Path:
+              high: Sequence[float] | float | None = None, columns: int | None = None,
+              replace: bool = True) -> Path:
     """``N x C x H x W`` float images as one PNG grid (see :func:`to_uint8` for the value
-    mapping); small images are enlarged so that each is about 64 pixels wide."""
+    mapping); small images are enlarged so that each is about 64 pixels wide. ``replace``
+    as for :func:`save_png`."""
     pixels = to_uint8(images, low, high)
-    return save_png(grid(pixels, columns), path, scale=upscale_for(min(pixels.shape[1:3])))
+    return save_png(grid(pixels, columns), path, scale=upscale_for(min(pixels.shape[1:3])),
+                    replace=replace)
 
 
 __all__ = ["grid", "save_grid", "save_png", "to_uint8", "upscale_for"]

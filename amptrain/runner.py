@@ -143,7 +143,8 @@ def _train(config: RunConfig, strategy: Any, trainer_options: dict[str, Any]) ->
     config = config.with_options(out=strategy.broadcast_object(config.out))
     if config.out is not None:  # without one nothing is written (as in the Trainer)
         outdir.check_on_main(config.out, resume=bool(config.checkpointing.resume),
-                             is_main=strategy.is_main, broadcast=strategy.broadcast_object)
+                             is_main=strategy.is_main, broadcast=strategy.broadcast_object,
+                             outputs=outdir.train_outputs(config.logging.logger))
     run = assemble(config)
     trainer = Trainer(config, strategy=strategy, run_info=run_info(config, run.data, run.task),
                       **trainer_options)

@@ -438,6 +438,39 @@ ERROR_TABLE = [
      "(a damaged or planted file); amptrain does not load it"),
     # (end of reliability-readers)
     # --- reliability-data-writers ---
+    # Issue 36, class 2: a module: Dataset's claimed length is checked before a sampler
+    # allocates for it (later samples: tests/data/test_module.py, mid-run).
+    ("data-module-claims-10-12-samples",
+     "train --model mlp --data module:tests.data.hostile_datasets.huge_length",
+     "train Dataset claims 1000000000000 samples, over the limit of 268435456"),
+    ("data-module-val-claims-10-12-samples",
+     "train --model mlp --data module:tests.data.hostile_datasets.val_huge_length",
+     "val Dataset claims 1000000000000 samples"),
+    ("data-module-len-raises",
+     "train --model mlp --data module:tests.data.hostile_datasets.len_raises",
+     "len() of the factory's train Dataset raised RuntimeError: the index file is gone"),
+    # Class 3: a name the file system cannot hold, for every command's --out; generate's
+    # --out onto a file (it was FileExistsError after the checkpoint was read).
+    ("out-name-too-long", "train --out {root}/" + "x" * 300,
+     "is 300 bytes, over the file system's"),
+    ("out-path-too-long", "train --out {root}/" + "/".join(["y" * 200] * 25),
+     "over the system's 4096 bytes"),
+    ("eval-out-name-too-long", "eval --checkpoint {checkpoint} --out {root}/" + "x" * 300,
+     "is 300 bytes, over the file system's"),
+    ("diagnose-out-name-too-long", "diagnose --model mlp --out {root}/" + "x" * 300,
+     "is 300 bytes, over the file system's"),
+    ("generate-out-name-too-long",
+     "generate --checkpoint {checkpoint} --samples 2 --out {root}/" + "x" * 300,
+     "is 300 bytes, over the file system's"),
+    ("generate-out-is-a-file",
+     "generate --checkpoint {checkpoint} --samples 2 --out {a_file}",
+     "is a file, not a directory"),
+    # Class 7: garbage numbers that trained (then "lower --lr"), a split with nothing to train.
+    ("weight-decay-nan", "train --weight-decay nan", "--weight-decay must be >= 0 (got nan)"),
+    ("momentum-inf", "train --optimizer sgd --momentum inf", "--momentum must be >= 0 (got inf)"),
+    ("prepare-val-fraction-leaves-nothing",
+     "prepare --data text:{long_txt} --out {root}/prepared --val-fraction 0.999999",
+     "--val-fraction 0.999999 leaves 0 of the"),
     # (end of reliability-data-writers)
     # --- newcomer-defaults ---
     # (end of newcomer-defaults)

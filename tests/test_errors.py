@@ -50,3 +50,30 @@ def test_exit_codes():
     term, interrupt = Preempted("SIGTERM", 143), Preempted("SIGINT", 130)
     assert (term.exit_code, interrupt.exit_code) == (143, 130)
     assert str(term) == "SIGTERM"
+
+
+# ----------------------------------------------------------------- issue 36, class 7
+def test_a_user_error_is_bounded_whatever_it_echoes():
+    from amptrain.errors import MESSAGE_LIMIT, UserError
+
+    message = str(UserError("--model " + "lol" * 10**6 + " is unknown"))
+    assert len(message) < MESSAGE_LIMIT + 50 and message.endswith("(3000019 characters in all)")
+    assert str(UserError("short")) == "short"
+
+
+def test_bounded_echo_is_one_short_line():
+    from amptrain.errors import bounded
+
+    assert bounded("a\nb   c") == "a b c"
+    long = bounded("x" * 10**7)
+    assert long.startswith("x" * 200 + "...") and long.endswith("(10000000 characters in all)")
+
+
+def test_a_user_error_from_a_dataloader_worker_is_the_users_line_again():
+    # torch rebuilds a worker's exception from its whole traceback text.
+    from amptrain.errors import UserError
+
+    wrapped = ("Caught UserError in DataLoader worker process 1.\nOriginal Traceback (most "
+               "recent call last):\n  File \"x.py\", line 3, in f\n    raise UserError(...)\n"
+               "amptrain.errors.UserError: --data module:m.f: training sample 40 is unusable\n")
+    assert str(UserError(wrapped)) == "--data module:m.f: training sample 40 is unusable"

@@ -164,3 +164,42 @@ def test_generate_samples_from_the_command_line_and_its_refusals(tmp_path, capsy
         err = capsys.readouterr().err.strip()
         assert len(err.splitlines()) == 1 and re.search(message, err), err
     assert not (tmp_path / "x").exists()
+
+
+# ----------------------------------------------------------------- issue 36, class 3
+@pytest.mark.parametrize("user_file", ["grid.png", "sample_00001.png"])
+def test_generate_never_replaces_a_users_image_and_says_so_before_drawing(tmp_path, capsys,
+                                                                          user_file):
+    from amptrain.cli import main
+
+    gan, _ = _gan_checkpoint(tmp_path)
+    out = tmp_path / "mine"
+    out.mkdir()
+    (out / user_file).write_bytes(b"the user's own picture")
+    assert main(["generate", "--checkpoint", gan, "--samples", "3", "--out", str(out),
+                 "--device", "cpu"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and f"already holds {user_file}" in err, err
+    assert sorted(p.name for p in out.iterdir()) == [user_file]  # nothing drawn into it
+    assert (out / user_file).read_bytes() == b"the user's own picture"
+
+
+def test_generate_onto_a_file_or_a_fifo_is_one_line(tmp_path, capsys):
+    import os
+
+    from amptrain.cli import main
+
+    gan, _ = _gan_checkpoint(tmp_path)
+    (tmp_path / "a_file").write_text("x")
+    os.mkfifo(tmp_path / "pipe")
+    out = tmp_path / "out"
+    out.mkdir()
+    os.mkfifo(out / "grid.png")
+    for target, message in ((tmp_path / "a_file", "is a file, not a directory"),
+                            (tmp_path / "pipe", "is a FIFO (named pipe), not a directory"),
+                            (out, "grid.png is a FIFO")):
+        assert main(["generate", "--checkpoint", gan, "--samples", "2", "--out", str(target),
+                     "--device", "cpu"]) == 2
+        err = capsys.readouterr().err.strip()
+        assert len(err.splitlines()) == 1 and message in err, err
+    assert (tmp_path / "a_file").read_text() == "x"

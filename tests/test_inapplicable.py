@@ -66,3 +66,47 @@ def test_the_command_line_names_the_flag(capsys, tmp_path, monkeypatch):
     lines = [line for line in capsys.readouterr().err.splitlines() if "warning:" in line]
     assert lines == ["amptrain: warning: --momentum applies to --optimizer sgd only; "
                      "--optimizer adamw ignores it"]
+
+
+# Issue 36, class 7: more options that did nothing without a word.
+MORE_CASES = [
+    ("base-batch-size-without-lr-scaling", dict(base_batch_size=256),
+     "base_batch_size is the batch size lr was tuned for, read by lr_scaling"),
+    ("max-bad-steps-with-a-loss-scaler", dict(precision="16-mixed", max_bad_steps=3),
+     "max_bad_steps stops a run without a loss scaler; precision 16-mixed has one"),
+    ("base-batch-size-with-lr-scaling", dict(base_batch_size=32, lr_scaling="linear"), None),
+    ("max-bad-steps-without-a-scaler", dict(precision="bf16-mixed", max_bad_steps=3), None),
+]
+
+
+@pytest.mark.parametrize("name,options,fragment", MORE_CASES, ids=[c[0] for c in MORE_CASES])
+def test_more_options_that_do_nothing_are_one_warning(caplog, name, options, fragment):
+    trainer = Trainer(device="cpu", no_progress=True, max_steps=1, batch_size=32, **options)
+    with caplog.at_level(logging.WARNING, logger="amptrain"):
+        trainer.fit(tiny_mlp(), tiny_classification(n=64))
+    said = [r.getMessage() for r in caplog.records if r.getMessage().startswith("warning: ")
+            and "does not divide" not in r.getMessage()]
+    if fragment is None:
+        assert said == []
+    else:
+        assert len(said) == 1 and fragment in said[0], said
+
+
+def test_optimizer_options_with_your_own_optimizer_are_warned(caplog):
+    model = tiny_mlp()
+    with caplog.at_level(logging.WARNING, logger="amptrain"):
+        Trainer(device="cpu", no_progress=True, max_steps=1, batch_size=32, lr=0.5,
+                weight_decay=0.1).fit(model, tiny_classification(n=64),
+                                      optimizer=torch.optim.SGD(model.parameters(), lr=0.01))
+    said = [r.getMessage() for r in caplog.records if "your own optimizer" in r.getMessage()]
+    assert len(said) == 1 and "lr, weight_decay build amptrain's optimizer" in said[0]
+
+
+def test_base_batch_size_without_lr_scaling_is_warned_on_the_command_line(tmp_path):
+    from tests.commands.helpers import amptrain
+
+    done = amptrain("train", "--model", "mlp", "--max-steps", "1", "--base-batch-size", "256",
+                    "--out", str(tmp_path / "run"), "--no-progress", "--logger", "none")
+    assert done.returncode == 0, done.stderr
+    assert "amptrain: warning: --base-batch-size is the batch size --lr was tuned for" \
+        in done.stderr

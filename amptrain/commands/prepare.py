@@ -71,6 +71,11 @@ def run(args: argparse.Namespace) -> int:
         meta = prepare_corpus(path, out, tokenizer, glob=args.text_glob,
                               val_fraction=args.val_fraction, workers=workers,
                               progress=not args.no_progress, spec=spec)
+        train_tokens = meta.tokens - (meta.val_tokens or 0)
+        if train_tokens < MIN_TRAIN_TOKENS:  # a split with nothing to train on
+            raise UserError(f"--val-fraction {args.val_fraction} leaves {max(train_tokens, 0)} "
+                            f"of the {meta.tokens} tokens to train on; lower --val-fraction "
+                            f"(nothing was written)")
     except BaseException:
         # Only what this invocation wrote goes: the directory when it made it, else the
         # files inside (it was empty before).
@@ -89,6 +94,10 @@ def run(args: argparse.Namespace) -> int:
     print(f"took {seconds:.1f} s ({mb / max(seconds, 1e-9):.1f} MB/s of text, {workers} "
           f"process(es)); train with: amptrain train --model gpt --data tokens:{out}")
     return 0
+
+
+#: The fewest training tokens a split may leave: one input token and its next-token target.
+MIN_TRAIN_TOKENS = 2
 
 
 def _workers(value: str, auto: int) -> int:

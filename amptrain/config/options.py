@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import math
 import os
 from dataclasses import field
 from pathlib import Path
@@ -18,7 +19,7 @@ from typing import Any, Iterable, Iterator
 
 import yaml
 
-from ..errors import UserError, flag
+from ..errors import UserError, bounded, flag
 from ..pathkind import not_regular_reason
 
 
@@ -159,6 +160,11 @@ replace_options = with_options
 
 
 # ------------------------------------------------------------------ types
+def shown(value: Any) -> str:
+    """A value as an error repeats it: its repr, bounded (see :func:`errors.bounded`)."""
+    return bounded(repr(value))
+
+
 _A_KIND = {int: "an integer", float: "a number"}
 
 
@@ -179,14 +185,14 @@ def coerce(field_: dataclasses.Field, value: Any) -> Any:
         items = [value] if isinstance(value, str) else value
         if not isinstance(items, (list, tuple)) or not all(isinstance(i, str) for i in items):
             raise UserError(f"{flag(name)} takes a pattern or a list of patterns "
-                            f"(got {value!r})")
+                            f"(got {shown(value)})")
         return list(items)
     if isinstance(default, bool):
         if isinstance(value, bool):
             return value
         if isinstance(value, str) and value.lower() in ("true", "false"):
             return value.lower() == "true"
-        raise UserError(f"{flag(name)} is true or false (got {value!r})")
+        raise UserError(f"{flag(name)} is true or false (got {shown(value)})")
     kind = field_.metadata.get("kind") or type(default)
     if kind is str:
         return _coerce_text(field_, name, value)
@@ -207,25 +213,27 @@ def _coerce_text(field_: dataclasses.Field, name: str, value: Any) -> Any:
     if isinstance(value, os.PathLike):
         return os.fspath(value)
     if not isinstance(value, str):
-        raise UserError(f"{flag(name)} must be a string (got {type(value).__name__} {value!r})")
+        raise UserError(f"{flag(name)} must be a string (got {type(value).__name__} "
+                        f"{shown(value)})")
     return value
 
 
 def _coerce_number(name: str, kind: type, value: Any) -> Any:
     if isinstance(value, bool) or not isinstance(value, (int, float, str)):
-        raise UserError(f"{flag(name)} must be {_A_KIND[kind]} (got {value!r})")
+        raise UserError(f"{flag(name)} must be {_A_KIND[kind]} (got {shown(value)})")
     try:
         number = kind(value.strip()) if isinstance(value, str) else value
     except ValueError:
-        raise UserError(f"{flag(name)} must be {_A_KIND[kind]} (got {value!r})") from None
+        raise UserError(f"{flag(name)} must be {_A_KIND[kind]} (got {shown(value)})") from None
     if kind is int and isinstance(number, float):
         if not number.is_integer():
-            raise UserError(f"{flag(name)} must be {_A_KIND[kind]} (got {value!r})")
+            raise UserError(f"{flag(name)} must be {_A_KIND[kind]} (got {shown(value)})")
         number = int(number)
     return float(number) if kind is float else number
 
 
 def _unknown_message(cls: type, name: str, source: str, known: dict[str, Any]) -> str:
+    name = bounded(name, 60)  # a YAML key may be any text
     close = difflib.get_close_matches(name, list(known), n=1)
     if flag(name).startswith("--"):
         hint = f"; did you mean {flag(close[0])}?" if close else ""
@@ -243,15 +251,17 @@ def require_positive(section: Any, *names: str, optional: bool = False) -> None:
         if value is None and optional:
             continue
         if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-            raise UserError(f"{flag(name)} must be an integer >= 1 (got {value!r})")
+            raise UserError(f"{flag(name)} must be an integer >= 1 (got {shown(value)})")
 
 
 def require_non_negative(section: Any, *names: str) -> None:
-    """Each named option is a number >= 0."""
+    """Each named option is a finite number >= 0 (NaN compares false with everything, so
+    ``value < 0`` alone let ``--weight-decay nan`` through: a run that diverged)."""
     for name in names:
         value = getattr(section, name)
-        if not isinstance(value, (int, float)) or isinstance(value, bool) or value < 0:
-            raise UserError(f"{flag(name)} must be >= 0 (got {value!r})")
+        if not isinstance(value, (int, float)) or isinstance(value, bool) \
+                or not math.isfinite(value) or value < 0:
+            raise UserError(f"{flag(name)} must be >= 0 (got {shown(value)})")
 
 
 def require_choices(section: Any) -> None:
@@ -262,7 +272,7 @@ def require_choices(section: Any) -> None:
         if choices and not f.metadata.get("open_choices") and value is not None \
                 and value not in choices:
             raise UserError(f"{flag(flat_name(f))} must be one of {', '.join(choices)} "
-                            f"(got {value!r})")
+                            f"(got {shown(value)})")
 
 
 # ------------------------------------------------------------------ YAML
@@ -280,6 +290,10 @@ def load_yaml(path: str | Path) -> dict[str, Any]:
         raise UserError(f"--config {path} is a directory; give the YAML file")
     if not path.is_file():
         raise UserError(f"--config {path}: no such file")
+    size = path.stat().st_size
+    if size > MAX_CONFIG_BYTES:
+        raise UserError(f"--config {path} is {size} bytes, over the limit of "
+                        f"{MAX_CONFIG_BYTES} for a file of option: value lines")
     try:
         text = path.read_bytes().decode("utf-8")
     except UnicodeDecodeError as exc:
@@ -287,7 +301,10 @@ def load_yaml(path: str | Path) -> dict[str, Any]:
     except OSError as exc:
         raise UserError(f"--config {path}: cannot read it ({exc.strerror})") from None
     try:
-        raw = yaml.safe_load(text)
+        raw = _bounded_yaml(text, path)
+    except RecursionError:
+        raise UserError(f"--config {path}: nested too deeply to be a config; write "
+                        f"option: value lines") from None
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f" at line {mark.line + 1}" if mark else ""
@@ -301,6 +318,46 @@ def load_yaml(path: str | Path) -> dict[str, Any]:
     # A run's resolved config.yaml also records facts that are not options; reading it
     # back as --config must work, so those are dropped here.
     return {k: v for k, v in values.items() if k not in RESOLVED_ONLY_KEYS}
+
+
+#: A --config file is a few option lines: larger files and YAML whose aliases expand to
+#: more values than this (a "billion laughs" file of 341 bytes expands to 10^9) are
+#: refused before anything is built from them.
+MAX_CONFIG_BYTES = 1 << 20
+MAX_CONFIG_VALUES = 10_000
+
+
+def _bounded_yaml(text: str, path: Path) -> Any:
+    """``yaml.safe_load(text)``, refusing a document whose aliases expand past
+    :data:`MAX_CONFIG_VALUES` values (counted on the composed nodes, before any is built)."""
+    loader = yaml.SafeLoader(text)
+    try:
+        node = loader.get_single_node()
+        if node is None:
+            return None
+        sizes: dict[int, int] = {}
+
+        def expanded(n: yaml.Node) -> int:  # an alias is the same node object again
+            if id(n) not in sizes:
+                sizes[id(n)] = 1  # a recursive alias counts once, not forever
+                children = n.value if isinstance(n, yaml.SequenceNode) else \
+                    [c for pair in n.value for c in pair] \
+                    if isinstance(n, yaml.MappingNode) else []
+                total = 1
+                for child in children:
+                    total += expanded(child)
+                    if total > MAX_CONFIG_VALUES:
+                        break
+                sizes[id(n)] = total
+            return sizes[id(n)]
+
+        if expanded(node) > MAX_CONFIG_VALUES:
+            raise UserError(f"--config {path}: its YAML aliases expand to more than "
+                            f"{MAX_CONFIG_VALUES} values; write the options out as "
+                            f"option: value lines")
+        return loader.construct_document(node)
+    finally:
+        loader.dispose()
 
 
 def write_yaml(data: dict[str, Any], path: str | Path) -> None:

@@ -17,11 +17,19 @@ first training sample ``(x, y)``:
 
 A dataset may also say what it is with a ``task`` attribute (``"lm"``, ``"regression"``).
 Anything else is one line naming ``--data``.
+
+Every later sample is held to the first one (:class:`CheckedSamples`): a sample that
+raises, changes shape or kind, carries a label outside the classes or ids outside the
+vocabulary, or a NaN/infinite value is the same one line naming ``--data`` and the
+sample's index, whenever it is read -- in this process or a DataLoader worker (the check
+runs where ``__getitem__`` runs, on the host, so the training step pays nothing for it).
+A claimed length above :data:`MAX_SAMPLES` is refused before a sampler allocates for it.
 """
 from __future__ import annotations
 
 import inspect
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, NoReturn
 
 import numpy as np
 import torch
@@ -32,6 +40,10 @@ from .core import DataBundle, DataOptions, register
 
 #: Labels are read one by one (each a __getitem__ call) only for datasets up to this size.
 SCAN_LIMIT = 20000
+#: The most samples a map-style dataset may claim: a shuffled epoch holds one 8-byte index
+#: per sample (2 GiB at this limit), and a mistyped ``__len__`` (10^12) would ask for
+#: terabytes. Larger data is streamed: an ``IterableDataset``.
+MAX_SAMPLES = 1 << 28
 
 
 @register("module")
@@ -69,6 +81,10 @@ def user_data(argument: str, options: DataOptions) -> DataBundle:
     else:
         names = _class_names(train, spec)
         outputs = len(names)
+    first = Sample(x, y, task=task, classes=len(names) or None,
+                   vocab=int(vocab) if vocab else None)
+    train = CheckedSamples.around(train, spec, first, "training")
+    val = CheckedSamples.around(val, spec, first, "validation") if val is not None else None
     return DataBundle(train, val, outputs, input_shape, kind, class_names=names,
                       vocab_size=int(vocab) if vocab else None,
                       task=None if task == "classification" else task,
@@ -100,8 +116,24 @@ def _check_split(data: Any, which: str, spec: str) -> None:
         raise UserError(f"--data {spec}: the factory's {which} split is a "
                         f"{type(data).__name__}, not a torch Dataset with a length (or an "
                         f"IterableDataset)")
-    if len(data) == 0:
+    try:
+        length = len(data)
+    except Exception as exc:
+        raise UserError(f"--data {spec}: len() of the factory's {which} Dataset raised "
+                        f"{type(exc).__name__}{_said(exc)}") from None
+    if not isinstance(length, int) or length == 0:
         raise UserError(f"--data {spec}: the factory's {which} Dataset is empty")
+    if length > MAX_SAMPLES:
+        raise UserError(f"--data {spec}: the factory's {which} Dataset claims {length} "
+                        f"samples, over the limit of {MAX_SAMPLES} for a map-style Dataset "
+                        f"(a shuffled order holds 8 bytes per sample); check its __len__, "
+                        f"or stream larger data as an IterableDataset")
+
+
+def _said(exc: BaseException) -> str:
+    """``: <the first line of the exception's message, at most 100 characters>``."""
+    text = str(exc).strip()
+    return f": {text.splitlines()[0][:100]}" if text else ""
 
 
 def _as_tensor(value: Any, what: str, spec: str) -> torch.Tensor:
@@ -163,4 +195,91 @@ def _class_names(data: Any, spec: str) -> list[str]:
     return [str(i) for i in range(int(count))]
 
 
-__all__ = ["user_data"]
+@dataclass(frozen=True)
+class Sample:
+    """What the first training sample says every sample is: its input's and target's
+    shapes and kinds, and the range of its labels (classes) or token ids (vocab)."""
+
+    x: torch.Tensor
+    y: torch.Tensor
+    task: str
+    classes: int | None = None
+    vocab: int | None = None
+
+    def problem(self, x: torch.Tensor, y: torch.Tensor) -> str | None:
+        """What is wrong with a sample ``(x, y)`` (None: nothing). Host-side, per sample."""
+        for name, have, want in (("input", x, self.x), ("target", y, self.y)):
+            if have.shape != want.shape:
+                return (f"its {name} has shape {tuple(have.shape)}, but sample 0's has "
+                        f"{tuple(want.shape)}")
+            if have.is_floating_point() != want.is_floating_point():
+                return (f"its {name} is {have.dtype}, but sample 0's is {want.dtype} "
+                        f"({'floats' if want.is_floating_point() else 'whole numbers'})")
+            if have.is_floating_point() and not bool(torch.isfinite(have).all()):
+                return f"its {name} holds NaN or infinite values"
+        if self.vocab is not None:
+            for name, ids in (("input", x), ("target", y)):
+                if not ids.is_floating_point() and ids.numel() and (
+                        int(ids.min()) < 0 or int(ids.max()) >= self.vocab):
+                    return (f"its {name} holds token ids from {int(ids.min())} to "
+                            f"{int(ids.max())}, outside the vocab_size of {self.vocab}")
+        elif self.classes is not None and y.ndim == 0 and not y.is_floating_point():
+            label = int(y)
+            if not 0 <= label < self.classes:
+                return (f"its label is {label}, outside the {self.classes} classes "
+                        f"(0 to {self.classes - 1})")
+        return None
+
+
+class CheckedSamples(Dataset):
+    """The user's map-style Dataset, every sample held to the first (see the module).
+
+    Attributes the user's object has (``classes``, ``targets``, ``vocab_size``...) are
+    read through; ``dataset`` is the user's object itself.
+    """
+
+    def __init__(self, dataset: Dataset, spec: str, first: Sample, which: str) -> None:
+        self.dataset, self.spec, self.first, self.which = dataset, spec, first, which
+
+    @classmethod
+    def around(cls, data: Any, spec: str, first: Sample, which: str) -> Any:
+        """``data`` checked sample by sample; streams and in-memory tensors (checked as a
+        whole when ``fit`` starts, and indexed in bulk) are returned as they are."""
+        if isinstance(data, IterableDataset) or hasattr(data, "tensors"):
+            return data
+        return cls(data, spec, first, which)
+
+    def __len__(self) -> int:
+        return len(self.dataset)  # type: ignore[arg-type]
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("__") or name in ("dataset", "spec", "first", "which"):
+            raise AttributeError(name)  # unpickling in a worker: no recursion
+        return getattr(self.dataset, name)
+
+    def __getitem__(self, index: int) -> Any:
+        try:
+            sample = self.dataset[index]
+        except UserError:
+            raise
+        except Exception as exc:  # the user's code: its failure is reported, not ours
+            self._refuse(index, f"reading it raised {type(exc).__name__}{_said(exc)}")
+        if not isinstance(sample, (tuple, list)) or len(sample) != 2:
+            self._refuse(index, f"it is a {type(sample).__name__}, not an (input, target) "
+                                f"pair like sample 0")
+        try:
+            x, y = (v if isinstance(v, torch.Tensor) else torch.as_tensor(np.asarray(v))
+                    for v in sample)
+        except (TypeError, ValueError, RuntimeError):
+            self._refuse(index, "its input or target is not a tensor, array or number")
+        problem = self.first.problem(x, y)
+        if problem:
+            self._refuse(index, problem)
+        return sample
+
+    def _refuse(self, index: int, problem: str) -> NoReturn:
+        raise UserError(f"--data {self.spec}: {self.which} sample {index} is unusable: "
+                        f"{problem}")
+
+
+__all__ = ["MAX_SAMPLES", "CheckedSamples", "Sample", "user_data"]

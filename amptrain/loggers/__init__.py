@@ -23,6 +23,18 @@ SINKS: dict[str, str] = {
 }
 NONE = "none"
 DEFAULT = "tensorboard"
+#: What each tracker writes into the run directory (a trailing "/" marks a directory):
+#: ``train`` refuses an ``--out`` where one of them exists already (trainer/outdir.py).
+SINK_OUTPUTS: dict[str, tuple[str, ...]] = {
+    "tensorboard": ("tb/",),
+    "mlflow": ("mlruns/",),
+    "csv": ("metrics.csv",),
+}
+#: The package a tracker needs, and how to install it (checked before a run writes).
+SINK_PACKAGES: dict[str, tuple[str, str]] = {
+    "tensorboard": ("tensorboard", "pip install tensorboard"),
+    "mlflow": ("mlflow", "pip install 'amptrain[mlflow]' (mlflow-skinny is enough)"),
+}
 
 
 def parse_names(value: str | list[str] | tuple[str, ...]) -> list[str]:
@@ -36,6 +48,22 @@ def parse_names(value: str | list[str] | tuple[str, ...]) -> list[str]:
         raise UserError(f"{flag('logger')} {','.join(unknown) or repr(value)}: choose from "
                         f"{', '.join(SINKS)} (comma-separated), or {NONE}")
     return names
+
+
+def check_installed(names: list[str]) -> None:
+    """Refuse a chosen tracker whose package is not installed, naming ``--logger``: before
+    the run writes anything (not after config.yaml and metrics.jsonl)."""
+    import importlib.util
+
+    for name in names:
+        package, how = SINK_PACKAGES.get(name, ("", ""))
+        try:
+            found = importlib.util.find_spec(package) is not None if package else True
+        except (ImportError, ValueError):
+            found = False
+        if not found:
+            raise UserError(f"{flag('logger')} {name} needs {package}, which is not "
+                            f"installed: {how}, or choose another {flag('logger')}")
 
 
 def build_sinks(names: list[str], out: Path, *, resumed_at: int | None = None,

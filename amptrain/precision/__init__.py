@@ -35,7 +35,7 @@ from .islands import (ForwardPatches, cpu_fp32_island_types, cpu_fp32_modules,
                       install_fp32_islands, match_modules)
 from .loss_scales import LossScales
 from .master import check_no_shared_kept, modules_kept_fp32
-from .misuse import CallOrder
+from .misuse import CallOrder, check_setup, checked_arguments, checked_state
 from .modes import ALIASES, MODES, PRECISION_NAMES, ModeSpec, as_given, canonical_name, label
 from .outcome import NonFiniteHalt, SkipCounter, StepOutcome
 from .pairs import Pairs
@@ -62,8 +62,8 @@ class PrecisionOptions(Protocol):
     weight_update: str
 
 __all__ = ["Precision", "StepOutcome", "NonFiniteHalt", "MODES", "PRECISION_NAMES", "ALIASES",
-           "ModeSpec", "as_given", "canonical_name", "label", "resolve_name",
-           "WEIGHT_UPDATES", "WeightUpdate"]
+           "ModeSpec", "as_given", "canonical_name", "label", "resolve_name", "WEIGHT_UPDATES",
+           "WeightUpdate"]
 
 log = logging.getLogger("amptrain")
 
@@ -75,13 +75,11 @@ class Precision:
         name: a mode from :data:`PRECISION_NAMES` (Lightning spellings accepted) or ``auto``.
         device: where the model runs; default CUDA when available, else CPU.
         init_scale, growth_factor, backoff_factor, growth_interval: dynamic loss-scaler
-            settings (fp16 modes only), as in ``torch.amp.GradScaler``
-            (:mod:`amptrain.scaler_settings`).
+            settings (fp16 modes only), as ``torch.amp.GradScaler``'s (scaler_settings.py).
         min_scale: the loss-scale floor; reaching it stops training with advice.
-        keep_fp32: glob patterns of module names that run in fp32 inside autocast.
+        keep_fp32: glob patterns (or one) of module names that run in fp32 inside autocast.
         max_bad_steps: consecutive non-finite steps tolerated in modes without a scaler.
-        fp8_skip_first_last: in ``fp8``, keep the model's first and last ``nn.Linear``
-            out of float8 (the default; see :mod:`amptrain.precision.fp8`).
+        fp8_skip_first_last: in ``fp8``, keep the first and last ``nn.Linear`` out (fp8.py).
         weight_update: ``plain``, ``kahan`` or ``stochastic`` (X-true modes; see weight_update.py).
         separate_loss_scales: one loss scale per ``backward(..., loss_id=)`` instead of one
             for all losses (fp16 modes; Apex's ``num_losses``; see :mod:`.loss_scales`).
@@ -95,9 +93,11 @@ class Precision:
                  min_scale: float = 1.0, keep_fp32: Iterable[str] = (),
                  max_bad_steps: int = 10, fp8_skip_first_last: bool = True,
                  weight_update: str = "plain", separate_loss_scales: bool = False) -> None:
+        device, keep_fp32 = checked_arguments(device, min_scale, keep_fp32, max_bad_steps,
+                                              fp8_skip_first_last, separate_loss_scales)
         self.requested = canonical_name(name)
         self.given = str(name)  # the user's spelling (a Keras policy name, say), for outputs
-        self.device = torch.device(device) if device is not None else resolve_device("auto")
+        self.device = device if device is not None else resolve_device("auto")
         self.scaler_settings = ScalerSettings(init_scale=init_scale, growth_factor=growth_factor,
                                               backoff_factor=backoff_factor,
                                               growth_interval=growth_interval)
@@ -168,6 +168,7 @@ class Precision:
         Linear layers for float8 ones in ``fp8`` (in place, parameters kept; teardown does
         not undo it), and sets the TF32 switches. The model must already be on its device.
         """
+        check_setup(model, optimizer)
         param = next(model.parameters(), None)
         if param is not None and param.device.type != self.device.type:
             if len(self._pairs):
@@ -270,7 +271,7 @@ class Precision:
     def backward(self, loss: torch.Tensor, *, loss_id: int = 0) -> None:
         """Backpropagate ``loss``, scaled where the mode uses loss scaling (with its own
         scale per ``loss_id`` when ``separate_loss_scales``)."""
-        self._order.backward(loss)
+        self._order.backward(loss, loss_id)
         self.backward_loss_id = loss_id
         try:
             self._scales.backward(loss, loss_id, self._pairs.grad_links()
@@ -415,6 +416,7 @@ class Precision:
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restore :meth:`state_dict` (also the one-pair format without ``pairs``); scaler
         state only applies when both modes scale."""
+        state = checked_state(state)  # type: ignore[assignment]
         if self.spec.loss_scaling:
             self._scales.load_state_dict(state)
         self.skipped_steps = int(state.get("skipped_steps", 0))

@@ -6,13 +6,102 @@ refused with amptrain's own error instead of torch's assert or shape error.
   were recorded"; without a scaler the step silently does nothing);
 * with several optimizers, a second ``step`` of one optimizer before ``update()``: the
   once-per-iteration ``update()`` was forgotten and the loss scale would never move (torch's
-  scaler raises "step() has already been called since the last update()").
+  scaler raises "step() has already been called since the last update()");
+* arguments of the wrong kind: ``Precision``'s own (:func:`checked_arguments`), a
+  ``loss_id`` that is not a whole number, a ``load_state_dict`` of something that is not a
+  Precision's state, a ``setup`` of something that is not a module, an optimizer or a
+  model whose weights are on the ``meta`` device -- each named, not torch's message later.
 """
 from __future__ import annotations
 
+import math
+from collections.abc import Iterable, Mapping
+from typing import Any
+
 import torch
+from torch import nn
 
 from ..errors import UserError
+
+
+def checked_arguments(device: Any, min_scale: Any, keep_fp32: Any, max_bad_steps: Any,
+                      fp8_skip_first_last: Any, separate_loss_scales: Any
+                      ) -> tuple[torch.device | None, list[str]]:
+    """``Precision(...)``'s arguments checked: the device (None: auto) and the
+    ``keep_fp32`` patterns as a list (one string is one pattern, not its characters)."""
+    from ..devices import resolve_device
+
+    switches = {"fp8_skip_first_last": fp8_skip_first_last,
+                "separate_loss_scales": separate_loss_scales}
+
+    if device is not None and not isinstance(device, (str, torch.device)):
+        raise UserError(f"device must be a name such as 'cpu' or 'cuda:0', or a torch.device "
+                        f"(got {type(device).__name__})")
+    where = None if device is None else device if isinstance(device, torch.device) \
+        else resolve_device(device)
+    if isinstance(min_scale, bool) or not isinstance(min_scale, (int, float)) \
+            or not math.isfinite(min_scale) or min_scale < 0:
+        raise UserError(f"min_scale must be a finite number >= 0, the loss-scale floor "
+                        f"(got {min_scale!r})")
+    if isinstance(max_bad_steps, bool) or not isinstance(max_bad_steps, int) \
+            or max_bad_steps < 1:
+        raise UserError(f"max_bad_steps must be an integer >= 1 (got {max_bad_steps!r})")
+    for name, value in switches.items():
+        if not isinstance(value, bool):
+            raise UserError(f"{name} is True or False (got {value!r})")
+    patterns = [keep_fp32] if isinstance(keep_fp32, str) else keep_fp32
+    if not isinstance(patterns, Iterable) or isinstance(patterns, (bytes, Mapping)):
+        raise UserError(f"keep_fp32 takes a pattern or a list of patterns (got "
+                        f"{type(keep_fp32).__name__})")
+    patterns = list(patterns)
+    if not all(isinstance(p, str) for p in patterns):
+        raise UserError(f"keep_fp32 takes module-name patterns as strings (got {patterns!r})")
+    return where, patterns
+
+
+def check_loss_id(loss_id: object) -> None:
+    """``backward(loss, loss_id=)``: a whole number >= 0 (it names a loss, and its scale)."""
+    if isinstance(loss_id, bool) or not isinstance(loss_id, int) or loss_id < 0:
+        raise UserError(f"backward(): loss_id must be an integer >= 0, one per loss (got "
+                        f"{loss_id!r})")
+
+
+def check_setup(model: object, optimizer: object) -> None:
+    """``setup(model, optimizer)``: a module with weights that hold data, and an optimizer."""
+    if not isinstance(model, nn.Module):
+        raise UserError(f"setup(): model must be a torch.nn.Module (got "
+                        f"{type(model).__name__})")
+    if optimizer is not None and not isinstance(optimizer, torch.optim.Optimizer):
+        raise UserError(f"setup(): optimizer must be a torch.optim.Optimizer or None (got "
+                        f"{type(optimizer).__name__})")
+    if any(t.is_meta for t in (*model.parameters(), *model.buffers())):
+        raise UserError("setup(): model has weights on the 'meta' device (shapes without "
+                        "data): materialise them first, e.g. model.to_empty(device='cpu') "
+                        "and load or initialise the weights")
+
+
+#: Sections of a Precision's state and what each must be when present.
+_STATE_KINDS: dict[str, tuple[type, ...]] = {
+    "skipped_steps": (int,), "consecutive_skips": (int,), "pairs": (list, type(None)),
+    "scaler": (dict,), "loss_scalers": (dict,), "name": (str,),
+}
+
+
+def checked_state(state: object) -> Mapping[str, Any]:
+    """``load_state_dict(state)``: the dict a :meth:`Precision.state_dict` returned."""
+    if not isinstance(state, Mapping):
+        raise UserError(f"load_state_dict() takes the dict of Precision.state_dict() (got "
+                        f"{type(state).__name__})")
+    for key, kinds in _STATE_KINDS.items():
+        value = state.get(key)
+        if key in state and (not isinstance(value, kinds) or isinstance(value, bool)):
+            raise UserError(f"load_state_dict(): state[{key!r}] is a {type(value).__name__}; "
+                            f"this is not a Precision.state_dict()")
+    pairs = state.get("pairs") or []
+    if not all(isinstance(p, Mapping) for p in pairs):
+        raise UserError("load_state_dict(): state['pairs'] must hold one dict per pair; "
+                        "this is not a Precision.state_dict()")
+    return state
 
 
 class CallOrder:
@@ -23,8 +112,9 @@ class CallOrder:
         self._seen: dict[int, int] = {}     # id(optimizer) -> backwards at its last step
         self._stepped: set[int] = set()     # optimizers stepped since the last update()
 
-    def backward(self, loss: object) -> None:
-        """Called by ``Precision.backward`` with the caller's loss."""
+    def backward(self, loss: object, loss_id: object = 0) -> None:
+        """Called by ``Precision.backward`` with the caller's loss and its ``loss_id``."""
+        check_loss_id(loss_id)
         if not isinstance(loss, torch.Tensor):
             raise UserError(f"backward() needs the loss as a torch.Tensor (got "
                             f"{type(loss).__name__})")

@@ -55,7 +55,8 @@ def assemble_parts(trainer: Trainer, model: nn.Module, train_data: Any, val_data
     if trainer.out is not None:
         outdir.check_on_main(trainer.out, resume=bool(c.checkpointing.resume),
                              is_main=trainer.strategy.is_main,
-                             broadcast=trainer.strategy.broadcast_object)
+                             broadcast=trainer.strategy.broadcast_object,
+                             outputs=outdir.train_outputs(c.logging.logger))
     warn_inapplicable(c, trainer.given_options,
                       loss_scaling=trainer.precision.spec.loss_scaling,
                       precision=trainer.precision.name, own_optimizer=optimizer is not None)
@@ -107,7 +108,8 @@ def assemble_parts(trainer: Trainer, model: nn.Module, train_data: Any, val_data
                                 model=trainer.model, device=trainer.device,
                                 training_step=own_step, loss_fn=loss, check=check)
     if trainer.strategy.is_main and trainer.out is not None:
-        outdir.prepare(trainer.out, resume=bool(c.checkpointing.resume))
+        outdir.prepare_run(trainer.out, resume=bool(c.checkpointing.resume),
+                       outputs=outdir.train_outputs(c.logging.logger))
     resume_if_requested(trainer)
     if trainer.strategy.is_main and trainer.out is not None:
         write_yaml(trainer.resolved_config(), trainer.out / "config.yaml")

@@ -23,7 +23,7 @@ from torch import nn
 from torch.utils.data import DataLoader, Dataset
 
 from .. import checkpoint
-from . import datacheck, preemption
+from . import datacheck, outdir, preemption
 from ..autobatch import MicroBatchPlanner, MicroBatchSplit
 from ..batches import Windows
 from ..config import TrainConfig, to_dict, write_yaml
@@ -313,7 +313,9 @@ class Trainer:
         return self.runner, self.train_windows
 
     def _teardown(self) -> None:
-        """The user's module gets its own forwards back (evaluate() reinstates them)."""
+        """The user's module gets its own forwards back (evaluate() reinstates them), and
+        ``out`` its lock (outdir.prepare took it)."""
+        outdir.release(self.out)
         self.precision.teardown()
         if self.evaluator is not None:
             self.evaluator.patches_removed = True

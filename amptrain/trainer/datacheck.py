@@ -12,7 +12,9 @@ from typing import Any
 
 import torch
 from torch import nn
+from torch.utils.data import Dataset
 
+from ..data.module import MAX_SAMPLES
 from ..errors import UserError, flag
 from ..tasks import Task
 
@@ -30,7 +32,16 @@ def dataset_length(data: Any, keyword: str) -> int | None:
             raise UserError(f"{keyword} must be a Dataset, a DataLoader or an iterable of "
                             f"batches (got {type(data).__name__})")
         return None
-    return len(data)
+    try:
+        length = len(data)
+    except Exception as exc:  # the caller's __len__: its failure is reported, not ours
+        raise UserError(f"{keyword}: len() raised {type(exc).__name__}: "
+                        f"{str(exc).strip()[:100]}") from None
+    if isinstance(data, Dataset) and length > MAX_SAMPLES:
+        raise UserError(f"{keyword} claims {length} samples, over the limit of {MAX_SAMPLES} "
+                        f"for a map-style Dataset (a shuffled order holds 8 bytes per sample);"
+                        f" check its __len__, or stream larger data as an IterableDataset")
+    return length
 
 
 def check_model(model: nn.Module) -> None:

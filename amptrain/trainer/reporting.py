@@ -10,9 +10,11 @@ import numpy as np
 import torch
 from torch import nn
 
+from ..errors import UserError, flag
 from ..forward import forward_batch
 from ..logs import RunLogger
 from ..memory import MemoryMeter
+from ..nested import tensors
 from ..nonfinite import first_nonfinite_module
 from ..precision import NonFiniteHalt, Precision, label
 from ..tasks import Task
@@ -112,6 +114,13 @@ class Reporter:
         if runner.training_step is not None or window is None:
             return halt
         batch, loss_fn = window.micro_batches[0], runner.loss_fn
+        if any(t.is_floating_point() and not bool(torch.isfinite(t).all())
+               for micro in window.micro_batches for t in tensors(micro)):
+            # Only now, on the slow path: the data is at fault, not the learning rate.
+            which = flag("data") if flag("data").startswith("--") else "train_data"
+            raise UserError(f"the training data ({which}) is not finite: the batch of "
+                            f"the step that stopped training holds NaN or infinite values; "
+                            f"check the data (lowering {flag('lr')} will not help)")
 
         def rerun() -> None:
             with precision.autocast():

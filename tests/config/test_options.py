@@ -321,3 +321,40 @@ def test_a_written_resolved_config_reads_back_as_the_same_config(tmp_path):
     values = load_yaml(path)
     assert not RESOLVED_ONLY_KEYS & set(values)
     assert build_config(RunConfig, values) == config
+
+
+# ----------------------------------------------------------------- issue 36, class 7
+def _billion_laughs() -> str:
+    """341 bytes of YAML whose aliases expand to 9^9 strings (an alias bomb)."""
+    lines = ['a: &a ["lol","lol","lol","lol","lol","lol","lol","lol","lol"]']
+    for previous, name in zip("abcdefgh", "bcdefghi"):
+        lines.append(f"{name}: &{name} [" + ",".join([f"*{previous}"] * 9) + "]")
+    return "\n".join(lines) + "\nlr: *i\n"
+
+
+@pytest.mark.parametrize("text,fragment", [
+    (_billion_laughs(), "its YAML aliases expand to more than 10000 values"),
+    ("lr: " + "[" * 50000 + "]" * 50000 + "\n", "nested too deeply to be a config"),
+    ("lr: " + "9" * (1 << 20) + "\n", "bytes, over the limit of 1048576"),
+])
+def test_a_hostile_config_is_refused_in_a_short_line(tmp_path, text, fragment):
+    path = tmp_path / "hostile.yaml"
+    path.write_text(text)
+    with pytest.raises(UserError) as error:
+        build_config(RunConfig, load_yaml(path))
+    assert fragment in str(error.value) and len(str(error.value)) < 300
+
+
+def test_aliases_of_a_sane_size_still_work(tmp_path):
+    path = tmp_path / "anchors.yaml"
+    path.write_text("lr: &rate 0.01\nepochs: 2\nkeep_fp32: [&head head, '*.norm']\n")
+    assert load_yaml(path)["lr"] == 0.01
+
+
+@pytest.mark.parametrize("value", ["x" * 100_000, list(range(100_000))])
+def test_an_echoed_value_is_bounded(value):
+    with cli_spelling(), pytest.raises(UserError) as error:
+        build_config(RunConfig, {"lr": value})
+    message = str(error.value)
+    assert message.startswith("--lr must be a number (got ") and len(message) < 300
+    assert "characters in all)" in message

@@ -75,7 +75,9 @@ def test_a_custom_dataset_class_with_its_class_names(user_module):
     assert bundle.class_names == ["left", "right"] and bundle.num_classes == 2
     assert bundle.input_shape == (8,) and bundle.kind == "features" and bundle.task is None
     assert len(bundle.train) == 256 and len(bundle.val) == 64
-    assert bundle.train.__class__.__name__ == "Blobs"  # the user's object, not a copy
+    # The user's object itself (not a copy), each sample checked as it is read.
+    assert bundle.train.dataset.__class__.__name__ == "Blobs"
+    assert bundle.train.classes == ["left", "right"]  # its attributes read through
 
 
 def test_classes_are_counted_and_float_targets_are_regression(user_module):
@@ -113,3 +115,76 @@ def test_train_and_eval_from_the_command_line(user_module):
     assert refused.stderr.strip().splitlines() == [
         "amptrain: error: --data module:userdata.one: the factory returned a Blobs; it must "
         "return (train, val): two torch Datasets, val may be None"]
+
+
+# ------------------------------------------------ issue 36, class 2: after sample 0
+# Each factory in tests/data/hostile_datasets.py misbehaves at one sample (40 of 64).
+LATER = [
+    ("raises_at_40", "training sample 40 is unusable: reading it raised KeyError"),
+    ("label_minus_one", "training sample 40 is unusable: its label is -1, outside the 2 "
+                        "classes (0 to 1)"),
+    ("label_too_large", "its label is 7, outside the 2 classes"),
+    ("shape_changes", "training sample 40 is unusable: its input has shape (5,), but "
+                      "sample 0's has (8,)"),
+    ("nan_input", "training sample 40 is unusable: its input holds NaN or infinite values"),
+    ("inf_input", "its input holds NaN or infinite values"),
+    ("not_a_pair", "training sample 40 is unusable: it is a Tensor, not an (input, target) "
+                   "pair"),
+    ("float_label_later", "its target is torch.float"),
+    ("text_input_later", "its input or target is not a tensor, array or number"),
+]
+
+
+@pytest.mark.parametrize("factory,fragment", LATER, ids=[c[0] for c in LATER])
+def test_a_sample_after_the_first_is_checked_as_it_is_read(factory, fragment):
+    bundle = build_data(f"module:tests.data.hostile_datasets.{factory}", DataOptions())
+    bundle.train[39]  # the samples before it are fine
+    with pytest.raises(UserError) as caught:
+        bundle.train[40]
+    message = str(caught.value)
+    assert message.startswith(f"--data module:tests.data.hostile_datasets.{factory}: ")
+    assert fragment in message and "\n" not in message
+
+
+def test_a_claimed_length_of_10_12_is_refused_before_a_sampler_allocates():
+    with pytest.raises(UserError, match="claims 1000000000000 samples, over the limit of "
+                                        "268435456 for a map-style Dataset"):
+        build_data("module:tests.data.hostile_datasets.huge_length", DataOptions())
+
+
+def test_a_len_that_raises_is_named():
+    with pytest.raises(UserError, match=r"len\(\) of the factory's train Dataset raised "
+                                        r"RuntimeError: the index file is gone"):
+        build_data("module:tests.data.hostile_datasets.len_raises", DataOptions())
+
+
+def test_the_checked_dataset_pickles_for_workers():
+    import pickle
+
+    bundle = build_data("module:tests.data.hostile_datasets.label_minus_one", DataOptions())
+    copy = pickle.loads(pickle.dumps(bundle.train))
+    assert len(copy) == 64 and copy.classes == ["left", "right"]
+    with pytest.raises(UserError, match="sample 40 is unusable"):
+        copy[40]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("workers", ["0", "2"])
+@pytest.mark.parametrize("factory,fragment", [
+    ("raises_at_40", "training sample 40 is unusable: reading it raised KeyError"),
+    ("nan_input", "training sample 40 is unusable: its input holds NaN"),
+    ("val_label_minus_one", "validation sample 3 is unusable: its label is -1"),
+])
+def test_mid_run_the_error_is_one_line_in_the_main_process_and_in_workers(
+        tmp_path, workers, factory, fragment):
+    # Sample 40 is read in a later step (batches of 16, accumulated in pairs), in the main
+    # process or in a DataLoader worker: the same one line, exit 2, no traceback.
+    done = amptrain("train", "--model", "mlp", "--data",
+                    f"module:tests.data.hostile_datasets.{factory}", "--batch-size", "16",
+                    "--micro-batch-size", "8", "--epochs", "1", "--num-workers", workers,
+                    "--out", tmp_path / "run", "--no-progress", "--logger", "none")
+    last = done.stderr.strip().splitlines()[-1]
+    assert done.returncode == 2, done.stderr
+    assert "Traceback" not in done.stderr and "lower --lr" not in done.stderr
+    assert last.startswith(f"amptrain: error: --data module:tests.data.hostile_datasets."
+                           f"{factory}: ") and fragment in last, done.stderr

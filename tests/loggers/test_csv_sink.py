@@ -38,3 +38,55 @@ def test_a_resumed_run_drops_rows_after_its_checkpoint(tmp_path):
     assert [(r["step"], r["loss"]) for r in _rows(tmp_path / "metrics.csv")] == [
         ("1", "1.0"), ("2", "2.0"), ("3", "30.0")]
     assert (tmp_path / "tb").is_dir()
+
+
+# ----------------------------------------------------------------- issue 36, class 3
+def _train(out, **options):
+    from amptrain.trainer import Trainer
+    from tests.conftest import tiny_classification, tiny_mlp
+
+    return Trainer(device="cpu", no_progress=True, max_steps=1, batch_size=32, out=str(out),
+                   logger="csv", **options).fit(tiny_mlp(), tiny_classification(n=64))
+
+
+def test_a_users_metrics_csv_is_never_rewritten(tmp_path):
+    import pytest
+
+    from amptrain.errors import UserError
+
+    (tmp_path / "metrics.csv").write_text("epoch,my own column\n1,2\n")
+    with pytest.raises(UserError, match="already holds metrics.csv, which this command would "
+                                        "replace"):
+        _train(tmp_path)
+    assert (tmp_path / "metrics.csv").read_text() == "epoch,my own column\n1,2\n"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["metrics.csv"]  # nothing written
+
+
+def test_a_fifo_or_a_directory_named_metrics_csv_is_one_error_not_a_hang(tmp_path):
+    import os
+
+    import pytest
+
+    from amptrain.errors import UserError
+
+    os.mkfifo(tmp_path / "metrics.csv")
+    with pytest.raises(UserError, match="metrics.csv is a FIFO"):
+        _train(tmp_path)
+    with pytest.raises(UserError, match="metrics.csv is a FIFO"):
+        _train(tmp_path, resume="auto")  # not this run's own file, even when resuming
+    os.unlink(tmp_path / "metrics.csv")
+    (tmp_path / "metrics.csv").mkdir()
+    with pytest.raises(UserError, match="metrics.csv is a directory, but amptrain writes a "
+                                        "file there"):
+        _train(tmp_path)
+
+
+def test_the_sink_itself_refuses_a_file_it_did_not_write(tmp_path):
+    import pytest
+
+    from amptrain.errors import UserError
+
+    (tmp_path / "metrics.csv").write_text("a,b\n")
+    with pytest.raises(UserError, match="exists already"):
+        RunLogger(tmp_path, progress=False, stream=io.StringIO(), loggers="csv")
+    assert (tmp_path / "metrics.csv").read_text() == "a,b\n"

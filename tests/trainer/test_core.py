@@ -235,6 +235,32 @@ LIBRARY_HOSTILE = [
     # --- reliability-readers ---
     # (end of reliability-readers)
     # --- reliability-data-writers ---
+    # Issue 36, class 2: a length the sampler would allocate for, a length that raises,
+    # NaN inputs after the first batches (named as the data's fault, not --lr's).
+    ("dataset-claims-10-12-samples", {}, lambda d, m: dict(model=m, train_data=type(
+        "Huge", (torch.utils.data.Dataset,), {"__len__": lambda self: 10 ** 12,
+                                              "__getitem__": lambda self, i: d[0]})()),
+     "train_data claims 1000000000000 samples, over the limit of 268435456"),
+    ("dataset-len-raises", {}, lambda d, m: dict(model=m, train_data=type(
+        "Gone", (torch.utils.data.Dataset,), {"__len__": lambda self: 1 // 0,
+                                              "__getitem__": lambda self, i: d[0]})()),
+     "train_data: len() raised ZeroDivisionError"),
+    ("nan-inputs-later-in-a-loader", dict(precision="32-true", max_steps=20, max_bad_steps=2),
+     lambda d, m: dict(model=m, train_data=torch.utils.data.DataLoader(TensorData(
+         torch.cat([d.tensors[0][:32], torch.full_like(d.tensors[0][32:], float("nan"))]),
+         d.tensors[1]), batch_size=16)),
+     "the training data (train_data) is not finite"),
+    # Class 3: an out the file system cannot hold is one line, not an OSError.
+    ("out-name-too-long", dict(out="/tmp/" + "x" * 300), lambda d, m: dict(model=m,
+                                                                           train_data=d),
+     "is 300 bytes, over the file system's"),
+    # Class 7: NaN and infinity are not numbers >= 0 (they trained, then "lower lr").
+    ("weight-decay-nan", dict(weight_decay=float("nan")),
+     lambda d, m: dict(model=m, train_data=d), "weight_decay must be >= 0 (got nan)"),
+    ("momentum-inf", dict(optimizer="sgd", momentum=float("inf")),
+     lambda d, m: dict(model=m, train_data=d), "momentum must be >= 0 (got inf)"),
+    ("warmup-steps-nan", dict(warmup_steps=float("nan")),
+     lambda d, m: dict(model=m, train_data=d), "warmup_steps must be"),
     # (end of reliability-data-writers)
     # --- newcomer-defaults ---
     # (end of newcomer-defaults)
