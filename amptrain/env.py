@@ -22,7 +22,7 @@ from torch.nn import functional as F
 
 from .devices import CPU_FLAGS, cpu_flags, cpu_model, gpu_info, resolve_device
 from .precision import fp8
-from .precision.advice import cpu_notes, memory_note, recommended_line
+from .precision.advice import cpu_notes, memory_note, recommended_line, use_instead
 from .precision.support import emulation_label, gpu_features, support_table
 
 
@@ -59,8 +59,8 @@ def env_notes(device: torch.device, flags: dict[str, bool | None], features: dic
         gpu = gpus[device.index or 0]
         cc = gpu["compute_capability"]
         if not features["bf16"]:
-            notes.append(f"{gpu['name']} (compute capability {cc}) has no bf16: use 16-mixed "
-                         f"with dynamic loss scaling; bf16 modes are refused")
+            notes.append(f"{gpu['name']} (compute capability {cc}) has no bf16: bf16 modes "
+                         f"are refused; use {use_instead(device)}")
         if not features["tensor_cores"]:
             notes.append(f"{gpu['name']} has no Tensor Cores: mixed precision saves memory "
                          f"but little time")
