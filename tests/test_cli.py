@@ -396,6 +396,8 @@ ERROR_TABLE = [
     # --- reliability-data-writers ---
     # (end of reliability-data-writers)
     # --- newcomer-defaults ---
+    ("command-misspelt", "trian --model mlp", "unknown command 'trian'; did you mean train?"),
+    ("command-unknown", "xyzzy", "unknown command 'xyzzy'; the commands: train, eval,"),
     # (end of newcomer-defaults)
     # --- newcomer-readme ---
     # (end of newcomer-readme)
