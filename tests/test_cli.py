@@ -529,6 +529,20 @@ def test_an_unknown_flag_names_the_closest_one(capsys, argv, hint):
     assert exit_.value.code == 2 and hint in err and len(err.strip().splitlines()) == 1
 
 
+@pytest.mark.parametrize("argv,hint", [
+    (["trian", "--model", "mlp"], "unknown command 'trian'; did you mean train?"),
+    (["compaer"], "did you mean compare?"),
+    (["xyzzy"], "unknown command 'xyzzy'; the commands: train, eval, compare,"),
+])
+def test_a_misspelt_command_names_the_closest_one(capsys, argv, hint):
+    from amptrain import cli
+
+    with pytest.raises(SystemExit) as exit_:
+        cli.main(argv)
+    err = capsys.readouterr().err
+    assert exit_.value.code == 2 and hint in err and len(err.strip().splitlines()) == 1
+
+
 def test_a_warning_is_printed_once_and_the_apex_name_beside_amptrains(monkeypatch, capsys,
                                                                       tmp_path):
     # On a CPU without fp16 units O1 (16-mixed) is emulated: the library's AmptrainWarning
