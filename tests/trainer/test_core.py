@@ -408,3 +408,14 @@ def test_neither_given_three_epochs_and_a_config_file_counts_as_given(capsys):
     assert "21 steps (3 epochs of 7 steps, the default)" in capsys.readouterr().err
     config = TrainConfig.from_options(epochs=3, max_steps=40, **options)
     assert Trainer(config).fit(tiny_mlp(), data).steps == 21  # both given: the fewer
+
+
+def test_a_generator_shorter_than_max_steps_ends_when_it_runs_dry():
+    # A stream read once: max_steps alone allows any number of epochs, but an epoch that
+    # gives nothing ends the run (instead of looping forever on an empty generator).
+    data = tiny_classification(n=160)
+    batches = ((x, y) for x, y in zip(data.tensors[0].split(32), data.tensors[1].split(32)))
+    trainer = Trainer(precision="32-true", device="cpu", no_progress=True, batch_size=32,
+                      max_steps=20)
+    result = trainer.fit(tiny_mlp(), batches)
+    assert result.steps == 5 and trainer.run_length.epochs is None
