@@ -111,7 +111,8 @@ class Reporter:
         task = f"; {task_words}" if task_words else ""
         name = label(p.name, p.given)  # the user's spelling beside: 16-mixed (mixed_float16)
         return (f"amptrain: precision {name}{chosen} [{p.spec.summary}] on {device}; "
-                f"{run_length.total_steps} steps ({run_length.why}) of {batch_size} samples "
+                f"{run_length.total_steps} step{'s' * (run_length.total_steps != 1)} "
+                f"({run_length.why}) of {batch_size} samples "
                 f"({micro} x {accumulate} accumulated{processes}){task}{constant}")
 
     def train_record(self, *, step: int, epoch: int, window: dict[str, Any],
