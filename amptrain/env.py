@@ -125,10 +125,9 @@ class BenchCase:
 
 
 def bench_cases(device: torch.device) -> list[BenchCase]:
-    """A square matmul and a ResNet-style 3x3 convolution, sized for the device (small on
-    a CPU: ``env --bench`` takes seconds)."""
-    n = 4096 if device.type == "cuda" else 512
-    batch, channels, size = (64, 128, 56) if device.type == "cuda" else (4, 64, 28)
+    """A square matmul and a ResNet-style 3x3 convolution, sized for the device."""
+    n = 4096 if device.type == "cuda" else 1024
+    batch, channels, size = (64, 128, 56) if device.type == "cuda" else (8, 64, 28)
 
     def matmul_inputs(dtype: torch.dtype, dev: torch.device) -> tuple[torch.Tensor, ...]:
         g = torch.Generator(device="cpu").manual_seed(0)
