@@ -48,6 +48,7 @@ from . import nested
 from .batches import StepBatch
 from .errors import TrainingHalted, UserError, flag
 from .memory import MemoryMeter, available_bytes, free_memory, rss_bytes
+from .precision.advice import less_memory
 
 #: --memory-budget-gb counts decimal gigabytes.
 GB = 10 ** 9
@@ -201,8 +202,7 @@ class MicroBatchPlanner:
             first = min(probes, key=lambda p: p.micro_batch_size)
             hint = (f"raise {flag('memory_budget_gb')} (now {budget / GB:g})"
                     if budget is not None and first.note.startswith("over")
-                    else f"use a cheaper {flag('precision')} (e.g. bf16-mixed) or a smaller "
-                         f"model")
+                    else f"use {less_memory(self.device)} or a smaller model")
             raise UserError(f"{flag('micro_batch_size')} auto: even micro-batch 1 does not fit "
                             f"({first.note}, peak {_gb(first.peak_bytes)}"
                             f"{f' > budget {_gb(budget)}' if budget is not None else ''}); {hint}")

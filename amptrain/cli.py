@@ -114,6 +114,14 @@ def _refuse_unknown(parser: argparse.ArgumentParser, command: str | None,
     chosen.error(f"unrecognized arguments: {' '.join(extras)}{hint}")
 
 
+def _refuse_unknown_command(parser: argparse.ArgumentParser, word: str) -> NoReturn:
+    """The usage error for a command that does not exist, naming the closest one
+    (``trian``: did you mean train?), as mistyped flags get."""
+    close = difflib.get_close_matches(word, list(COMMANDS), 1, 0.6)
+    hint = f"; did you mean {close[0]}?" if close else f"; the commands: {', '.join(COMMANDS)}"
+    parser.error(f"unknown command {word!r}{hint}")
+
+
 def _print_warnings(shown_before: Callable[..., None]) -> Callable[..., None]:
     """A ``warnings.showwarning`` that prints amptrain's own warnings as ``amptrain:
     warning: ...`` lines (once each, as the library issues them) and passes anything else
@@ -131,6 +139,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``amptrain`` console script and ``python -m amptrain``."""
     argv = sys.argv[1:] if argv is None else list(argv)
     parser = build_parser(flags_of=[name for name in [named_command(argv)] if name])
+    word = next((arg for arg in argv if not arg.startswith("-")), None)
+    if word is not None and word not in COMMANDS:
+        _refuse_unknown_command(parser, word)
     args, extras = parser.parse_known_args(argv)
     if extras:
         _refuse_unknown(parser, getattr(args, "command", None), extras)

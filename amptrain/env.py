@@ -8,6 +8,7 @@ convolution throughput per dtype on that device. Every CUDA fact comes from
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import platform
 import statistics
@@ -21,7 +22,7 @@ from torch.nn import functional as F
 
 from .devices import CPU_FLAGS, cpu_flags, cpu_model, gpu_info, resolve_device
 from .precision import fp8
-from .precision.advice import cpu_notes, memory_note, recommended_line
+from .precision.advice import cpu_notes, memory_note, recommended_line, use_instead
 from .precision.support import emulation_label, gpu_features, support_table
 
 
@@ -58,8 +59,8 @@ def env_notes(device: torch.device, flags: dict[str, bool | None], features: dic
         gpu = gpus[device.index or 0]
         cc = gpu["compute_capability"]
         if not features["bf16"]:
-            notes.append(f"{gpu['name']} (compute capability {cc}) has no bf16: use 16-mixed "
-                         f"with dynamic loss scaling; bf16 modes are refused")
+            notes.append(f"{gpu['name']} (compute capability {cc}) has no bf16: bf16 modes "
+                         f"are refused; use {use_instead(device)}")
         if not features["tensor_cores"]:
             notes.append(f"{gpu['name']} has no Tensor Cores: mixed precision saves memory "
                          f"but little time")
@@ -149,24 +150,52 @@ def bench_cases(device: torch.device) -> list[BenchCase]:
 
 
 BENCH_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+#: The mode whose matmuls a bench dtype stands for (how a run computes it on this device).
+_BENCH_MODE = {"bf16": "bf16-mixed", "fp16": "16-mixed"}
+#: How a run computes a dtype's matmuls, as the bench table labels it.
+PATHS = {"native": "the dtype's own kernels",
+         "emulated": "fp32 kernels + the dtype's rounding (amptrain's emulation)",
+         "pytorch": "PyTorch's slow half kernels (AMPTRAIN_EMULATION=off)"}
+
+
+def kernel_paths(device: torch.device) -> dict[str, str]:
+    """Per bench dtype, the path a training run's matmuls and convolutions take on
+    ``device`` (asked of :mod:`amptrain.precision.support`): ``native``, ``emulated``
+    (:mod:`amptrain.precision.emulation`) or ``pytorch`` (emulated with the switch off)."""
+    from .precision.support import device_features, emulated_fast, emulated_precisions
+
+    features = device_features(device)
+    emulated, fast = emulated_precisions(device, features), emulated_fast(device, features)
+    paths = {"fp32": "native"}
+    for name, mode in _BENCH_MODE.items():
+        paths[name] = ("emulated" if fast[mode] else "pytorch") if emulated[mode] else "native"
+    return paths
 
 
 def _timed(case: BenchCase, inputs: tuple[torch.Tensor, ...], device: torch.device,
-           reps: int) -> float:
-    """Seconds per call, averaged over ``reps`` back-to-back calls."""
+           reps: int, emulate: torch.dtype | None = None) -> float:
+    """Seconds per call, averaged over ``reps`` back-to-back calls (under the emulating
+    autocast of dtype ``emulate``, fp32 inputs, where a run would emulate)."""
+    from .precision.emulation import EmulatedAutocast
+
     if device.type == "cuda":
         torch.cuda.synchronize(device)
-    start = time.perf_counter()
-    for _ in range(reps):
-        case.run(*inputs)
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-    return (time.perf_counter() - start) / reps
+    context = EmulatedAutocast(emulate) if emulate is not None else contextlib.nullcontext()
+    with context:
+        start = time.perf_counter()
+        for _ in range(reps):
+            case.run(*inputs)
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        return (time.perf_counter() - start) / reps
 
 
-def run_bench(device: torch.device | None = None, rounds: int = 5,
-              target_s: float = 0.1) -> dict[str, Any]:
-    """fp32/bf16/fp16 throughput of each :func:`bench_cases` kernel on ``device``.
+def run_bench(device: torch.device | None = None, rounds: int = 3,
+              target_s: float = 0.05) -> dict[str, Any]:
+    """fp32/bf16/fp16 throughput of each :func:`bench_cases` kernel on ``device``, each
+    dtype timed on the path a training run takes here (:func:`kernel_paths`): where the
+    device emulates bf16 or fp16, the emulation (fp32 inputs under the emulating autocast),
+    not PyTorch's slow half kernels that no run uses.
 
     Dtypes are interleaved within each round (so drift hits all alike), the first call
     per dtype is a warm-up, and the result is the median over rounds. Each timing
@@ -174,14 +203,17 @@ def run_bench(device: torch.device | None = None, rounds: int = 5,
     cannot run is reported with ``tflops`` None and the error.
     """
     device = device or resolve_device("auto")
+    paths = kernel_paths(device)
     results = []
     with torch.inference_mode():
         for case in bench_cases(device):
             inputs, reps, errors = {}, {}, {}
+            emulate = {name: BENCH_DTYPES[name] if paths[name] == "emulated" else None
+                       for name in BENCH_DTYPES}
             for name, dtype in BENCH_DTYPES.items():  # warm-up, and repetitions per dtype
                 try:
-                    inputs[name] = case.make(dtype, device)
-                    once = max(_timed(case, inputs[name], device, 1), 1e-6)
+                    inputs[name] = case.make(torch.float32 if emulate[name] else dtype, device)
+                    once = max(_timed(case, inputs[name], device, 1, emulate[name]), 1e-6)
                 except RuntimeError as exc:
                     errors[name] = str(exc).strip().splitlines()[0]
                     continue
@@ -189,11 +221,13 @@ def run_bench(device: torch.device | None = None, rounds: int = 5,
             times: dict[str, list[float]] = {name: [] for name in reps}
             for _ in range(rounds):
                 for name in reps:
-                    times[name].append(_timed(case, inputs[name], device, reps[name]))
+                    times[name].append(_timed(case, inputs[name], device, reps[name],
+                                              emulate[name]))
             medians = {name: statistics.median(ts) for name, ts in times.items()}
             for name in BENCH_DTYPES:
                 row: dict[str, Any] = {"op": case.op, "shape": case.shape, "dtype": name,
-                                       "ms": None, "tflops": None, "ratio_to_fp32": None}
+                                       "path": paths[name], "ms": None, "tflops": None,
+                                       "ratio_to_fp32": None}
                 if name in medians:
                     row.update(ms=medians[name] * 1e3,
                                tflops=case.flops / medians[name] / 1e12)
@@ -256,13 +290,18 @@ def format_bench(bench: dict[str, Any]) -> str:
     """The --bench table: TFLOP/s and speed relative to fp32, per kernel and dtype."""
     lines = [f"throughput on {bench['device']} ({bench['threads']} threads, median of "
              f"{bench['rounds']} interleaved rounds):",
-             f"  {'op':<7} {'dtype':<5} {'ms':>9} {'TFLOP/s':>8} {'vs fp32':>8}  shape"]
+             f"  {'op':<7} {'dtype':<5} {'path':<8} {'ms':>9} {'TFLOP/s':>8} {'vs fp32':>8}  "
+             f"shape"]
     for r in bench["results"]:
+        path = r.get("path", "native")
         if r["tflops"] is None:
-            lines.append(f"  {r['op']:<7} {r['dtype']:<5} {'-':>9} {'-':>8} {'-':>8}  "
-                         f"{r.get('error', 'not run')}")
+            lines.append(f"  {r['op']:<7} {r['dtype']:<5} {path:<8} {'-':>9} {'-':>8} "
+                         f"{'-':>8}  {r.get('error', 'not run')}")
             continue
         ratio = f"{r['ratio_to_fp32']:>7.2f}x" if r["ratio_to_fp32"] is not None else f"{'-':>8}"
-        lines.append(f"  {r['op']:<7} {r['dtype']:<5} {r['ms']:>9.3f} {r['tflops']:>8.3f} "
-                     f"{ratio}  {r['shape']}")
+        lines.append(f"  {r['op']:<7} {r['dtype']:<5} {path:<8} {r['ms']:>9.3f} "
+                     f"{r['tflops']:>8.3f} {ratio}  {r['shape']}")
+    used = dict.fromkeys(r.get("path", "native") for r in bench["results"])
+    lines.append("  path: each dtype as a training run computes it here; " + "; ".join(
+        f"{path} = {PATHS[path]}" for path in used))
     return "\n".join(lines)

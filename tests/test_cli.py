@@ -473,6 +473,8 @@ ERROR_TABLE = [
      "--val-fraction 0.999999 leaves 0 of the"),
     # (end of reliability-data-writers)
     # --- newcomer-defaults ---
+    ("command-misspelt", "trian --model mlp", "unknown command 'trian'; did you mean train?"),
+    ("command-unknown", "xyzzy", "unknown command 'xyzzy'; the commands: train, eval,"),
     # (end of newcomer-defaults)
     # --- newcomer-readme ---
     # (end of newcomer-readme)
@@ -596,6 +598,20 @@ def test_help_version_and_flag_errors_do_not_import_torch(args):
     (["train", "--no-such-flag"], "unrecognized arguments: --no-such-flag (see"),
 ])
 def test_an_unknown_flag_names_the_closest_one(capsys, argv, hint):
+    from amptrain import cli
+
+    with pytest.raises(SystemExit) as exit_:
+        cli.main(argv)
+    err = capsys.readouterr().err
+    assert exit_.value.code == 2 and hint in err and len(err.strip().splitlines()) == 1
+
+
+@pytest.mark.parametrize("argv,hint", [
+    (["trian", "--model", "mlp"], "unknown command 'trian'; did you mean train?"),
+    (["compaer"], "did you mean compare?"),
+    (["xyzzy"], "unknown command 'xyzzy'; the commands: train, eval, compare,"),
+])
+def test_a_misspelt_command_names_the_closest_one(capsys, argv, hint):
     from amptrain import cli
 
     with pytest.raises(SystemExit) as exit_:

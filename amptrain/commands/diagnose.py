@@ -15,14 +15,15 @@ log = logging.getLogger("amptrain")
 
 #: Train options that make no sense for a fixed number of diagnosis steps.
 _NOT_FLAGS = {"precision", "epochs", "max_steps", "resume", "save_every", "keep_last",
-              "eval_every", "log_every", "compile", "strategy", "no_progress"}
+              "eval_every", "log_every", "compile", "strategy"}
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """--steps plus the train options that apply."""
     parser.add_argument("--config", help="YAML file of options (flags override it)")
     parser.add_argument("--steps", type=int, default=20,
-                        help="optimizer steps per diagnosis run (default: 20)")
+                        help="optimizer steps per diagnosis run: each run's whole length, "
+                             "as many epochs as they need (default: 20)")
     add_config_flags(parser, RunConfig, only=[name for name in config_fields(RunConfig)
                                               if name not in _NOT_FLAGS])
 

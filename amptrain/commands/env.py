@@ -13,7 +13,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Flags of ``amptrain env``."""
     parser.add_argument("--json", action="store_true", help="print JSON (for machines)")
     parser.add_argument("--bench", action="store_true",
-                        help="also measure fp32/bf16/fp16 matmul and conv throughput here")
+                        help="also measure fp32/bf16/fp16 matmul and conv throughput here, "
+                             "each as a training run computes it (emulated where this "
+                             "device has no hardware for the dtype); a few seconds")
     parser.add_argument("--threads", type=int, default=None, metavar="N",
                         help="CPU threads for --bench (default: PyTorch's choice)")
 

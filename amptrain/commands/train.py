@@ -52,6 +52,8 @@ def run(args: argparse.Namespace) -> int:
     print(f"done: {metrics}  val_loss {number(result.val_loss)}  after {result.steps} steps "
           f"({label(result.precision, config.precision.name)}{speed}, "
           f"{result.skipped_steps} skipped)")
+    if result.learning_note:  # the task's word on a model that learnt nothing
+        print(f"warning: {result.learning_note}")
     out = Path(result.out or config.out or ".")
     written = sorted(out.iterdir()) if out.is_dir() else []
     print(f"outputs: {result.out}/ ({', '.join(p.name + '/' * p.is_dir() for p in written)})")

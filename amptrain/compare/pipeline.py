@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from ..trainer import outdir
+from ..trainer.reporting import banners_once
 from ..config import RunConfig, to_dict
 from ..devices import resolve_device
 from ..env import collect_env
@@ -36,8 +37,15 @@ def run_compare(config: RunConfig, options: CompareOptions, *, command: str | No
 
     ``config`` holds the training options shared by every run (its ``precision`` and
     ``seed`` are set per run: seeds ``config.seed`` .. ``config.seed + seeds - 1``).
-    With ``pick_log_every`` --log-every is chosen for smooth loss curves.
+    With ``pick_log_every`` --log-every is chosen for smooth loss curves. Each
+    precision's first line ("amptrain: precision ...") is shown once.
     """
+    with banners_once():
+        return _study(config, options, command=command, pick_log_every=pick_log_every)
+
+
+def _study(config: RunConfig, options: CompareOptions, *, command: str | None,
+           pick_log_every: bool) -> dict[str, Any]:
     from .. import report
 
     if config.checkpointing.resume:

@@ -63,9 +63,10 @@ class RunProbe:
                 for k, v in trainer.precision.fp32_state_dict(trainer.model).items()}
         windows = trainer.train_windows
         plan = windows.plan if isinstance(windows, DatasetWindows) else None
+        epochs = trainer.run_length.epochs if trainer.run_length is not None else None
         order = None if plan is None else digest(
             {"global_batch": plan.global_batch,
-             "orders": [plan.order(e) for e in range(trainer.config.schedule.epochs)]})
+             "orders": [plan.order(e) for e in range(epochs or 0)]})
         self.facts = {"same_initial_weights": bool(same), "initial_weights_sha256": digest(fp32),
                       "data_order_sha256": order,
                       "first_step_loss_fp32": first_step_loss_fp32(trainer, fp32)}

@@ -25,6 +25,8 @@ OPTIMIZERS = ("sgd", "adamw", "adamw8bit")
 SCHEDULERS = ("none", "cosine", "onecycle")
 LR_SCALING = ("none", "linear", "sqrt")
 STRATEGIES = ("auto", "ddp", "fsdp", "dp")
+#: Passes over the data when neither --epochs nor --max-steps is given.
+DEFAULT_EPOCHS = 3
 DEFAULT_LR = {"adamw": 1e-3, "adamw8bit": 1e-3, "sgd": 0.05}
 #: Data that --augment applies to (images finished on the device).
 AUGMENTED_DATA = ("imagefolder:", "cifar10:", "idx:")
@@ -178,9 +180,14 @@ class BatchingConfig:
 class ScheduleConfig:
     """How long to train, the optimizer, and the learning rate over the run."""
 
-    epochs: int = option(3, "passes over the training data")
-    max_steps: int | None = option(None, "stop after this many optimizer steps (overrides "
-                                         "--epochs when reached first)", kind=int)
+    # Both None by default: whether the user GAVE one decides the run's length
+    # (trainer/position.py RunLength: --max-steps alone sets it, both: whichever ends first).
+    epochs: int | None = option(None, f"passes over the training data (default: "
+                                      f"{DEFAULT_EPOCHS}, or as many as --max-steps needs "
+                                      f"when only that is given)", kind=int)
+    max_steps: int | None = option(None, "optimizer steps to train: alone it sets the run's "
+                                         "length (as many epochs as needed); with --epochs "
+                                         "the run ends at whichever comes first", kind=int)
     optimizer: str = option("adamw", "optimizer", choices=OPTIMIZERS)
     lr: float | None = option(None, "learning rate (default: 1e-3 for adamw, 0.05 for sgd)",
                               kind=float)
@@ -195,8 +202,7 @@ class ScheduleConfig:
                                           kind=float)
 
     def __post_init__(self) -> None:
-        require_positive(self, "epochs")
-        require_positive(self, "max_steps", "base_batch_size", optional=True)
+        require_positive(self, "epochs", "max_steps", "base_batch_size", optional=True)
         require_non_negative(self, "warmup_steps", "weight_decay", "momentum")
         _positive_numbers(self, "lr", "clip_grad_norm")
         require_choices(self)

@@ -18,6 +18,7 @@ import json
 import logging
 import multiprocessing
 import os
+import sys
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
@@ -202,10 +203,12 @@ def prepare_corpus(path: Path, out: Path, tokenizer: Any, *, glob: str | None = 
 
 
 def _progress(total: int, enabled: bool) -> Any:
+    """The tokenizing bar, on stderr only when it is a terminal (a log file gets no bar,
+    as a training run's)."""
     from tqdm.auto import tqdm
 
     return tqdm(total=total, unit="B", unit_scale=True, desc="tokenizing", leave=False,
-                disable=not enabled, mininterval=0.5)
+                disable=not (enabled and sys.stderr.isatty()), mininterval=0.5)
 
 
 # ----------------------------------------------------------------------------- cache

@@ -78,8 +78,10 @@ def run_steps(config: TrainConfig, data: DataBundle, model: nn.Module, steps: in
     non-finite values is reported, not raised. The first non-finite event names its
     module, the part holding it and the ``loss_id`` of its loss.
     """
-    options = dict(precision=precision, max_steps=steps, epochs=steps, out=None,
-                   no_progress=True, log_every=steps, eval_every=None, save_every=None,
+    # --max-steps alone sets the length (epochs as many as the steps need); the progress
+    # shown is the config's (--no-progress: plain lines instead of bars).
+    options = dict(precision=precision, max_steps=steps, epochs=None, out=None,
+                   log_every=steps, eval_every=None, save_every=None,
                    resume=None, compile=False, **overrides)
     trainer = Trainer(replace_options(config, **options))
     with warnings.catch_warnings():

@@ -44,6 +44,26 @@ def fastest_native(device: torch.device) -> str:
     return auto_mode(device)
 
 
+def use_instead(device: torch.device) -> str:
+    """The mode to suggest instead of one ``device`` refuses, with its flag: the one
+    ``auto`` picks here (:func:`fastest_native`), and why where that is 32-true on a CPU
+    (``--precision 32-true (what auto picks here: no native bf16 on this cpu)``)."""
+    fastest = fastest_native(device)
+    why = f": no native bf16 on this {device.type}" \
+        if fastest == "32-true" and device.type == "cpu" else ""
+    return f"{flag('precision')} {fastest} (what auto picks here{why})"
+
+
+def less_memory(device: torch.device) -> str:
+    """A precision that takes less memory on ``device``, with its flag: bf16-mixed where
+    bf16 is native; where it is emulated (whose fp32 kernels keep fp32 activations for
+    backward) the half weights of bf16-true."""
+    if device_features(device)["bf16"]:
+        return f"{flag('precision')} bf16-mixed"
+    return (f"{flag('precision')} bf16-true (half weights and optimizer state; this "
+            f"{device.type} only emulates bf16, which keeps fp32 activations)")
+
+
 def emulated_modes(device: torch.device, flags: Flags | None = None) -> set[str]:
     """The modes ``device`` accepts but computes without hardware for their format."""
     features = device_features(device, dict(flags) if flags is not None else None)

@@ -56,22 +56,22 @@ def fp8_unsupported_reason(name: str, device: torch.device) -> str | None:
     The single source of truth for fp8 support: ``Precision`` refuses the mode with this
     message and ``amptrain env`` reports ``supported["fp8"]`` from it.
     """
-    precision = flag("precision")
-    option = f"{precision} {name}"
+    from .advice import use_instead  # what to use instead: from the device's capabilities
+
+    option = f"{flag('precision')} {name}"
     if device.type != "cuda":
         return (f"{option} needs an NVIDIA GPU with fp8 Tensor Cores (compute capability 8.9+: "
                 f"Ada or Hopper, e.g. L4, L40S, H100, H200) and torchao; this run is on the "
                 f"{device.type.upper() if device.type == 'cpu' else device.type}: "
-                f"use {precision} bf16-mixed (or auto)")
+                f"use {use_instead(device)}")
     cc = torch.cuda.get_device_capability(device)
     if tuple(cc) < CC_FP8:
-        instead = "bf16-mixed" if cc[0] >= 8 else "16-mixed"
         return (f"{option} needs fp8 Tensor Cores (compute capability 8.9+: Ada or Hopper); "
                 f"{torch.cuda.get_device_name(device)} has {cc[0]}.{cc[1]}: "
-                f"use {precision} {instead}")
+                f"use {use_instead(device)}")
     if not torchao_available():
         return (f"{option} needs the torchao package for float8 training: pip install torchao "
-                f"(or pip install 'amptrain[fp8]'), or use {precision} bf16-mixed")
+                f"(or pip install 'amptrain[fp8]'), or use {use_instead(device)}")
     return None
 
 

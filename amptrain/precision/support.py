@@ -187,9 +187,11 @@ def unsupported_reason(spec: ModeSpec, device: torch.device) -> str | None:
     uses_bf16 = _BF16 in (spec.param_dtype, spec.compute_dtype)
     precision = flag("precision")
     if device.type == "cuda" and uses_bf16 and not cuda_bf16_supported(device):
+        from .advice import use_instead  # from this GPU's capabilities (16-mixed, 32-true)
+
         cc = "%d.%d" % torch.cuda.get_device_capability(device)
         return (f"{precision} {spec.name} needs a GPU with bf16 (compute capability 8.0+); "
-                f"{torch.cuda.get_device_name(device)} has {cc}: use {precision} 16-mixed")
+                f"{torch.cuda.get_device_name(device)} has {cc}: use {use_instead(device)}")
     if device.type not in ("cpu", "cuda") and spec.compute_dtype is not None:
         return f"{precision} {spec.name} is not supported on {device.type}; use 32-true"
     return None

@@ -213,6 +213,12 @@ class Task(ABC):
     def report_text(self, result: EvalResult) -> tuple[str, str]:
         """(file name, text) of the readable report in eval/."""
 
+    def learning_note(self, result: EvalResult) -> str | None:
+        """One line for the end of a run whose final validation metrics show the model
+        learnt (next to) nothing -- a regression's R² near 0, a classifier at chance --
+        in this task's terms; None when it learnt, or when the task cannot tell."""
+        return None
+
     def write_files(self, result: EvalResult, directory: Path) -> None:  # noqa: B027
         """Further files of the evaluation's report in ``directory`` (the GAN's
         samples.png), written after report.json. Nothing by default."""

@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
+import numpy as np
 import torch
 from torch.nn import functional as F
 
@@ -12,6 +13,9 @@ from ..errors import UserError, flag
 from .base import EvalResult, EvalSums, Metric, Task, targets_of
 
 log = logging.getLogger("amptrain")
+
+#: A classifier within this share of the way from chance to 100 % is "at chance" at the end.
+CHANCE_MARGIN = 0.05
 
 
 class _Predictions(EvalSums):
@@ -120,6 +124,24 @@ class ClassificationTask(Task):
         return EvalResult(loss=loss, samples=len(y_true), metrics={"acc": accuracy},
                           details={"predictions": y_pred, "targets": y_true,
                                    "class_names": names}, task=self)
+
+    def learning_note(self, result: EvalResult) -> str | None:
+        """At chance: the accuracy of always answering the most frequent validation class
+        (or 1/classes, if higher), plus a margin of 5 % of the rest."""
+        targets = result.details.get("targets")
+        accuracy = result.metrics.get("acc")
+        if accuracy is None or targets is None or not len(targets) \
+                or not np.issubdtype(np.asarray(targets).dtype, np.integer):
+            return None  # soft labels (class probabilities) have no majority class
+        classes = max(len(result.details.get("class_names") or ()), 1)
+        majority = float(np.bincount(np.asarray(targets, dtype=np.int64)).max() / len(targets))
+        chance = max(majority, 1.0 / classes)
+        if accuracy > chance + CHANCE_MARGIN * (1.0 - chance):
+            return None
+        return (f"the model has not learnt: val accuracy {accuracy:.1%} is at chance (always "
+                f"answering the most frequent class scores {majority:.1%}, {classes} classes); "
+                f"train longer ({flag('max_steps')} or {flag('epochs')}), raise {flag('lr')}, "
+                f"or check the labels")
 
     def report(self, result: EvalResult) -> dict[str, Any]:
         """sklearn's classification_report as a dict, plus the confusion matrix."""

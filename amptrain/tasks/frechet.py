@@ -28,6 +28,7 @@ of the same network at its seeded initialisation (a random-feature FD), and the 
 from __future__ import annotations
 
 import contextlib
+import logging
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -39,6 +40,8 @@ if TYPE_CHECKING:
     from ..models.basic import SmallCNN
 
 #: The feature network's seed, training steps, batch size, width and data sample.
+log = logging.getLogger("amptrain")
+
 FEATURE_SEED = 0
 FEATURE_STEPS = 300
 FEATURE_BATCH = 64
@@ -180,6 +183,9 @@ def train_feature_net(real: RealImages, device: torch.device
 
     channels, height, width = real.x.shape[1:]
     classes = real.classes
+    if classes:  # the work before the first val_fd; without a word it looks like a hang
+        log.info("val_fd: first training its feature network (a small CNN, %d steps on %d "
+                 "real training images; once per run)", FEATURE_STEPS, len(real))
     devices = [device] if device.type == "cuda" else []
     with torch.random.fork_rng(devices=devices), torch.enable_grad(), \
             torch.autocast(device.type, enabled=False):

@@ -20,6 +20,11 @@ from ..errors import UserError, flag
 from .base import EvalResult, EvalSums, Metric, Task, targets_of
 
 
+#: Below this validation R² a run's end says the model has not learnt (0 is the R² of
+#: always predicting the mean).
+R2_LEARNT = 0.05
+
+
 class _Values(EvalSums):
     def __init__(self, task: RegressionTask, device: torch.device) -> None:
         self.task = task
@@ -142,6 +147,14 @@ class RegressionTask(Task):
         metrics = regression_metrics(y_true, y_pred)
         return EvalResult(loss=loss, samples=len(y_true), metrics=metrics,
                           details={"predictions": y_pred, "targets": y_true}, task=self)
+
+    def learning_note(self, result: EvalResult) -> str | None:
+        r2 = result.metrics.get("r2")
+        if r2 is None or not math.isfinite(r2) or r2 >= R2_LEARNT:
+            return None
+        return (f"the model has not learnt: val R² {r2:.3f}, where predicting the targets' "
+                f"mean scores 0; train longer ({flag('max_steps')} or {flag('epochs')}), "
+                f"raise {flag('lr')}, or check that the inputs tell the targets")
 
     def report(self, result: EvalResult) -> dict[str, Any]:
         return {**result.metrics, "loss": result.loss, "loss_function": self.loss_name,

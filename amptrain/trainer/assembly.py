@@ -19,13 +19,14 @@ from ..inapplicable import warn_inapplicable
 from ..models import is_conv_net
 from ..optim import build_optimizer, build_scheduler, plan_lr
 from ..reproducibility import seed_everything, tune_backends
-from ..streams import as_dataset
+from ..streams import StreamWindows, as_dataset
 from ..tasks import Task, resolve_task
 from .batching import search_micro_batch
 from .checkpointing import resume_if_requested
 from .data import output_check, windows_of
 from .evaluation import Evaluator
 from .optimizers import OptimizerSteps, Part
+from .position import RunLength
 from .reporting import Reporter
 from .stepping import StepFn, StepRunner
 
@@ -82,8 +83,11 @@ def assemble_parts(trainer: Trainer, model: nn.Module, train_data: Any, val_data
         raise UserError("train_data gives no batch for this process: it is empty or "
                         f"smaller than the {trainer.strategy.world_size} processes")
     trainer.evaluator = Evaluator(c, trainer.strategy, trainer.precision, task, loss, val_data)
-    total = len(windows) * c.schedule.epochs
-    trainer.total_steps = min(total, c.schedule.max_steps) if c.schedule.max_steps else total
+    # The run's length, decided here once: the loop, the LR schedule and the banner read it.
+    trainer.run_length = RunLength.resolve(
+        c.schedule.epochs, c.schedule.max_steps,
+        None if isinstance(windows, StreamWindows) else len(windows))
+    trainer.total_steps = trainer.run_length.total_steps
     trainer.lr_plan = plan_lr(c, len(windows), trainer.total_steps)
     # The caller's own optimizer keeps the learning rate it was built with unless a
     # schedule is asked for: a default cosine decay to 0 would be a surprise.
@@ -118,9 +122,9 @@ def assemble_parts(trainer: Trainer, model: nn.Module, train_data: Any, val_data
                           resumed_at=trainer.step if trainer.step > 0 else None,
                           loggers=c.logging.logger,
                           params=trainer.resolved_config() if trainer.out is not None else None)
-    trainer.logger.message(Reporter.banner(
+    trainer.reporter.announce(Reporter.banner(
         trainer.precision, device=trainer.device, world_size=trainer.strategy.world_size,
-        total_steps=trainer.total_steps, batch_size=c.batching.batch_size,
+        run_length=trainer.run_length, batch_size=c.batching.batch_size,
         micro=trainer.micro_batch_size, accumulate=trainer.accumulate,
         task_words=task.describe(), constant_lr=trainer.constant_lr))
     lr_note = trainer.lr_plan.describe(c)

@@ -41,7 +41,7 @@ from .checkpointing import (Checkpointer, collect_state, resolved_config, restor
 from .evaluation import Evaluator
 from .metrics import MetricsWindow
 from .optimizers import OptimizerSteps, Part
-from .position import LoopPosition
+from .position import LoopPosition, RunLength
 from .reporting import Reporter
 from .result import FitResult
 from .stepping import StepFn, StepRunner, split_of
@@ -61,14 +61,11 @@ class Trainer:
     def __init__(self, config: TrainConfig | None = None, *, strategy: Strategy | None = None,
                  callbacks: Iterable[Any] = (), run_info: dict[str, Any] | None = None,
                  print_every: int | None = None, **options: Any) -> None:
-        base = to_dict(config) if config is not None else {}
-        base.update(options)
+        self.config: TrainConfig = (config or TrainConfig()).with_options(**options)
         defaults = to_dict(TrainConfig())
-        #: Options the caller chose (not left at their defaults).
-        self.given_options = set(options) | {k for k, v in base.items()
+        #: Options the caller chose (keywords, and config values other than the defaults).
+        self.given_options = set(options) | {k for k, v in to_dict(self.config).items()
                                              if k in defaults and v != defaults[k]}
-        self.config: TrainConfig = (config if config is not None else TrainConfig()
-                                    ).with_options(**options)
         c = self.config
         self.strategy = strategy or build_strategy(c.distributed.strategy, c.device)
         self.reporter = Reporter(self.device, callbacks, print_every)
@@ -95,6 +92,7 @@ class Trainer:
         self.evaluator: Evaluator | None = None
         self.train_windows: Windows | None = None
         self.lr_plan: LrPlan | None = None
+        self.run_length: RunLength | None = None  # decided in setup (assembly)
         self.total_steps = 0
         self.constant_lr = False  # the caller's optimizer without a schedule (set up in fit)
         self.stop_requested: str | None = None  # set by a signal handler
@@ -322,15 +320,16 @@ class Trainer:
 
     # ------------------------------------------------------------------ loop
     def _loop(self) -> None:
-        c = self.config
         runner, windows = self._ready()
-        position, metrics = self.position, self.metrics
+        position, metrics, length = self.position, self.metrics, self.run_length
+        assert length is not None  # decided in setup
         self.reporter.memory.start()
         metrics.start(position.step)
-        while position.epoch < c.schedule.epochs and not self._done():
+        while not self._done():
             # Epochs count from 0, as in metrics.jsonl and the log lines: "epoch 0 (0-2)".
-            self.logger.bar(len(windows), f"epoch {position.epoch} (0-{c.schedule.epochs - 1})",
+            self.logger.bar(len(windows), length.epoch_label(position.epoch),
                             position.window_in_epoch)
+            fresh = position.step if position.window_in_epoch == 0 else None
             for window in metrics.timed(windows.epoch(position.epoch,
                                                       position.window_in_epoch)):
                 self.train_step(window)
@@ -344,6 +343,8 @@ class Trainer:
             if position.window_in_epoch >= len(windows) or windows.ended:
                 position.next_epoch()
                 self._end_of_epoch()
+                if position.step == fresh:  # a whole epoch gave nothing: a stream read once
+                    break
         if self._stopping is not None and not self.complete():
             raise self._preempted()
         self.finish_step()
@@ -357,13 +358,11 @@ class Trainer:
             self.save_checkpoint()
 
     def _done(self) -> bool:
-        max_steps = self.config.schedule.max_steps
-        return bool(max_steps and self.step >= max_steps) or self._stopping is not None
+        return self.complete() or self._stopping is not None
 
     def complete(self) -> bool:
-        max_steps = self.config.schedule.max_steps
-        return self.epoch >= self.config.schedule.epochs or bool(max_steps
-                                                                 and self.step >= max_steps)
+        """Whether the run's length (:class:`RunLength`) is reached."""
+        return self.run_length is not None and self.run_length.reached(self.position)
 
     def _agree_on_stop(self) -> None:
         self._stopping = preemption.agreed_stop(self.stop_requested, self._stopping, self.step,
@@ -383,7 +382,7 @@ class Trainer:
             self._save(background=True)
 
     def _end_of_epoch(self) -> None:
-        if self._done() or self.epoch >= self.config.schedule.epochs:
+        if self._done():
             return  # the final evaluation and checkpoint follow right away
         if not self.config.logging.eval_every and self._has_val():
             self._evaluate_and_log()

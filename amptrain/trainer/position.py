@@ -1,8 +1,13 @@
-"""Where the loop is: optimizer steps done, the epoch, the window within it."""
+"""Where the loop is (optimizer steps done, the epoch, the window within it), and where it
+ends (:class:`RunLength`)."""
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any
+
+from ..config.train import DEFAULT_EPOCHS
+from ..errors import UserError, flag
 
 
 @dataclass
@@ -36,3 +41,57 @@ class LoopPosition:
         window = state.get("log_window")
         if window:
             self.step_epoch = int(window["step_epoch"])
+
+
+@dataclass(frozen=True)
+class RunLength:
+    """How long a run is, decided once from ``--epochs``, ``--max-steps`` and the data.
+
+    ``--max-steps`` alone decides the length (as many epochs as its steps need, as Hugging
+    Face's ``max_steps`` and Lightning's ``max_steps`` do); ``--epochs`` alone as many
+    passes; both given, whichever ends first; neither, :data:`DEFAULT_EPOCHS` passes.
+    A YAML ``--config`` value counts as given: an option is given when it is not None.
+    """
+
+    total_steps: int         # optimizer steps the run trains (the LR schedule's length)
+    epochs: int | None       # the loop's bound on epochs; None: until total_steps (a stream)
+    why: str                 # for the banner: "120 steps (--max-steps 120; 5.2 epochs ...)"
+
+    @classmethod
+    def resolve(cls, epochs: int | None, max_steps: int | None,
+                steps_per_epoch: int | None) -> RunLength:
+        """The length of a run of ``steps_per_epoch`` steps an epoch (None: a stream,
+        whose length is unknown, so it needs ``max_steps``)."""
+        if steps_per_epoch is None:
+            if max_steps is None:
+                raise UserError(f"a stream without a length needs {flag('max_steps')}")
+            if epochs is None:
+                return cls(max_steps, None, f"{flag('max_steps')} {max_steps}; the stream is "
+                                            f"read as often as they need")
+            return cls(max_steps, epochs, f"at most: {flag('max_steps')} {max_steps} or "
+                                          f"{flag('epochs')} {epochs} over the stream, "
+                                          f"whichever ends first")
+        per_epoch = f"of {steps_per_epoch} step{'s' * (steps_per_epoch != 1)}"
+        if max_steps is None:
+            passes = epochs if epochs is not None else DEFAULT_EPOCHS
+            why = f"{flag('epochs')} {epochs} {per_epoch}" if epochs is not None \
+                else f"{passes} epochs {per_epoch}, the default"
+            return cls(passes * steps_per_epoch, passes, why)
+        needed = math.ceil(max_steps / steps_per_epoch)
+        if epochs is None:
+            share = max_steps / steps_per_epoch
+            shown = f"{share:.0f}" if share.is_integer() else f"{share:.1f}"
+            return cls(max_steps, needed, f"{flag('max_steps')} {max_steps}; {shown} "
+                                          f"epoch{'s' * (share != 1)} {per_epoch}")
+        total = min(max_steps, epochs * steps_per_epoch)
+        return cls(total, min(epochs, needed), f"the fewer of {flag('max_steps')} {max_steps} "
+                                               f"and {flag('epochs')} {epochs} {per_epoch}")
+
+    def reached(self, position: LoopPosition) -> bool:
+        """Whether the run is over at ``position``."""
+        return position.step >= self.total_steps or (
+            self.epochs is not None and position.epoch >= self.epochs)
+
+    def epoch_label(self, epoch: int) -> str:
+        """The progress bar's name of an epoch: ``epoch 0 (0-2)`` (epochs count from 0)."""
+        return f"epoch {epoch}" if self.epochs is None else f"epoch {epoch} (0-{self.epochs - 1})"

@@ -2,7 +2,9 @@
 banner, the result, and where a halt began."""
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +21,7 @@ from ..nonfinite import first_nonfinite_module
 from ..precision import NonFiniteHalt, Precision, label
 from ..tasks import Task
 from .optimizers import OptimizerSteps
+from .position import RunLength
 from .result import FitResult
 from .stepping import StepRunner
 
@@ -29,6 +32,21 @@ def loss_scales(precision: Precision) -> dict[str, float]:
     if not precision.separate_loss_scales:
         return {}
     return {f"loss_scale/{i}": scale for i, scale in sorted(precision.loss_scales().items())}
+
+
+#: The first lines already shown inside :func:`banners_once` (None outside it).
+_SHOWN: ContextVar[set[str] | None] = ContextVar("amptrain_banners_shown", default=None)
+
+
+@contextmanager
+def banners_once() -> Iterator[None]:
+    """Inside, a Trainer's first line that was already shown is not shown again: a study
+    (``compare``) sets up each precision several times, and says each one's line once."""
+    token = _SHOWN.set(set())
+    try:
+        yield
+    finally:
+        _SHOWN.reset(token)
 
 
 class Reporter:
@@ -72,11 +90,21 @@ class Reporter:
             if hook is not None:
                 hook(trainer)
 
+    def announce(self, text: str) -> None:
+        """Show the run's first line (:meth:`banner`), unless :func:`banners_once` has."""
+        shown = _SHOWN.get()
+        if shown is not None:
+            if text in shown:
+                return
+            shown.add(text)
+        self.logger.message(text)
+
     @staticmethod
-    def banner(precision: Precision, *, device: torch.device, world_size: int, total_steps: int,
-               batch_size: int, micro: int, accumulate: int, task_words: str,
-               constant_lr: bool) -> str:
-        """The run's first line: precision, steps, batch split, task, LR note."""
+    def banner(precision: Precision, *, device: torch.device, world_size: int,
+               run_length: RunLength, batch_size: int, micro: int, accumulate: int,
+               task_words: str, constant_lr: bool) -> str:
+        """The run's first line: precision, how many steps and why, batch split, task, LR
+        note."""
         p = precision
         chosen = f" (auto: {p.name})" if p.requested == "auto" else ""
         processes = f" x {world_size} processes" if world_size > 1 else ""
@@ -85,7 +113,8 @@ class Reporter:
         task = f"; {task_words}" if task_words else ""
         name = label(p.name, p.given)  # the user's spelling beside: 16-mixed (mixed_float16)
         return (f"amptrain: precision {name}{chosen} [{p.spec.summary}] on {device}; "
-                f"{total_steps} steps of {batch_size} samples "
+                f"{run_length.total_steps} step{'s' * (run_length.total_steps != 1)} "
+                f"({run_length.why}) of {batch_size} samples "
                 f"({micro} x {accumulate} accumulated{processes}){task}{constant}")
 
     def train_record(self, *, step: int, epoch: int, window: dict[str, Any],
@@ -152,4 +181,6 @@ class Reporter:
             tokens_per_s=float(np.median(tokens)) if tokens else None,
             data_wait_frac=float(np.median(waits)) if waits else None,
             peak_mem_bytes=self.memory.peak(),
-            out=str(out) if out else None, history=list(self.history))
+            out=str(out) if out else None, history=list(self.history),
+            learning_note=last_eval.task.learning_note(last_eval)
+            if last_eval is not None and last_eval.task is not None else None)

@@ -69,3 +69,5 @@ def test_diagnose_flags_leave_out_options_of_a_full_training_run():
     for option in ("--precision", "--epochs", "--max-steps", "--resume"):
         with pytest.raises(SystemExit):
             parser.parse_args([option, "1"])
+    # Every command takes --no-progress (plain lines instead of bars, as train).
+    assert parser.parse_args(["--no-progress"]).no_progress is True

@@ -73,3 +73,11 @@ def test_bad_corpora_and_damaged_shards_are_one_line(corpus, tmp_path):
     line = _one_line_error(amptrain("train", "--data", f"tokens:{shards}", "--tokenizer", "byte",
                                     "--out", tmp_path / "run"))
     assert "--tokenizer was fixed when the shards were prepared" in line
+
+
+def test_prepare_draws_no_bar_where_stderr_is_not_a_terminal(corpus, tmp_path):
+    # stderr is a pipe here, as a log file is: no tqdm bar (no "tokenizing", no "\r")
+    done = amptrain("prepare", "--data", f"text:{corpus}", "--out", tmp_path / "shards")
+    assert done.returncode == 0, done.stderr
+    assert "tokenizing" not in done.stderr and "\r" not in done.stderr
+    assert done.stdout.startswith("prepared: ")

@@ -88,3 +88,38 @@ def test_resuming_a_finished_run_adds_no_record(digits_run, tmp_path):
     assert result.returncode == 0, result.stderr
     assert "already finished at step" in result.stderr
     assert (copy / "metrics.jsonl").read_text() == before
+
+
+# ------------------------------------------------------- the run's length, its last word
+@pytest.mark.slow
+def test_max_steps_alone_trains_that_many_steps_over_several_epochs(tmp_path):
+    out = tmp_path / "run"
+    result = amptrain("train", "--model", "mlp", "--data", "digits", "--max-steps", "30",
+                      "--precision", "32-true", "--no-progress", "--logger", "none",
+                      "--log-every", "5", "--out", out, cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    first = result.stderr.splitlines()[0]
+    assert "30 steps (--max-steps 30; 1.3 epochs of 23 steps) of 64 samples" in first
+    records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    train = [r for r in records if "loss" in r]
+    assert train[-1]["step"] == 30 and train[-1]["epoch"] == 1  # past the first epoch
+    assert train[-1]["lr"] == 0.0  # the schedule spans the 30 steps
+    assert "after 30 steps" in result.stdout and "warning" not in result.stdout
+    assert yaml.safe_load((out / "config.yaml").read_text())["epochs"] is None  # not given
+
+
+@pytest.mark.slow
+def test_a_regression_that_learnt_nothing_says_so_after_done(tmp_path):
+    import numpy as np
+
+    rng = np.random.default_rng(0)  # targets independent of the inputs: nothing to learn
+    np.savez(tmp_path / "noise.npz", x=rng.normal(size=(300, 4)).astype("float32"),
+             y=rng.normal(size=300).astype("float32"))
+    result = amptrain("train", "--model", "mlp", "--data", f"npz:{tmp_path / 'noise.npz'}",
+                      "--max-steps", "2", "--precision", "32-true", "--no-progress",
+                      "--logger", "none", "--out", tmp_path / "run", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.splitlines()
+    done = next(i for i, line in enumerate(lines) if line.startswith("done:"))
+    assert lines[done + 1].startswith("warning: the model has not learnt: val R² ")
+    assert "--max-steps" in lines[done + 1]

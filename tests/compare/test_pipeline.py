@@ -124,3 +124,16 @@ def test_a_gan_is_judged_by_val_fd_with_the_tasks_tolerance_and_shows_its_grids(
     for p, data in figures:  # each precision's own grid, embedded (the page stays one file)
         assert base64.b64decode(data) == \
             (out / "runs" / p / "seed-0" / "eval" / "samples.png").read_bytes()
+
+
+def test_max_steps_sets_every_runs_length_and_each_banner_shows_once(tmp_path, capsys):
+    # digits at batch 64: 23 steps an epoch; --max-steps alone trains past the first epoch
+    config = small_config(tmp_path / "study", model="mlp", max_steps=25)
+    options = CompareOptions(precisions="32-true,bf16-mixed", seeds=2, timing_steps=1,
+                             timing_warmup=0)
+    result = run_compare(config, options, pick_log_every=False)
+    assert [run["steps"] for run in result["runs"]] == [25] * 4
+    banners = [line for line in capsys.readouterr().err.splitlines()
+               if line.startswith("amptrain: precision ")]
+    assert [line.split()[2] for line in banners] == ["32-true", "bf16-mixed"]  # once each
+    assert all("25 steps (max_steps 25; 1.1 epochs of 23 steps)" in b for b in banners)

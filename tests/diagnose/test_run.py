@@ -7,7 +7,7 @@ import pytest
 
 from amptrain.config import RunConfig
 from amptrain.diagnose.ranges import FP16_MAX
-from amptrain.diagnose.run import diagnose
+from amptrain.diagnose.run import diagnose, run_steps
 from amptrain.diagnose.writer import summary_lines, write_reports
 from amptrain.tasks.gan import GanTask
 from tests.diagnose.conftest import (
@@ -109,3 +109,22 @@ def test_gan_overflow_names_the_part_and_the_loss(monkeypatch):
     # Each step steps both parts' optimizers, and each part's skip counts.
     assert report["runs"]["16-mixed"]["parts"] == 2
     assert "4 of 4 optimizer steps (2 steps x 2 parts) skipped" in line
+
+
+@pytest.mark.parametrize("no_progress", [True, False])
+def test_steps_alone_set_each_runs_length_and_the_progress_is_the_configs(no_progress):
+    seen = {}
+
+    class Look:
+        def __init__(self, trainer):
+            seen["no_progress"] = trainer.config.logging.no_progress
+            seen["epochs"] = trainer.run_length.epochs
+
+        def remove(self):
+            pass
+
+    # 64 samples at batch 32: 2 steps an epoch; a config's --epochs 1 does not cut the run
+    summary, _ = run_steps(config(epochs=1, no_progress=no_progress), bundle(n=64),
+                           scaled_model(1.0), steps=5, precision="32-true", attach=Look)
+    assert summary.steps == 5
+    assert seen == {"no_progress": no_progress, "epochs": 3}

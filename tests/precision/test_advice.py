@@ -176,3 +176,38 @@ def test_compare_marks_ladder_rungs_and_never_advises_an_emulated_one_silently(c
         assert "though bf16-true is only emulated on this device" in sentence
     else:
         assert "bf16-true+kahan is 1.30× faster than 32-true, 1.00× the memory," in sentence
+
+
+# ------------------------------------------------ every suggestion from the device
+def test_refusing_fp8_suggests_what_auto_picks_on_this_cpu_class(cpu_class):
+    from amptrain.errors import UserError
+
+    fastest, _ = EXPECTED[cpu_class]
+    with pytest.raises(UserError) as refused:
+        support.resolve_name("fp8", CPU)
+    message = str(refused.value)
+    assert message.endswith(f"use precision {fastest} (what auto picks here"
+                            + (": no native bf16 on this cpu)" if fastest == "32-true" else ")"))
+    assert "bf16-mixed (or auto)" not in message
+
+
+def test_less_memory_names_bf16_true_where_bf16_is_only_emulated(cpu_class):
+    fastest, _ = EXPECTED[cpu_class]
+    suggestion = advice.less_memory(CPU)
+    assert suggestion.startswith("precision bf16-mixed" if fastest == "bf16-mixed"
+                                 else "precision bf16-true (half weights")
+
+
+def test_no_message_of_the_package_hard_codes_a_precision_to_use():
+    from pathlib import Path
+
+    import amptrain
+
+    root = Path(amptrain.__file__).parent
+    fixed = re.compile(r"use (?:\{precision\}|--precision|\{flag\('precision'\)\}) "
+                       r"(?:bf16-mixed|16-mixed|32-true)\b")
+    offenders = [f"{path.relative_to(root)}:{number}"
+                 for path in root.rglob("*.py") if path.name != "advice.py"
+                 for number, line in enumerate(path.read_text().splitlines(), 1)
+                 if fixed.search(line)]
+    assert offenders == []

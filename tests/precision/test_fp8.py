@@ -23,6 +23,7 @@ from amptrain.config import RunConfig
 from amptrain.errors import UserError, cli_spelling
 from amptrain.precision import MODES, Precision, fp8
 from amptrain.precision.fp8 import plan_float8
+from amptrain.precision.support import auto_mode, cpu_has_native_bf16
 from amptrain.runner import prepare_run
 from amptrain.trainer import Trainer
 from tests import conftest
@@ -55,7 +56,9 @@ def test_cpu_is_refused_naming_the_flag_and_what_to_use():
     message = str(caught.value)
     assert message.startswith("--precision fp8 needs an NVIDIA GPU with fp8 Tensor Cores")
     assert "compute capability 8.9+" in message and "on the CPU" in message
-    assert "use --precision bf16-mixed" in message and "\n" not in message
+    # what auto picks on this CPU: bf16-mixed with native bf16, else 32-true
+    assert f"use --precision {auto_mode(torch.device('cpu'))} (what auto picks here" in message
+    assert "\n" not in message
 
 
 @pytest.mark.parametrize("gpu,cc,instead", [("NVIDIA A100-SXM4-80GB", (8, 0), "bf16-mixed"),
@@ -68,7 +71,7 @@ def test_gpus_before_ada_are_refused_with_their_capability(monkeypatch, gpu, cc,
         Precision("fp8", device="cuda")
     message = str(caught.value)
     assert f"{gpu} has {cc[0]}.{cc[1]}" in message and "compute capability 8.9+" in message
-    assert message.endswith(f"use --precision {instead}")
+    assert message.endswith(f"use --precision {instead} (what auto picks here)")
 
 
 @pytest.mark.parametrize("gpu,cc", [("NVIDIA L4", (8, 9)), ("NVIDIA H100 80GB HBM3", (9, 0)),
@@ -121,10 +124,13 @@ def test_cli_fp8_on_cpu_exits_2_with_one_line(tmp_path):
         cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)}, capture_output=True, text=True,
         timeout=120)
     assert result.returncode == 2
+    # What to use instead is what auto picks on this CPU (ONEDNN_MAX_CPU_ISA=AVX2: 32-true).
+    instead = "bf16-mixed (what auto picks here)" if cpu_has_native_bf16() else \
+        "32-true (what auto picks here: no native bf16 on this cpu)"
     assert result.stderr.strip().splitlines() == [
         "amptrain: error: --precision fp8 needs an NVIDIA GPU with fp8 Tensor Cores (compute "
         "capability 8.9+: Ada or Hopper, e.g. L4, L40S, H100, H200) and torchao; this run is on "
-        "the CPU: use --precision bf16-mixed (or auto)"]
+        f"the CPU: use --precision {instead}"]
 
 
 # ------------------------------------------------------------ which layers

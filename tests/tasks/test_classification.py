@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 
+import numpy as np
 import pytest
 import torch
 
@@ -95,3 +96,30 @@ def test_every_task_words_its_data_and_outputs():
         assert cls.data_holds and cls.data_needs and cls.output_noun, name
         assert name in cls.data_needs or cls.data_needs.startswith("language modelling")
     assert TASKS["classification"].output_noun == "classes"
+
+
+# ------------------------------------------------ the end-of-run line (learning_note)
+def test_a_classifier_at_chance_ends_with_a_line_saying_so():
+    from amptrain.trainer import Trainer
+    from tests.conftest import tiny_mlp
+
+    labels = torch.arange(120) % 4
+    blank = TensorData(torch.zeros(120, 16), labels)  # nothing to learn from: one answer
+    trainer = Trainer(precision="32-true", device="cpu", no_progress=True, batch_size=32,
+                      max_steps=1)
+    result = trainer.fit(tiny_mlp(features=16, classes=4), blank, blank)
+    assert result.val_metrics["acc"] <= 0.25 + 1e-9
+    assert result.learning_note is not None and "at chance" in result.learning_note
+    assert "4 classes" in result.learning_note
+
+
+@pytest.mark.parametrize("accuracy, said", [(0.25, True), (0.6, True), (0.64, False),
+                                            (0.97, False)])
+def test_chance_is_the_most_frequent_class(accuracy, said):
+    from amptrain.tasks import EvalResult
+
+    task = ClassificationTask(class_names=["a", "b", "c"])
+    targets = np.array([0] * 6 + [1] * 2 + [2] * 2)  # always "a": 60 %
+    result = EvalResult(loss=1.0, samples=10, metrics={"acc": accuracy}, task=task,
+                        details={"targets": targets, "class_names": ["a", "b", "c"]})
+    assert (task.learning_note(result) is not None) is said

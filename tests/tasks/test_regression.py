@@ -10,7 +10,7 @@ from torch import nn
 
 from amptrain.data import TensorData
 from amptrain.errors import UserError
-from amptrain.tasks import RegressionTask, build_task, infer_task, resolve_task
+from amptrain.tasks import EvalResult, RegressionTask, build_task, infer_task, resolve_task
 from amptrain.trainer import Trainer
 
 NOISE = 0.5
@@ -117,3 +117,24 @@ def test_verdict_is_the_relative_change_of_rmse():
     assert task.judge(1.05, 1.0, 0.02)[1] == "worse"  # a higher RMSE is worse
     assert task.judge(0.9, 1.0, 0.02)[1] == "better"
     assert task.delta_field == "delta_rmse_rel" and task.format_delta(0.0123) == "+1.23 %"
+
+
+# ------------------------------------------------ the end-of-run line (learning_note)
+def test_an_untrained_regression_ends_with_a_line_saying_so():
+    model = nn.Linear(5, 1)
+    nn.init.zeros_(model.weight)
+    nn.init.zeros_(model.bias)  # it predicts the training targets' mean: R² about 0
+    trainer = Trainer(precision="32-true", max_steps=1, batch_size=32, no_progress=True,
+                      device="cpu", optimizer="sgd", lr=1e-9, momentum=0.0)
+    result = trainer.fit(model, linear_data(200, 0), linear_data(64, 1))
+    assert result.val_metrics["r2"] < 0.05
+    assert result.learning_note is not None and "has not learnt" in result.learning_note
+    assert "R²" in result.learning_note and "max_steps" in result.learning_note
+
+
+@pytest.mark.parametrize("r2, said", [(-0.16, True), (0.01, True), (0.5, False),
+                                      (float("nan"), False)])
+def test_the_line_comes_only_for_r2_near_zero_or_below(r2, said):
+    task = RegressionTask(target_mean=[0.0], target_std=[1.0])
+    result = EvalResult(loss=1.0, samples=10, metrics={"rmse": 1.0, "r2": r2}, task=task)
+    assert (task.learning_note(result) is not None) is said

@@ -401,3 +401,47 @@ def test_the_progress_bar_counts_epochs_like_the_log_lines(monkeypatch):
     trainer.fit(tiny_mlp(), tiny_classification(n=100))
     assert [d for d in descs if d.startswith("epoch")] == ["epoch 0 (0-1)", "epoch 1 (0-1)"]
     assert sorted({r["epoch"] for r in trainer.history if "loss" in r}) == [0, 1]
+
+
+# ------------------------------------------------ the run's length (max_steps, epochs)
+def test_max_steps_alone_trains_that_many_steps_over_several_epochs(capsys):
+    data = tiny_classification(n=200)  # batch 32: 7 steps an epoch
+    trainer = Trainer(precision="32-true", device="cpu", no_progress=True, batch_size=32,
+                      max_steps=17, log_every=1, scheduler="cosine", lr=0.01)
+    result = trainer.fit(tiny_mlp(), data)
+    assert (result.steps, result.epochs_completed) == (17, 2)  # 2 whole epochs, a third begun
+    assert "17 steps (max_steps 17; 2.4 epochs of 7 steps)" in capsys.readouterr().err
+    lrs = [r["lr"] for r in trainer.history if "lr" in r]
+    # The cosine schedule spans the 17 steps the run trains: it reaches 0 on the last one.
+    assert len(lrs) == 17 and lrs[-1] == pytest.approx(0.0, abs=1e-12) and min(lrs[:-1]) > 0
+
+
+def test_both_given_the_run_ends_at_whichever_comes_first(capsys):
+    data = tiny_classification(n=200)
+    options = dict(precision="32-true", device="cpu", no_progress=True, batch_size=32)
+    assert Trainer(epochs=1, max_steps=100, **options).fit(tiny_mlp(), data).steps == 7
+    assert Trainer(epochs=3, max_steps=10, **options).fit(tiny_mlp(), data).steps == 10
+    assert "7 steps (the fewer of max_steps 100 and epochs 1 of 7 steps)" \
+        in capsys.readouterr().err
+
+
+def test_neither_given_three_epochs_and_a_config_file_counts_as_given(capsys):
+    from amptrain.config import TrainConfig
+
+    data = tiny_classification(n=200)
+    options = dict(precision="32-true", device="cpu", no_progress=True, batch_size=32)
+    assert Trainer(**options).fit(tiny_mlp(), data).steps == 21
+    assert "21 steps (3 epochs of 7 steps, the default)" in capsys.readouterr().err
+    config = TrainConfig.from_options(epochs=3, max_steps=40, **options)
+    assert Trainer(config).fit(tiny_mlp(), data).steps == 21  # both given: the fewer
+
+
+def test_a_generator_shorter_than_max_steps_ends_when_it_runs_dry():
+    # A stream read once: max_steps alone allows any number of epochs, but an epoch that
+    # gives nothing ends the run (instead of looping forever on an empty generator).
+    data = tiny_classification(n=160)
+    batches = ((x, y) for x, y in zip(data.tensors[0].split(32), data.tensors[1].split(32)))
+    trainer = Trainer(precision="32-true", device="cpu", no_progress=True, batch_size=32,
+                      max_steps=20)
+    result = trainer.fit(tiny_mlp(), batches)
+    assert result.steps == 5 and trainer.run_length.epochs is None

@@ -14,6 +14,7 @@ from amptrain.models import MLP
 from amptrain.precision import MODES
 from amptrain.precision.support import auto_mode
 from amptrain.trainer import Trainer
+from amptrain.trainer.reporting import banners_once
 from tests.conftest import tiny_classification, tiny_mlp
 
 DOCUMENTED_FIELDS = {"step", "epoch", "loss", "lr", "loss_scale", "grad_norm", "skipped_steps",
@@ -113,8 +114,8 @@ def test_the_banner_says_what_will_run_before_the_first_step(capsys, precision):
     trainer.setup(tiny_mlp(), tiny_classification(n=200))
     name = auto_mode(torch.device("cpu")) if precision == "auto" else precision
     chosen = f" (auto: {name})" if precision == "auto" else ""
-    banner = (f"amptrain: precision {name}{chosen} [{MODES[name].summary}] on cpu; 3 steps of "
-              f"32 samples (16 x 2 accumulated)")
+    banner = (f"amptrain: precision {name}{chosen} [{MODES[name].summary}] on cpu; 3 steps "
+              f"(max_steps 3; 0.4 epochs of 7 steps) of 32 samples (16 x 2 accumulated)")
     assert banner in capsys.readouterr().err.splitlines()
 
 
@@ -178,3 +179,14 @@ def test_separate_loss_scales_put_one_scale_per_loss_in_the_records():
     assert {"loss_scale/0", "loss_scale/1"} <= set(last)
     assert last["loss_scale"] == last["loss_scale/0"]
     assert {last["loss_scale/0"], last["loss_scale/1"]} <= {2.0 ** k for k in range(10, 19)}
+
+
+def test_a_study_shows_each_banner_once(capsys):
+    data = tiny_classification(n=200)
+    options = dict(device="cpu", no_progress=True, batch_size=32, max_steps=1)
+    with banners_once():
+        for precision in ("32-true", "bf16-mixed", "32-true"):
+            Trainer(precision=precision, **options).setup(tiny_mlp(), data)
+    Trainer(precision="32-true", **options).setup(tiny_mlp(), data)  # outside: shown again
+    lines = [line for line in capsys.readouterr().err.splitlines() if "precision" in line]
+    assert [line.split()[2] for line in lines] == ["32-true", "bf16-mixed", "32-true"]
