@@ -13,6 +13,7 @@ import os
 from pathlib import Path
 from typing import Any
 
+from ..config.train import DEFAULT_EPOCHS
 from ..errors import UserError
 from . import sharded
 from .files import CHECKPOINT_DIR, LAST, load, remove_unfinished, step_checkpoints
@@ -123,11 +124,21 @@ def check_compatible(state: dict[str, Any], config: dict[str, Any], run_info: di
         raise UserError(f"--optimizer {config.get('optimizer')} differs from checkpoint {path}'s "
                         f"{saved['optimizer']}, whose optimizer state it cannot use; resume with "
                         f"--optimizer {saved['optimizer']}")
+    saved, config = _length_spelt_out(saved), _length_spelt_out(config)
     changed = [f"--{key.replace('_', '-')} {config[key]} (checkpoint: {saved[key]})"
                for key in INEXACT_IF_CHANGED
                if key in saved and key in config and saved[key] != config[key]]
     if changed:
         log.warning("resume is not exact: %s", ", ".join(changed))
+
+
+def _length_spelt_out(config: dict[str, Any]) -> dict[str, Any]:
+    """``epochs`` as the run's length rule reads it: not given (None) and no ``max_steps``
+    is the default number of passes, which checkpoints written before epochs could be left
+    unset (they hold 3) spell out."""
+    if "epochs" in config and config["epochs"] is None and not config.get("max_steps"):
+        return {**config, "epochs": DEFAULT_EPOCHS}
+    return config
 
 
 def _task_class(name: Any) -> Any:

@@ -178,3 +178,19 @@ def test_sigterm_to_a_real_training_process(tmp_path, uninterrupted):
     assert code == 0, err
     assert f"at step {stopped_at}" in err
     _assert_matches(tmp_path, uninterrupted)
+
+
+@pytest.mark.parametrize("saved_epochs,saved_max,now_epochs,now_max,inexact", [
+    (3, None, None, None, False),   # written before --epochs could be left unset: 3 passes
+    (None, None, None, None, False),
+    (3, 50, None, 50, True),        # then the fewer of 3 epochs and 50 steps; now 50 steps
+    (2, None, None, None, True),
+])
+def test_a_checkpoint_that_spells_out_the_default_epochs_resumes_exactly(
+        caplog, saved_epochs, saved_max, now_epochs, now_max, inexact):
+    from amptrain.checkpoint.resume import check_compatible
+
+    state = {"config": {"epochs": saved_epochs, "max_steps": saved_max}}
+    with caplog.at_level("WARNING", logger="amptrain"):
+        check_compatible(state, {"epochs": now_epochs, "max_steps": now_max}, {}, "last.pt")
+    assert ("resume is not exact" in caplog.text) is inexact
