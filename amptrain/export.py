@@ -34,7 +34,8 @@ INFO_NAME = "model.json"
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 #: The formats every model has (the others are named by the models' hooks).
 BUILT_IN_FORMATS = ("safetensors",)
-INSTALL = "pip install 'amptrain[safetensors]'"
+#: safetensors is a base dependency: an install without it is broken, and this says how to mend it.
+INSTALL = "pip install 'safetensors>=0.4' (a dependency of amptrain that this install lacks)"
 #: What each format writes under the output directory (never over what is there).
 TARGETS = {"safetensors": (SAFETENSORS_NAME, INFO_NAME), "hf": ("hf",),
            "keras": ("model.keras",)}
@@ -44,7 +45,8 @@ def _safetensors() -> Any:
     try:
         import safetensors.torch
     except ImportError:
-        return None
+        raise UserError(f"writing or reading {SAFETENSORS_NAME} needs the safetensors "
+                        f"package: {INSTALL}") from None
     return safetensors.torch
 
 
@@ -100,14 +102,9 @@ def _replace(write: Any, target: Path) -> Path:
 
 def write_safetensors(out_dir: str | Path, state: dict[str, torch.Tensor],
                       info: dict[str, Any], *, dtype: str = "fp32", source: str | None = None,
-                      step: int | None = None) -> Path | None:
-    """``out_dir/model.safetensors`` and ``out_dir/model.json``; None (and one log line)
-    when the safetensors package is missing."""
+                      step: int | None = None) -> Path:
+    """``out_dir/model.safetensors`` and ``out_dir/model.json``."""
     st = _safetensors()
-    if st is None:
-        log.warning("%s not written: the safetensors package is missing (%s)",
-                    SAFETENSORS_NAME, INSTALL)
-        return None
     out_dir = Path(out_dir)
     unique, aliases = _aliases(cast_state(state, dtype))
     unique = {k: v.contiguous() for k, v in unique.items()}
@@ -124,8 +121,6 @@ def write_safetensors(out_dir: str | Path, state: dict[str, torch.Tensor],
 def load_safetensors(path: str | Path) -> dict[str, torch.Tensor]:
     """A ``model.safetensors`` written here, with its aliases (tied weights) restored."""
     st = _safetensors()
-    if st is None:
-        raise UserError(f"reading {path} needs the safetensors package: {INSTALL}")
     from safetensors import safe_open
 
     with safe_open(str(path), framework="pt") as f:
@@ -222,9 +217,6 @@ def export_checkpoint(checkpoint: str | Path, format: str, out: str | Path | Non
     if format == "safetensors":
         written = write_safetensors(out_dir, weights, info, dtype=dtype, source=str(path),
                                     step=step)
-        if written is None:
-            raise UserError(f"{flag('format')} safetensors needs the safetensors package: "
-                            f"{INSTALL}")
         return out_dir, [written, out_dir / INFO_NAME]
     from .models.core import exporter_of
 

@@ -108,6 +108,9 @@ def main(argv: list[str]) -> int:
         return 2
     out = Path(argv[0])
     out.mkdir(parents=True, exist_ok=True)
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()  # no "Writing model shards" bar for a 100 KB model
     model = write_tiny_bert(out / "tiny-bert")
     data = write_reviews_csv(out / "reviews.csv")
     gpt2 = write_tiny_gpt2(out / "tiny-gpt2")

@@ -122,6 +122,33 @@ def test_write_safetensors_from_a_plain_state(tmp_path):
     back = load_safetensors(tmp_path / SAFETENSORS_NAME)
     assert torch.equal(back["w"], state["w"]) and torch.equal(back["n"], state["n"])
 
+def test_safetensors_is_a_base_dependency_and_its_absence_is_one_clear_error(tmp_path):
+    """Every run promises model.safetensors, so the package is in the base install; an
+    install that lacks it anyway gets amptrain's own error saying what to install, not an
+    ImportError (a real interpreter with the package blocked)."""
+    import re
+    import subprocess
+    import sys
+
+    # (tomllib is Python 3.11+; the project supports 3.10)
+    base = re.search(r"^dependencies = \[(.*?)^\]", (ROOT / "pyproject.toml").read_text(),
+                     re.S | re.M)
+    assert base is not None and '"safetensors>=' in base.group(1)
+    code = ("import sys; sys.modules['safetensors'] = None\n"
+            "import torch\n"
+            "from amptrain.errors import UserError\n"
+            "from amptrain.export import write_safetensors\n"
+            "try:\n"
+            f"    write_safetensors({str(tmp_path)!r}, {{'w': torch.ones(1)}}, {{}})\n"
+            "except UserError as exc:\n"
+            "    print('UserError:', exc)\n")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=120)
+    assert "UserError: writing or reading model.safetensors needs the safetensors package: " \
+           "pip install 'safetensors>=0.4'" in done.stdout, done.stdout + done.stderr
+    assert not (tmp_path / SAFETENSORS_NAME).exists()
+
+
 
 # ---------------------------------------------------------------- hf/ exports
 def _example():

@@ -94,5 +94,6 @@ def run(args: argparse.Namespace) -> int:
     if waiting:
         print(f"warning: {waiting}")
     runs = "" if options.speed_only else ", runs/"
-    print(f"outputs: {config.out}/ (compare.json, report.md, report.html, compare.png{runs})")
+    print(f"outputs: {config.out}/ (compare.json, study.json, report.md, report.html, "
+          f"compare.png{runs})")
     return 0

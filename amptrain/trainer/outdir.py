@@ -35,7 +35,8 @@ RUN_MARKERS = ("checkpoints/last.pt", "metrics.jsonl")
 TRAIN_OUTPUTS = ("config.yaml", "metrics.jsonl", "tb/", "checkpoints/", "eval/")
 EVAL_OUTPUTS = ("eval/",)
 DIAGNOSE_OUTPUTS = ("diagnose.json", "diagnose.md")
-COMPARE_OUTPUTS = ("compare.json", "report.md", "report.html", "compare.png", "runs/")
+COMPARE_OUTPUTS = ("compare.json", "study.json", "report.md", "report.html", "compare.png",
+                   "runs/")
 
 
 #: The lock file a training run holds in its ``--out`` while it writes there.

@@ -48,6 +48,7 @@ def test_an_unwritable_place(tmp_path, monkeypatch):
 @pytest.mark.parametrize("outputs,entry", [
     (outdir.TRAIN_OUTPUTS, "config.yaml"), (outdir.EVAL_OUTPUTS, "eval/report.json"),
     (outdir.DIAGNOSE_OUTPUTS, "diagnose.md"), (outdir.COMPARE_OUTPUTS, "compare.png"),
+    (outdir.COMPARE_OUTPUTS, "study.json"),   # compare writes it too (issue 38)
 ])
 def test_no_command_replaces_what_it_did_not_write(tmp_path, outputs, entry):
     target = tmp_path / entry
