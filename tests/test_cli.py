@@ -48,6 +48,7 @@ def bad_inputs(root: Path) -> dict[str, Path]:
     paths = {"idx": idx, "cifar": cifar, "images": images, "csv": csv, "npz": npz,
              "yaml": bad_yaml, "checkpoint": checkpoint, "existing": existing}
     paths.update(hostile_inputs(root))
+    paths.update(reader_inputs(root))
     return paths
 
 
@@ -162,6 +163,43 @@ def round_two_inputs(root: Path, x: np.ndarray, rng: np.random.Generator) -> dic
     damaged("ckpt_nan", lambda s: s["model"].update(
         {k: torch.full_like(v, float("nan")) for k, v in s["model"].items()
          if v.is_floating_point()}))
+    return paths
+
+
+class _Planted:
+    """A pickled payload: unpickling it creates ``PWNED`` in the table's root, which
+    test_no_bad_invocation_changed_a_file would see."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+
+    def __reduce__(self):
+        return os.system, (f"touch {self.root}/PWNED",)
+
+
+def reader_inputs(root: Path) -> dict[str, Path]:
+    """Issue 36's files that must load without running code or trusting their headers: a
+    run directory with a planted sharded checkpoint (a real DCP save, its .metadata
+    carrying a payload)."""
+    import torch
+    from torch.distributed.checkpoint import FileSystemReader
+
+    from amptrain import checkpoint
+    from amptrain.checkpoint import sharded
+
+    paths: dict[str, Path] = {}
+    run = root / "planted_run"
+    model = torch.nn.Linear(64, 10)
+    writer = sharded.ShardedWriter()
+    plain = {"format": checkpoint.FORMAT, "format_version": checkpoint.FORMAT_VERSION,
+             "step": 99, "epoch": 0, "window_in_epoch": 99, "config": {}, "rng": {}}
+    step = writer.submit(run / "checkpoints", 99, plain, model,
+                         torch.optim.AdamW(model.parameters()), is_main=True, keep_last=1)
+    writer.wait()
+    metadata = FileSystemReader(str(step)).read_metadata()
+    metadata.version = _Planted(root)
+    (step / ".metadata").write_bytes(pickle.dumps(metadata))
+    paths["planted_run"], paths["planted_step"] = run, step
     return paths
 
 
@@ -392,6 +430,12 @@ ERROR_TABLE = [
     ("dcgan-on-text", "train --model dcgan --data text:{long_txt}",
      "--model dcgan trains gan, which does not fit --data text:"),
     # --- reliability-readers ---
+    # 0. no code runs from a file
+    ("resume-planted-sharded-metadata", "train --max-steps 1 --resume {planted_step} "
+                                        "--out {root}/rp1",
+     "refers to posix.system, which a sharded checkpoint's metadata never holds"),
+    ("resume-auto-planted-sharded-step", "train --max-steps 1 --resume auto --out {planted_run}",
+     "(a damaged or planted file); amptrain does not load it"),
     # (end of reliability-readers)
     # --- reliability-data-writers ---
     # (end of reliability-data-writers)

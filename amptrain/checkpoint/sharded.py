@@ -21,7 +21,8 @@ intact. One save in flight, as with :class:`~amptrain.checkpoint.BackgroundWrite
 Reading: ``state.pt`` with ``weights_only=True``, and the shards with a load planner that
 reads DCP's non-tensor entries (the optimizer's param groups) with ``weights_only=True``
 too (DCP's default unpickles them). DCP's own ``.metadata`` file is a pickle of its
-classes, read by DCP.
+classes: it is read by :mod:`.dcp_metadata`'s allow-listed unpickler and checked (no code
+runs from a planted one), when the checkpoint is found and again when its shards load.
 """
 from __future__ import annotations
 
@@ -39,6 +40,7 @@ from typing import Any
 import torch
 
 from ..errors import UserError
+from .dcp_metadata import UnsafeCheckpointError, read_metadata, safe_reader
 from .files import CheckpointWriteError, atomic_save, load
 
 log = logging.getLogger("amptrain")
@@ -80,6 +82,7 @@ def load_state(path: str | Path) -> dict[str, Any]:
     if not is_sharded(path):
         raise UserError(f"checkpoint {path}: not a sharded checkpoint directory (it needs "
                         f"{STATE_FILE} and .metadata)")
+    read_metadata(path)  # checked before anything trusts the directory
     state = load(path / STATE_FILE)
     state["sharded"] = str(path)
     return state
@@ -126,14 +129,18 @@ def load_into(path: str | Path, model: torch.nn.Module,
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
+    read_metadata(path)  # a clear error before DCP starts (its reader checks it again)
     model_state, optimizer_state = get_state_dict(model, optimizer)
     state: dict[str, Any] = {"model": model_state, "optimizer": optimizer_state}
     try:
-        dcp.load(state, checkpoint_id=str(path), planner=_weights_only_planner())
+        dcp.load(state, checkpoint_id=str(path), storage_reader=safe_reader(path),
+                 planner=_weights_only_planner())
     except BaseException as exc:  # DCP wraps each rank's failure (CheckpointException)
         if not (isinstance(exc, Exception) or _dcp_failure(exc)):
             raise
         cause = _root_os_error(exc) or exc
+        if isinstance(cause, UserError):  # the metadata, replaced since it was checked
+            raise cause from None
         text = str(cause).strip().splitlines()
         raise UserError(f"checkpoint {path}: its shards do not load into this model "
                         f"({text[-1] if text else type(cause).__name__})") from None
@@ -312,6 +319,8 @@ def newer_of(full: tuple[Path, dict[str, Any]] | None, directory: str | Path
         return full
     try:
         sharded = (path, load_state(path))
+    except UnsafeCheckpointError:
+        raise  # a planted file is the user's to look at, not to skip
     except UserError as exc:
         log.warning("skipping %s", exc)
         return full

@@ -24,6 +24,7 @@ import contextlib
 import copy
 import logging
 import os
+import pickle
 import shutil
 import tempfile
 from pathlib import Path
@@ -42,6 +43,13 @@ from .core import ModelInputs, set_exporter  # noqa: E402
 from ..quiet import quiet_torchao  # noqa: E402
 
 log = logging.getLogger("amptrain")
+
+#: Every ``from_pretrained``: offline, and no Python file of the directory is imported
+#: (``auto_map`` remote code); models also pass ``weights_only=True`` (a pickled
+#: ``pytorch_model.bin`` is read as tensors only; ``model.safetensors`` is preferred).
+SAFE_LOADING: dict[str, Any] = {"local_files_only": True, "trust_remote_code": False}
+#: What ``from_pretrained`` raises for a directory it cannot load (a refused pickle too).
+UNLOADABLE = (OSError, ValueError, KeyError, pickle.UnpicklingError, RuntimeError)
 
 #: Tokenizers report this sentinel (1e30) when they know no length limit.
 _NO_LIMIT = 10 ** 6
@@ -124,7 +132,7 @@ class HFTextEncoder:
             try:
                 with _quiet():
                     self._tokenizer = transformers.AutoTokenizer.from_pretrained(
-                        str(self.path), local_files_only=True)
+                        str(self.path), **SAFE_LOADING)
             except (OSError, ValueError, TypeError, KeyError) as exc:
                 instead = "train the built-in --model transformer on this text" \
                     if self.option == "model" else f"use --{self.option} byte"
@@ -211,8 +219,8 @@ def causal_lm(argument: str, inputs: ModelInputs) -> nn.Module:
     try:
         with _quiet():
             model = transformers.AutoModelForCausalLM.from_pretrained(
-                str(path), local_files_only=True)
-    except (OSError, ValueError, KeyError) as exc:
+                str(path), **SAFE_LOADING, weights_only=True)
+    except UNLOADABLE as exc:
         raise UserError(f"--model {spec}: cannot load a causal language model from {path} "
                         f"({_first_line(exc)}); language modelling needs a decoder such as "
                         f"GPT-2 or Llama") from None
@@ -251,9 +259,9 @@ def hf_model(argument: str, inputs: ModelInputs) -> nn.Module:
     try:
         with _quiet():
             model, info = transformers.AutoModelForSequenceClassification.from_pretrained(
-                str(path), num_labels=inputs.num_classes, local_files_only=True,
+                str(path), num_labels=inputs.num_classes, **SAFE_LOADING, weights_only=True,
                 ignore_mismatched_sizes=True, output_loading_info=True)
-    except (OSError, ValueError, KeyError) as exc:
+    except UNLOADABLE as exc:
         raise UserError(f"--model {spec}: cannot load a sequence-classification model from "
                         f"{path} ({_first_line(exc)})") from None
     model.float()  # a checkpoint saved in bf16/fp16 still trains from fp32 weights
@@ -327,7 +335,7 @@ def _export_tokenizer(info: dict[str, Any], source: Path) -> Any:
     directory = fitted.removeprefix("hf:") if fitted.startswith("hf:") else str(source)
     try:
         with _quiet():
-            return transformers.AutoTokenizer.from_pretrained(directory, local_files_only=True)
+            return transformers.AutoTokenizer.from_pretrained(directory, **SAFE_LOADING)
     except (OSError, ValueError, TypeError, KeyError):
         log.info("no tokenizer in %s: the exported model has none beside it", directory)
         return None
@@ -347,5 +355,8 @@ def _names(names: list[str], limit: int = 4) -> str:
 
 def _first_line(exc: BaseException) -> str:
     text = str(exc).strip()
+    if "Weights only load failed" in text:  # torch's refusal of a pickled payload
+        return ("a weights file holds pickled Python objects, not only tensors; amptrain "
+                "does not run them: save the model with safetensors")
     return text.splitlines()[0] if text else type(exc).__name__
 

@@ -111,8 +111,14 @@ def load_keras(file: Path, spec: str) -> Any:
             raise UserError(f"--model {spec}: {file} is not a {kind}: the file is corrupt or "
                             f"was not written by a Keras model.save()")
     try:
-        return keras.saving.load_model(str(file), compile=False)
+        # safe_mode=True (keras' default, said here so it stays): a Lambda layer's marshalled
+        # Python bytecode is refused, never run.
+        return keras.saving.load_model(str(file), compile=False, safe_mode=True)
     except Exception as exc:  # keras raises many kinds for a bad file: all mean the same
+        if "lambda" in str(exc).lower() and "safe_mode" in str(exc):
+            raise UserError(f"--model {spec}: {file} holds a Lambda layer, whose Python code "
+                            f"amptrain does not run (a file must not execute code when "
+                            f"loaded); replace the Lambda by built-in layers") from None
         hint = (": custom classes (subclassed models, custom layers) must be importable and "
                 "registered, which amptrain cannot do for you; save a functional or "
                 "Sequential model" if "locate" in str(exc) or "custom" in str(exc).lower()

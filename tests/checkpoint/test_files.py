@@ -18,6 +18,7 @@ from torch import nn
 from amptrain import checkpoint
 from amptrain.checkpoint import CheckpointWriteError
 from amptrain.checkpoint import files as checkpoint_files
+from amptrain.errors import UserError
 from tests.checkpoint.helpers import (
     CLI_RUN,
     _assert_matches,
@@ -193,3 +194,17 @@ def test_second_signal_exits_at_once_and_keeps_the_previous_checkpoint(tmp_path)
     assert "second signal (SIGTERM): exiting now" in err and "Traceback" not in err
     assert checkpoint.load(tmp_path / "checkpoints" / "last.pt")["step"] == 45
     assert not _unfinished(tmp_path)
+
+
+def test_a_planted_payload_in_a_checkpoint_never_runs(tmp_path):
+    marker = tmp_path / "PWNED"
+
+    class Payload:
+        def __reduce__(self):
+            return os.system, (f"touch {marker}",)
+
+    path = tmp_path / "last.pt"
+    torch.save({"format": checkpoint.FORMAT, "step": Payload()}, path)
+    with pytest.raises(UserError, match="holds pickled Python objects"):
+        checkpoint.load(path)
+    assert not marker.exists()

@@ -165,3 +165,112 @@ def test_shards_of_another_model_are_one_line(tmp_path):
     with pytest.raises(UserError, match="its shards do not load into this model"):
         sharded.load_into(tmp_path / "sharded" / "step-1", other,
                           torch.optim.AdamW(other.parameters()))
+
+
+# ------------------------------------------------------------------- planted metadata
+class _Payload:
+    """Unpickling this creates ``marker``: the code a planted ``.metadata`` would run."""
+
+    def __init__(self, marker: Path) -> None:
+        self.marker = marker
+
+    def __reduce__(self):
+        return open, (str(self.marker), "w")
+
+
+def _saved_step(directory: Path, step: int = 1) -> Path:
+    model, optimizer = _pair()
+    _step(model, optimizer, 1)
+    writer = sharded.ShardedWriter()
+    _save(writer, directory, step, model, optimizer)
+    return writer.wait()
+
+
+def _plant(step_dir: Path, change) -> None:
+    """Rewrite ``step_dir/.metadata`` (a real one, loaded by DCP's own reader) changed."""
+    import pickle
+
+    from torch.distributed.checkpoint import FileSystemReader
+
+    metadata = FileSystemReader(str(step_dir)).read_metadata()
+    change(metadata)
+    (step_dir / ".metadata").write_bytes(pickle.dumps(metadata))
+
+
+def test_a_planted_metadata_payload_never_runs_on_resume_or_load(tmp_path):
+    step_dir = _saved_step(tmp_path / "run" / "checkpoints", 99)
+    marker = tmp_path / "PWNED"
+    _plant(step_dir, lambda m: setattr(m, "version", _Payload(marker)))
+    for target in (str(step_dir), "auto", str(tmp_path / "run")):
+        with pytest.raises(UserError, match=r"\.metadata: refers to io\.open.*planted"):
+            checkpoint.find_resume(target, tmp_path / "run")
+    model, optimizer = _pair()
+    with pytest.raises(UserError, match="planted"):
+        sharded.load_into(step_dir, model, optimizer)
+    assert not marker.exists()
+
+
+def test_auto_refuses_a_planted_step_even_beside_a_good_full_checkpoint(tmp_path):
+    directory = tmp_path / "checkpoints"
+    checkpoint.save_run_checkpoint({**_plain(3), "model": {}}, directory, 3, keep_last=1)
+    step_dir = _saved_step(directory, 99)
+    marker = tmp_path / "PWNED"
+    _plant(step_dir, lambda m: m.planner_data.update(x=_Payload(marker)))
+    with pytest.raises(sharded.UnsafeCheckpointError):
+        checkpoint.find_resume("auto", tmp_path)
+    assert not marker.exists()
+
+
+def test_the_safe_reader_reads_what_dcp_wrote_and_is_checked_again_at_load(tmp_path):
+    from amptrain.checkpoint.dcp_metadata import read_metadata, safe_reader
+
+    step_dir = _saved_step(tmp_path)
+    metadata = read_metadata(step_dir)
+    assert "model.0.weight" in metadata.state_dict_metadata
+    assert safe_reader(step_dir).read_metadata().storage_data == metadata.storage_data
+    # Replaced between the check at discovery and the load: DCP's own read is safe too.
+    marker = tmp_path / "PWNED"
+    _plant(step_dir, lambda m: setattr(m, "version", _Payload(marker)))
+    with pytest.raises(UserError, match="planted"):
+        safe_reader(step_dir).read_metadata()
+    assert not marker.exists()
+
+
+def _entry(metadata, **changes):
+    import dataclasses
+
+    key = next(iter(metadata.storage_data))
+    metadata.storage_data[key] = dataclasses.replace(metadata.storage_data[key], **changes)
+
+
+@pytest.mark.parametrize("change, fragment", [
+    (lambda d, m: _entry(m, relative_path="../../outside/x.distcp"), "outside"),
+    (lambda d, m: _entry(m, relative_path="/etc/passwd"), "not a file of the checkpoint"),
+    (lambda d, m: _entry(m, relative_path="gone.distcp"), "shard gone.distcp is missing"),
+    (lambda d, m: (os.mkfifo(d / "pipe.distcp"), _entry(m, relative_path="pipe.distcp")),
+     "is a FIFO (named pipe)"),
+    (lambda d, m: _entry(m, offset=10**12), "lies outside the file"),
+    (lambda d, m: _entry(m, length=-1), "lies outside the file"),
+    (lambda d, m: _entry(m, transform_descriptors=["stream.zstd"]), "stream transform"),
+    (lambda d, m: setattr(m, "storage_data", "everything"), "no storage table"),
+    (lambda d, m: m.state_dict_metadata.update(x=3), "state-dict entries"),
+], ids=["dot-dot", "absolute", "missing-shard", "fifo-shard", "offset", "negative-length",
+        "transform", "no-table", "entry-type"])
+def test_metadata_that_points_elsewhere_is_a_damaged_checkpoint(tmp_path, change, fragment):
+    step_dir = _saved_step(tmp_path)
+    _plant(step_dir, lambda m: change(step_dir, m))
+    with pytest.raises(UserError, match="damaged") as refused:
+        checkpoint.find_resume(str(step_dir), None)
+    assert fragment in str(refused.value) and str(step_dir / ".metadata") in str(refused.value)
+
+
+def test_a_truncated_metadata_is_skipped_by_auto_and_refused_by_path(tmp_path, caplog):
+    directory = tmp_path / "checkpoints"
+    checkpoint.save_run_checkpoint({**_plain(3), "model": {}}, directory, 3, keep_last=1)
+    step_dir = _saved_step(directory, 9)
+    data = (step_dir / ".metadata").read_bytes()
+    (step_dir / ".metadata").write_bytes(data[:len(data) // 2])
+    path, state = checkpoint.find_resume("auto", tmp_path)
+    assert path == directory / "last.pt" and "unreadable sharded-checkpoint metadata" in caplog.text
+    with pytest.raises(UserError, match="unreadable sharded-checkpoint metadata"):
+        checkpoint.find_resume(str(step_dir), None)

@@ -220,6 +220,39 @@ def test_hf_model_on_synthetic_token_data(local):
     assert result.steps == 2 and result.val_loss is not None
 
 
+@needs_transformers
+def test_a_pickled_weights_file_or_remote_code_never_runs(local, tmp_path):
+    # A model directory whose pytorch_model.bin is a pickle with a payload, or whose
+    # config names Python files to import (auto_map): refused, nothing runs.
+    import json
+    import shutil
+
+    marker = tmp_path / "PWNED"
+
+    class Payload:
+        def __reduce__(self):
+            return os.system, (f"touch {marker}",)
+
+    pickled = shutil.copytree(local[0], tmp_path / "pickled")
+    (pickled / "model.safetensors").unlink()
+    torch.save({"bert.embeddings.word_embeddings.weight": Payload()},
+               pickled / "pytorch_model.bin")
+    remote = shutil.copytree(local[0], tmp_path / "remote")
+    config = json.loads((remote / "config.json").read_text())
+    config["auto_map"] = {"AutoModelForSequenceClassification": "planted.Model",
+                          "AutoConfig": "planted.Config"}
+    (remote / "config.json").write_text(json.dumps(config))
+    (remote / "planted.py").write_text(f"open({str(marker)!r}, 'w')\n")
+    inputs = ModelInputs(num_classes=2, input_shape=(16,), kind="sequence", vocab_size=50)
+    with pytest.raises(UserError, match="holds pickled Python objects, not only tensors"):
+        build_model(f"hf:{pickled}", inputs)
+    try:
+        build_model(f"hf:{remote}", inputs)  # loads the model's own classes, or refuses
+    except UserError:
+        pass
+    assert not marker.exists()
+
+
 # ------------------------------------------------------- causal language models
 @pytest.fixture(scope="module")
 def tiny_gpt2(tmp_path_factory):

@@ -86,6 +86,20 @@ def test_bad_input_is_a_user_error(saved, key, options, inputs, match):
         build_model(f"keras:{path}{options}", inputs)
 
 
+def test_a_lambda_layer_is_refused_and_its_code_never_runs(tmp_path):
+    # A .keras archive may carry a Lambda layer's marshalled bytecode; loading runs nothing.
+    marker = tmp_path / "PWNED"
+    payload = eval(f"lambda x: (open({str(marker)!r}, 'w'), x)[1]")  # no closure to save
+    planted = keras.Sequential([keras.Input((64,)), keras.layers.Lambda(payload),
+                                keras.layers.Dense(10)])
+    marker.unlink(missing_ok=True)  # tracing the Lambda while building ran it once
+    planted.save(tmp_path / "planted.keras")
+    with pytest.raises(UserError, match="holds a Lambda layer, whose Python code amptrain "
+                                        "does not run"):
+        build_model(f"keras:{tmp_path / 'planted.keras'}", DIGITS)
+    assert not marker.exists()
+
+
 def test_a_subclass_that_cannot_be_saved_back_is_refused_before_training():
     class Net(keras.Model):
         def __init__(self, table):
