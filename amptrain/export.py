@@ -121,12 +121,30 @@ def write_safetensors(out_dir: str | Path, state: dict[str, torch.Tensor],
 def load_safetensors(path: str | Path) -> dict[str, torch.Tensor]:
     """A ``model.safetensors`` written here, with its aliases (tied weights) restored."""
     st = _safetensors()
-    from safetensors import safe_open
+    from safetensors import SafetensorError, safe_open
 
-    with safe_open(str(path), framework="pt") as f:
-        metadata = f.metadata() or {}
-    state = st.load_file(str(path))
-    for alias, name in json.loads(metadata.get("amptrain_aliases", "{}")).items():
+    from .pathkind import not_regular_reason
+
+    special = not_regular_reason(path)
+    if special:
+        raise UserError(special)
+    if not Path(path).is_file():
+        raise UserError(f"{path}: no such file")
+    try:  # safetensors bounds its header (100 MB) and checks every offset itself
+        with safe_open(str(path), framework="pt") as f:
+            metadata = f.metadata() or {}
+        state = st.load_file(str(path))
+        aliases = json.loads(metadata.get("amptrain_aliases", "{}"))
+    except (SafetensorError, ValueError, OSError) as exc:
+        text = str(exc).strip().splitlines()
+        reason = text[0][:160] if text else type(exc).__name__
+        raise UserError(f"{path}: not a readable safetensors file ({reason}; a damaged "
+                        f"file)") from None
+    if not isinstance(aliases, dict) or not all(
+            isinstance(k, str) and isinstance(v, str) and v in state for k, v in aliases.items()):
+        raise UserError(f"{path}: its amptrain_aliases name tensors the file does not hold "
+                        f"(a damaged or hand-edited file)")
+    for alias, name in aliases.items():
         state[alias] = state[name]
     return state
 

@@ -52,9 +52,13 @@ class LogWriteError(AmptrainError):
     exit_code = 1
 
     def __init__(self, path: Path, exc: OSError) -> None:
-        super().__init__(f"cannot write {path} ({exc.strerror or type(exc).__name__}); the "
-                         f"run stopped, its last checkpoint is intact: free space and continue "
-                         f"with {flag('resume')} auto")
+        from .checkpoint.files import saved_so_far
+        from .pathkind import write_failure
+
+        saved = saved_so_far(path.parent)
+        then = f"continue with {flag('resume')} auto" if "intact" in saved else "start it again"
+        super().__init__(f"{write_failure(path, exc)}; the run stopped, {saved}: free space "
+                         f"and {then}")
 
 
 class RunLogger:

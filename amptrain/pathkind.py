@@ -31,3 +31,31 @@ def not_regular_reason(path: str | os.PathLike[str]) -> str | None:
     """``"PATH is a FIFO (named pipe), not a regular file"``, or None."""
     kind = special_kind(path)
     return None if kind is None else f"{Path(path)} is {kind}, not a regular file"
+
+
+def disk_of(path: str | os.PathLike[str]) -> str:
+    """``"the disk mounted at /data (12 kB free)"``: where ``path`` would be written, for
+    messages about a full disk."""
+    probe = Path(os.path.abspath(path))
+    while not probe.exists() and probe != probe.parent:
+        probe = probe.parent
+    mount = probe
+    while not os.path.ismount(mount) and mount != mount.parent:
+        mount = mount.parent
+    try:
+        stats = os.statvfs(probe)
+        free = f"{stats.f_bavail * stats.f_frsize // 1024} kB free"
+    except OSError:
+        free = "free space unknown"
+    return f"the disk mounted at {mount} ({free})"
+
+
+def write_failure(path: str | os.PathLike[str], exc: OSError) -> str:
+    """``"cannot write PATH: No space left on device (ENOSPC) on the disk mounted at /data
+    (0 kB free)"``; without the disk for errors that are not about space."""
+    import errno
+
+    code = errno.errorcode.get(exc.errno or 0)
+    reason = f"{exc.strerror or exc}" + (f" ({code})" if code else "")
+    where = f" on {disk_of(path)}" if exc.errno in (errno.ENOSPC, errno.EDQUOT) else ""
+    return f"cannot write {path}: {reason}{where}"

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import math
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -13,6 +14,7 @@ from torch import nn
 from . import checkpoint
 from .checkpoint.sections import check_finite_weights
 from .errors import UserError
+from .pathkind import not_regular_reason
 from .models import ModelInputs, build_model
 from .tasks import ClassificationTask, Task, build_task
 
@@ -31,6 +33,9 @@ def _log_level(level: int) -> Iterator[None]:
 def checkpoint_file(path: str | Path) -> Path:
     """``--checkpoint``: a file, or a run directory (its ``checkpoints/last.pt``)."""
     path = Path(path)
+    special = not_regular_reason(path)
+    if special:  # /dev/zero, a FIFO: named, not "no such file" (and never read)
+        raise UserError(f"--checkpoint {special}")
     if not path.is_dir():
         return path
     for candidate in (path / checkpoint.CHECKPOINT_DIR / checkpoint.LAST, path / checkpoint.LAST):
@@ -59,9 +64,23 @@ def load_run(checkpoint_path: str) -> tuple[dict[str, Any], dict[str, Any]]:
     return state, run
 
 
+#: Bounds on a saved run's model facts: beyond them a model (or generate's buffers) would
+#: ask for terabytes; no real run has them.
+MAX_CLASSES_OR_VOCAB = 1 << 24
+MAX_INPUT_ELEMENTS = 1 << 28
+
+
 def saved_inputs(run: dict[str, Any]) -> ModelInputs:
-    """The model facts a run was trained with."""
-    return ModelInputs(**{**run["inputs"], "input_shape": tuple(run["inputs"]["input_shape"])})
+    """The model facts a run was trained with (a ValueError when out of bounds)."""
+    inputs = run["inputs"]
+    shape = tuple(inputs["input_shape"])
+    counts = [inputs.get(k) for k in ("num_classes", "vocab_size")]
+    if not all(isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in shape) \
+            or math.prod(shape) > MAX_INPUT_ELEMENTS \
+            or any(v is not None and (not isinstance(v, int) or isinstance(v, bool)
+                                      or not 0 <= v <= MAX_CLASSES_OR_VOCAB) for v in counts):
+        raise ValueError(f"input shape {shape[:8]}, classes/vocabulary {counts} out of bounds")
+    return ModelInputs(**{**inputs, "input_shape": shape})
 
 
 def saved_task_name(state: dict[str, Any]) -> str:

@@ -200,6 +200,43 @@ def reader_inputs(root: Path) -> dict[str, Path]:
     metadata.version = _Planted(root)
     (step / ".metadata").write_bytes(pickle.dumps(metadata))
     paths["planted_run"], paths["planted_step"] = run, step
+    paths["reader_fifo"] = root / "reader_fifo"
+    os.mkfifo(paths["reader_fifo"])
+    # Token directories whose meta.json is edited (real shards from amptrain's writer).
+    import json
+
+    import numpy as np
+
+    from amptrain.data.shards import ShardsMeta, ShardWriter
+
+    for name, change in (("tok_vocab_2_40", {"vocab_size": 2 ** 40}),
+                         ("tok_negative_val", {"val_tokens": -5}),
+                         ("tok_count_text", {"tokens": "400"}),
+                         ("tok_outside", {"shards": [{"file": "../../outside/shard_00000.bin",
+                                                      "tokens": 400}]}),
+                         ("tok_small_vocab", {"vocab_size": 100})):
+        directory = root / name
+        directory.mkdir()
+        writer = ShardWriter(directory, np.dtype(np.uint16), "ab" * 32)
+        writer.write(np.arange(400) % 250)
+        ShardsMeta(tokenizer="byte", fingerprint="ab" * 32, vocab_size=256, dtype="uint16",
+                   eot_id=None, shards=writer.close(), tokens=400, text_bytes=400,
+                   val_tokens=40).write(directory)
+        meta = json.loads((directory / "meta.json").read_text())
+        (directory / "meta.json").write_text(json.dumps({**meta, **change}))
+        paths[name] = directory
+    # Checkpoints edited to hold values out of range.
+    plain = {"format": checkpoint.FORMAT, "format_version": checkpoint.FORMAT_VERSION,
+             "model": {}, "step": 1, "epoch": 0, "window_in_epoch": 1, "config": {}}
+    for name, change in (("ckpt_step_negative", {"step": -5}),
+                         ("ckpt_step_huge", {"step": 10 ** 18}),
+                         ("ckpt_batch_negative", {"config": {"batch_size": -1}}),
+                         ("ckpt_rng_text", {"rng": {"torch": "seed"}}),
+                         ("ckpt_vocab_huge", {"run": {"model": "gpt", "inputs": {
+                             "num_classes": 2 ** 40, "input_shape": [16], "kind": "tokens",
+                             "vocab_size": 2 ** 40}}})):
+        paths[name] = root / f"{name}.pt"
+        checkpoint.atomic_save({**plain, **change}, paths[name])
     return paths
 
 
@@ -436,6 +473,37 @@ ERROR_TABLE = [
      "refers to posix.system, which a sharded checkpoint's metadata never holds"),
     ("resume-auto-planted-sharded-step", "train --max-steps 1 --resume auto --out {planted_run}",
      "(a damaged or planted file); amptrain does not load it"),
+    # 1. headers and metadata checked before they are trusted
+    ("export-checkpoint-dev-zero", "export --checkpoint /dev/zero --format safetensors --out {root}/x1",
+     "--checkpoint /dev/zero is a character device, not a regular file"),
+    ("export-checkpoint-fifo", "export --checkpoint {reader_fifo} --format safetensors "
+                               "--out {root}/x2",
+     "is a FIFO (named pipe), not a regular file"),
+    ("tokens-vocab-2-40", "train --model gpt:layers=1,heads=2,width=32 "
+                          "--data tokens:{tok_vocab_2_40}",
+     "is damaged: 'vocab_size' is 1099511627776"),
+    ("tokens-negative-val-count", "train --model gpt:layers=1,heads=2,width=32 "
+                                  "--data tokens:{tok_negative_val}",
+     "is damaged: 'val_tokens' is -5"),
+    ("tokens-count-is-text", "train --model gpt:layers=1,heads=2,width=32 "
+                             "--data tokens:{tok_count_text}",
+     "is damaged: 'tokens' is '400', not a whole number"),
+    ("tokens-shard-outside", "train --model gpt:layers=1,heads=2,width=32 "
+                             "--data tokens:{tok_outside}",
+     "not a file inside the directory"),
+    ("tokens-ids-beyond-vocab", "train --model gpt:layers=1,heads=2,width=32 "
+                                "--data tokens:{tok_small_vocab}",
+     "holds token id 249, but meta.json says the vocabulary has 100 ids"),
+    ("resume-step-negative", "train --max-steps 2 --resume {ckpt_step_negative} --out {root}/x3",
+     "its 'step' is -5, outside 0..1000000000000 (a damaged or hand-edited file)"),
+    ("resume-step-10-18", "train --max-steps 2 --resume {ckpt_step_huge} --out {root}/x4",
+     "its 'step' is 1000000000000000000, outside"),
+    ("resume-batch-size-negative", "train --resume {ckpt_batch_negative} --out {root}/x5",
+     "its config holds batch_size: -1, not a positive whole number"),
+    ("resume-rng-of-wrong-type", "train --resume {ckpt_rng_text} --out {root}/x6",
+     "its RNG state 'torch' is a str"),
+    ("generate-vocab-terabytes", "generate --checkpoint {ckpt_vocab_huge}",
+     "its 'run' section does not describe the model's inputs"),
     # (end of reliability-readers)
     # --- reliability-data-writers ---
     # Issue 36, class 2: a module: Dataset's claimed length is checked before a sampler

@@ -13,6 +13,7 @@ import pytest
 import torch
 
 from amptrain.config import RunConfig, build_config
+from amptrain.errors import UserError
 from amptrain.export import (
     INFO_NAME,
     SAFETENSORS_NAME,
@@ -241,3 +242,25 @@ def test_keras_model_exports_again_from_its_checkpoint(tmp_path, monkeypatch):
         assert torch.equal(torch.as_tensor(a.numpy()), torch.as_tensor(b.numpy()))
     with pytest.raises(UserError, match="dtype bf16: a Keras model is exported with fp32"):
         export_checkpoint(out, "keras", tmp_path / "half", dtype="bf16")
+
+
+def _header(tensors: dict, metadata: dict) -> bytes:
+    header = json.dumps({"__metadata__": metadata, **tensors}).encode()
+    return len(header).to_bytes(8, "little") + header
+
+
+@pytest.mark.parametrize("content, fragment", [
+    (_header({"w": {"dtype": "F32", "shape": [2], "data_offsets": [0, 8]}},
+             {"amptrain_aliases": json.dumps({"head": "missing"})}) + b"\0" * 8,
+     "its amptrain_aliases name tensors the file does not hold"),
+    ((10 ** 12).to_bytes(8, "little") + b"{}", "not a readable safetensors file"),
+    (_header({"w": {"dtype": "F32", "shape": [1 << 20, 1 << 20],
+                    "data_offsets": [0, 8]}}, {}) + b"\0" * 8,
+     "not a readable safetensors file"),
+], ids=["alias-to-missing", "oversized-header", "shape-beyond-data"])
+def test_a_damaged_safetensors_file_is_one_line(tmp_path, content, fragment):
+    path = tmp_path / SAFETENSORS_NAME
+    path.write_bytes(content)
+    with pytest.raises(UserError, match="damaged") as error:
+        load_safetensors(path)
+    assert fragment in str(error.value)

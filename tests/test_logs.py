@@ -175,11 +175,23 @@ def test_a_full_disk_while_logging_is_one_error_naming_the_file(tmp_path):
 
     os.symlink("/dev/full", tmp_path / "metrics.jsonl")
     logger = RunLogger(tmp_path, progress=False)
-    with pytest.raises(LogWriteError, match=r"cannot write .*metrics.jsonl \(No space left") \
+    with pytest.raises(LogWriteError, match=r"cannot write .*metrics.jsonl: No space left "
+                                            r"on device \(ENOSPC\) on the disk mounted at") \
             as error:
         logger.log({"step": 1, "loss": 0.5})
-    assert error.value.exit_code == 1 and "resume auto" in str(error.value)
+    # Every message true about what was saved (issue 36): no checkpoint yet, none claimed.
+    assert error.value.exit_code == 1 and "no checkpoint was saved yet" in str(error.value)
+    assert "intact" not in str(error.value)
     logger.close()  # the failed write does not fail again on close
+    from amptrain import checkpoint
+
+    checkpoint.save_run_checkpoint({"step": 1}, tmp_path / "checkpoints", 1, keep_last=1)
+    logger = RunLogger(tmp_path, progress=False)
+    with pytest.raises(LogWriteError) as error:
+        logger.log({"step": 2, "loss": 0.5})
+    assert f"its last checkpoint {tmp_path / 'checkpoints' / 'last.pt'} is intact" \
+        in str(error.value) and "resume auto" in str(error.value)
+    logger.close()
 
 
 def test_a_gan_record_shows_both_losses_and_every_loss_scale_in_lines_and_the_bar():

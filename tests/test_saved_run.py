@@ -47,3 +47,33 @@ def test_saved_task_name_reads_old_checkpoints_as_classifiers():
     assert saved_task_name({"run": {"task": "lm"}}) == "lm"
     assert saved_task_name({"task": {"name": "regression"}, "run": {"task": "lm"}}) \
         == "regression"
+
+
+@pytest.mark.parametrize("inputs", [
+    {"num_classes": 10, "input_shape": [64], "kind": "features", "vocab_size": 2 ** 40},
+    {"num_classes": 10, "input_shape": [1 << 20, 1 << 20], "kind": "features"},
+    {"num_classes": -3, "input_shape": [64], "kind": "features"},
+    {"num_classes": 10, "input_shape": [0, "wide"], "kind": "features"},
+], ids=["vocab-2^40", "terabyte-input", "negative-classes", "shape-not-counts"])
+def test_a_saved_run_asking_for_terabytes_is_a_damaged_checkpoint(tmp_path, inputs):
+    from amptrain.saved_run import load_run
+
+    path = tmp_path / "last.pt"
+    checkpoint.atomic_save({"format": checkpoint.FORMAT, "format_version": 1, "model": {},
+                            "step": 1, "epoch": 0, "window_in_epoch": 1, "config": {},
+                            "run": {"model": "mlp", "inputs": inputs}}, path)
+    with pytest.raises(UserError, match="'run' section does not describe the model's inputs "
+                                        r"\(a damaged or hand-edited file\)"):
+        load_run(str(path))
+
+
+@pytest.mark.parametrize("special, kind", [("/dev/zero", "a character device")])
+def test_a_device_or_fifo_as_checkpoint_is_named(tmp_path, special, kind):
+    import os
+
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    for path, what in ((special, kind), (fifo, "a FIFO (named pipe)")):
+        with pytest.raises(UserError) as error:
+            checkpoint_file(path)
+        assert str(error.value) == f"--checkpoint {path} is {what}, not a regular file"

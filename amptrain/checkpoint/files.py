@@ -9,7 +9,6 @@ intact; a run keeps ``last.pt`` and the newest ``step-N.pt`` files next to it.
 from __future__ import annotations
 
 import contextlib
-import errno as errno_names
 import logging
 import os
 import pickle
@@ -25,7 +24,7 @@ from typing import Any, BinaryIO
 import torch
 
 from ..errors import AmptrainError, UserError
-from ..pathkind import not_regular_reason
+from ..pathkind import not_regular_reason, write_failure
 from .sections import check_sections
 
 log = logging.getLogger("amptrain")
@@ -114,12 +113,25 @@ def _root_cause(exc: BaseException) -> BaseException:
 
 
 def _write_failure(path: Path, exc: OSError) -> str:
-    code = errno_names.errorcode.get(exc.errno or 0)
-    reason = f"{exc.strerror or exc}" + (f" ({code})" if code else "")
     kept = (f"the previous checkpoint {path} is intact" if path.exists()
             else "no earlier checkpoint was there")
-    return (f"could not write checkpoint {path}: {reason}; {kept}. Free disk space or make "
-            f"{path.parent} writable, then continue with --resume auto")
+    return (f"could not write checkpoint {write_failure(path, exc).removeprefix('cannot write ')}"
+            f"; {kept}. Free disk space or make {path.parent} writable, then continue with "
+            f"--resume auto")
+
+
+def saved_so_far(out: str | Path) -> str:
+    """What a run in ``out`` can continue from, said truthfully for a message about a
+    failed write: its last checkpoint, or that none was saved."""
+    from .sharded import latest_sharded
+
+    directory = Path(out) / CHECKPOINT_DIR
+    found = [p for p in (directory / LAST,) if p.is_file()] + step_checkpoints(directory)[-1:]
+    sharded = latest_sharded(directory)
+    if found or sharded is not None:
+        latest = found[0] if found else sharded
+        return f"its last checkpoint {latest} is intact"
+    return "no checkpoint was saved yet"
 
 
 def _write(state: dict[str, Any], handle: BinaryIO) -> None:

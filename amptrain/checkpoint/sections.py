@@ -49,11 +49,63 @@ def check_sections(state: dict[str, Any], path: str | Path) -> None:
             raise UserError(f"checkpoint {path}: its '{name}' section is a "
                             f"{type(value).__name__}, not a {_type_name(kinds)} (a damaged "
                             f"or hand-edited file)")
+    _check_values(state, path)
     for key, value in state["model"].items():
         if not isinstance(value, torch.Tensor):
             raise UserError(f"checkpoint {path}: model entry '{key}' is a "
                             f"{type(value).__name__}, not a tensor (a damaged or hand-edited "
                             f"file)")
+
+
+#: A count no run reaches (steps, epochs, batches): an edited checkpoint beyond it is
+#: refused instead of training "10^18 steps".
+MAX_COUNT = 10 ** 12
+#: Config values that must be positive whole numbers when a checkpoint holds them.
+_POSITIVE_CONFIG = ("batch_size", "epochs", "seq_len", "max_steps", "accumulate",
+                    "log_every", "keep_last")
+
+
+def _check_values(state: dict[str, Any], path: str | Path) -> None:
+    """The ranges of the position counters, the config's counts and the RNG states' types:
+    a checkpoint edited to hold step -5 or a batch size of -1 is a damaged file (not a run
+    to continue, nor "resume with --batch-size -1")."""
+    def damaged(what: str) -> UserError:
+        return UserError(f"checkpoint {path}: {what} (a damaged or hand-edited file)")
+
+    for name in ("step", "epoch", "window_in_epoch", "steps_per_epoch"):
+        value = state.get(name)
+        if value is not None and not 0 <= value <= MAX_COUNT:
+            raise damaged(f"its '{name}' is {value}, outside 0..{MAX_COUNT}")
+    config = state["config"]
+    for name in _POSITIVE_CONFIG:
+        value = config.get(name)
+        if value is None or name == "keep_last" and value == 0:
+            continue
+        if not isinstance(value, int) or isinstance(value, bool) or not 0 < value <= MAX_COUNT:
+            raise damaged(f"its config holds {name}: {value!r}, not a positive whole number")
+    rng = state.get("rng") or {}
+    kinds: dict[str, type | tuple[type, ...]] = {
+        "python": tuple, "numpy": dict, "torch": torch.Tensor, "cuda": (list, tuple)}
+    for name, value in rng.items():
+        kind = kinds.get(name)
+        if kind is None or not isinstance(value, kind):
+            raise damaged(f"its RNG state '{name}' is a {type(value).__name__}")
+    python = rng.get("python")
+    if python is not None and not (len(python) == 3 and isinstance(python[1], tuple)
+                                   and all(isinstance(v, int) for v in python[1])):
+        raise damaged("its Python RNG state is not a Mersenne Twister state")
+    numpy_state = rng.get("numpy")
+    if numpy_state is not None and not (
+            isinstance(numpy_state.get("keys"), torch.Tensor)
+            and tuple(numpy_state["keys"].shape) == (624,)
+            and all(isinstance(numpy_state.get(k), t) for k, t in
+                    (("kind", str), ("pos", int), ("has_gauss", int),
+                     ("cached_gaussian", float)))):
+        raise damaged("its numpy RNG state is not a Mersenne Twister state")
+    generator = rng.get("torch")
+    if generator is not None and (generator.dtype != torch.uint8 or generator.dim() != 1):
+        raise damaged(f"its torch RNG state is a {generator.dtype} tensor of shape "
+                      f"{tuple(generator.shape)}, not bytes")
 
 
 def nonfinite_weights(weights: dict[str, torch.Tensor]) -> list[str]:

@@ -27,7 +27,6 @@ runs from a planted one), when the checkpoint is found and again when its shards
 from __future__ import annotations
 
 import contextlib
-import errno as errno_names
 import io
 import logging
 import os
@@ -40,6 +39,7 @@ from typing import Any
 import torch
 
 from ..errors import UserError
+from ..pathkind import write_failure
 from .dcp_metadata import UnsafeCheckpointError, read_metadata, safe_reader
 from .files import CheckpointWriteError, atomic_save, load
 
@@ -266,8 +266,7 @@ def _root_os_error(exc: BaseException) -> BaseException | None:
 
 def _failure(target: Path, exc: BaseException) -> str:
     if isinstance(exc, OSError):
-        code = errno_names.errorcode.get(exc.errno or 0)
-        reason = f"{exc.strerror or exc}" + (f" ({code})" if code else "")
+        reason = write_failure(target, exc).removeprefix(f"cannot write {target}: ")
     else:
         reason = str(exc).strip().splitlines()[-1] if str(exc).strip() else type(exc).__name__
     previous = latest_sharded(target.parent.parent)

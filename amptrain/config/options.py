@@ -361,5 +361,16 @@ def _bounded_yaml(text: str, path: Path) -> Any:
 
 
 def write_yaml(data: dict[str, Any], path: str | Path) -> None:
-    """Write a resolved config as YAML, keys in field order."""
-    Path(path).write_text(yaml.safe_dump(data, sort_keys=False))
+    """Write a resolved config as YAML, keys in field order: whole or not at all (a full
+    disk is one line naming the file and the disk, and leaves no empty file behind)."""
+    from ..pathkind import write_failure
+
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.tmp")
+    try:
+        tmp.write_text(yaml.safe_dump(data, sort_keys=False))
+        os.replace(tmp, path)
+    except OSError as exc:
+        tmp.unlink(missing_ok=True)
+        raise UserError(f"{write_failure(path, exc)}; free space there (or choose another "
+                        f"directory) and run the command again") from None

@@ -29,6 +29,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import UserError
+from ..pathkind import not_regular_reason
 
 MAGIC = b"AMPTOKS1"
 VERSION = 1
@@ -151,6 +152,7 @@ def read_meta(directory: Path, spec: str) -> ShardsMeta:
     except (ValueError, TypeError, OSError) as exc:
         raise UserError(f"--data {spec}: {path} is not a readable token-shard description "
                         f"({type(exc).__name__})") from None
+    _check_fields(meta, path, spec)
     if meta.format != FORMAT or meta.version != VERSION:
         raise UserError(f"--data {spec}: {path} is format {meta.format} v{meta.version}; this "
                         f"amptrain reads {FORMAT} v{VERSION}: prepare the corpus again")
@@ -161,6 +163,51 @@ def read_meta(directory: Path, spec: str) -> ShardsMeta:
         raise UserError(f"--data {spec}: {directory} holds {meta.tokens} tokens: the corpus was "
                         f"empty when it was prepared")
     return meta
+
+
+#: The largest vocabulary a meta.json may name: beyond every real tokenizer, small enough
+#: that an embedding of it is no accidental terabyte allocation.
+MAX_VOCAB = 1 << 24
+#: A count no corpus reaches (2^50 ids: petabytes of shards).
+_MAX_COUNT = 1 << 50
+
+
+def _check_fields(meta: ShardsMeta, path: Path, spec: str) -> None:
+    """Every field's type and range, and every shard a plain file name inside the
+    directory, before anything is opened or allocated from them."""
+    def damaged(what: str) -> UserError:
+        return UserError(f"--data {spec}: {path} is damaged: {what}; prepare the corpus again")
+
+    def count(name: str, value: Any, low: int = 0, high: int = _MAX_COUNT) -> None:
+        if not isinstance(value, int) or isinstance(value, bool) or not low <= value <= high:
+            raise damaged(f"'{name}' is {value!r}, not a whole number from {low} to {high}")
+
+    for name in ("tokenizer", "fingerprint", "dtype", "source", "format"):
+        if not isinstance(getattr(meta, name), str):
+            raise damaged(f"'{name}' is {getattr(meta, name)!r}, not text")
+    fingerprint = meta.fingerprint
+    if len(fingerprint) < 32 or len(fingerprint) % 2 \
+            or any(c not in "0123456789abcdefABCDEF" for c in fingerprint):
+        raise damaged(f"'fingerprint' is {fingerprint[:80]!r}, not a hex digest")
+    count("version", meta.version)
+    count("vocab_size", meta.vocab_size, 1, MAX_VOCAB)
+    for name in ("tokens", "text_bytes", "documents"):
+        count(name, getattr(meta, name))
+    if meta.eot_id is not None:
+        count("eot_id", meta.eot_id, 0, meta.vocab_size - 1)
+    if meta.val_tokens is not None:  # at most every token (an empty corpus is said later)
+        count("val_tokens", meta.val_tokens, 0, max(meta.tokens, 1 << 20))
+        if meta.tokens >= 2:
+            count("val_tokens", meta.val_tokens, 0, meta.tokens)
+    if not isinstance(meta.shards, list):
+        raise damaged(f"'shards' is a {type(meta.shards).__name__}, not a list")
+    for shard in meta.shards:
+        if not isinstance(shard, dict) or not isinstance(shard.get("file"), str):
+            raise damaged(f"a shard entry is {str(shard)[:80]}, not a file and a count")
+        name = shard["file"]
+        if not name or name != Path(name).name or name.startswith(".") or "\\" in name:
+            raise damaged(f"a shard is named {name[:80]!r}, not a file inside the directory")
+        count(f"tokens of {name}", shard.get("tokens"))
 
 
 class TokenStream:
@@ -191,6 +238,23 @@ class TokenStream:
         self.starts = np.cumsum([0] + sizes)
         self._fds: dict[int, int] = {}
         self._pid = os.getpid()
+        self._check_ids(spec)
+
+    def _check_ids(self, spec: str) -> None:
+        """Every id below the vocabulary (an id beyond it is an IndexError inside the
+        embedding, mid-run): one vectorised pass over the memory-mapped shards, a few
+        MB at a time (a uint16 vocabulary of 65536 needs none)."""
+        if self.meta.vocab_size >= 1 << (8 * self.dtype.itemsize):
+            return
+        step = 1 << 24
+        for path, array in zip(self.paths, self.arrays):
+            for start in range(0, len(array), step):
+                largest = int(array[start:start + step].max())
+                if largest >= self.meta.vocab_size:
+                    raise UserError(
+                        f"--data {spec}: {path.name} holds token id {largest}, but {META} "
+                        f"says the vocabulary has {self.meta.vocab_size} ids (a damaged or "
+                        f"edited directory); prepare the corpus again")
 
     def __len__(self) -> int:
         return int(self.starts[-1])
@@ -246,6 +310,15 @@ class TokenStream:
 
 def _check_shard(path: Path, tokens: int, dtype: np.dtype, fingerprint: str, spec: str) -> int:
     """A shard's token count, after checking its header and size against ``meta.json``."""
+    special = not_regular_reason(path)
+    if special:  # a FIFO would block the read below
+        raise UserError(f"--data {spec}: shard {special}; prepare the corpus again")
+    if not path.is_file():
+        raise UserError(f"--data {spec}: shard {path} is missing ({META} lists it); prepare "
+                        f"the corpus again")
+    if os.path.dirname(os.path.realpath(path)) != os.path.realpath(path.parent):
+        raise UserError(f"--data {spec}: shard {path} links outside its directory; prepare "
+                        f"the corpus again")
     try:
         size = path.stat().st_size
         with open(path, "rb") as f:

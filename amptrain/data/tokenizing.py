@@ -28,7 +28,7 @@ import numpy as np
 
 from ..errors import UserError, flag
 from ..pathkind import not_regular_reason
-from .shards import ShardsMeta, ShardWriter, dtype_for
+from .shards import ShardsMeta, ShardWriter, dtype_for, open_stream
 
 log = logging.getLogger("amptrain")
 
@@ -222,27 +222,51 @@ def cache_root() -> Path:
 
 
 def cache_key(files: list[Path], tokenizer: Any, glob: str | None) -> str:
-    """The corpus and tokenizer identity: each file's path, size and modification time
-    (a changed file changes the key without rereading gigabytes) and the fingerprint."""
+    """The corpus and tokenizer identity: a hash of every file's bytes (streamed; an edit
+    that keeps a file's size and modification time still changes it) with its name, the
+    tokenizer's fingerprint, the glob and the format version."""
     _, fingerprint, _ = tokenizer_identity(tokenizer)
     listing = []
     for file in files:
-        stat = file.stat()
-        listing.append([str(file.resolve()), stat.st_size, stat.st_mtime_ns])
+        digest = hashlib.blake2b(digest_size=32)
+        with open(file, "rb") as handle:
+            while block := handle.read(1 << 22):
+                digest.update(block)
+        listing.append([file.name, digest.hexdigest()])
     blob = json.dumps({"tokenizer": fingerprint, "files": listing, "glob": glob,
                        "format": ShardsMeta.__dataclass_fields__["version"].default})
     return hashlib.sha256(blob.encode()).hexdigest()[:32]
 
 
+def _intact(entry: Path, spec: str) -> bool:
+    """Whether a cache entry opens as a complete, checked token directory; a damaged one
+    (a truncated shard, no meta.json) is removed with one line saying it is rebuilt."""
+    if not entry.exists():
+        return False
+    if not (entry / "meta.json").is_file():
+        reason = "it has no meta.json: an interrupted write"
+    else:
+        try:
+            open_stream(entry, spec).close()
+            return True
+        except UserError as exc:
+            reason = str(exc).removeprefix(f"--data {spec}: ").split("; prepare")[0]
+    log.warning("text: the token cache entry %s is damaged (%s); rebuilding it", entry, reason)
+    shutil.rmtree(entry, ignore_errors=True)
+    return False
+
+
 def cached_corpus(path: Path, tokenizer: Any, *, glob: str | None, spec: str,
                   workers: int | None = None) -> Path | None:
     """The prepared directory of a ``text:`` corpus in the cache, preparing it on a miss;
-    None when the cache cannot be written (the caller then tokenizes in memory)."""
+    None when the cache cannot be written (the caller then tokenizes in memory). The cache
+    is amptrain's: a damaged entry is rebuilt, never reported as the user's to prepare;
+    an entry is written in a temporary directory and renamed into place whole."""
     files = corpus_files(path, glob, spec)
     key = cache_key(files, tokenizer, glob)
     root = cache_root() / "tokens"
     final = root / key
-    if (final / "meta.json").is_file():
+    if _intact(final, spec):
         log.debug("text: tokens from the cache %s", final)
         return final
     try:

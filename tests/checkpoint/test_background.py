@@ -32,7 +32,7 @@ from tests.checkpoint.helpers import (
 def _state(step: int, weight: torch.Tensor) -> dict:
     return {"format": checkpoint.FORMAT, "format_version": checkpoint.FORMAT_VERSION,
             "step": step, "epoch": 0, "window_in_epoch": step, "config": {},
-            "model": {"w": weight, "tied": weight}, "rng": {"python": (1, [2, 3])}}
+            "model": {"w": weight, "tied": weight}, "rng": {"python": (3, (2, 3), None)}}
 
 
 def _writer_of(directory: Path, step: int, gate: threading.Event | None = None,
@@ -65,7 +65,7 @@ def test_the_copy_is_the_state_at_save_time_and_buffers_are_reused(tmp_path):
     # Tied tensors stay one tensor in the file, as torch.save of the live state keeps them.
     assert saved["model"]["w"].untyped_storage().data_ptr() == \
         saved["model"]["tied"].untyped_storage().data_ptr()
-    assert saved["rng"] == {"python": (1, [2, 3])} and not writer.busy
+    assert saved["rng"] == {"python": (3, (2, 3), None)} and not writer.busy
 
     staged_before = writer._staging._buffers[("model", "w")]
     writer.submit(_state(2, weight), _writer_of(tmp_path, 2), tmp_path)
@@ -122,8 +122,8 @@ def test_a_full_disk_in_the_background_is_raised_at_the_next_wait(tmp_path, monk
     with pytest.raises(CheckpointWriteError) as failed:
         writer.wait()
     last = tmp_path / checkpoint.LAST
-    assert f"could not write checkpoint {last}: No space left on device (ENOSPC)" \
-        in str(failed.value)
+    assert f"could not write checkpoint {last}: No space left on device (ENOSPC) on the " \
+        f"disk mounted at " in str(failed.value)
     assert f"the previous checkpoint {last} is intact" in str(failed.value)
     assert checkpoint.load(last)["step"] == 1
     assert sorted(p.name for p in tmp_path.iterdir()) == ["last.pt", "step-1.pt"]

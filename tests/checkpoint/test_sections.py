@@ -20,6 +20,20 @@ GOOD = {"model": {"w": torch.ones(2)}, "step": 3, "epoch": 0, "window_in_epoch":
     (lambda s: s.update(scheduler="cosine"), "its 'scheduler' section is a str, not a dict "
                                              "or None"),
     (lambda s: s["model"].update(w="weights"), "model entry 'w' is a str, not a tensor"),
+    # issue 36: values in range, the RNG of its kind, the config's counts
+    (lambda s: s.update(step=-5), "its 'step' is -5, outside 0..1000000000000"),
+    (lambda s: s.update(step=10 ** 18), "its 'step' is 1000000000000000000, outside"),
+    (lambda s: s.update(window_in_epoch=-1), "its 'window_in_epoch' is -1"),
+    (lambda s: s.update(config={"batch_size": -1}), "its config holds batch_size: -1, not a "
+                                                    "positive whole number"),
+    (lambda s: s.update(config={"epochs": "3"}), "its config holds epochs: '3'"),
+    (lambda s: s.update(rng={"torch": [1, 2]}), "its RNG state 'torch' is a list"),
+    (lambda s: s.update(rng={"torch": torch.zeros(3)}), "its torch RNG state is a "
+                                                         "torch.float32 tensor"),
+    (lambda s: s.update(rng={"python": (3, [1], None)}), "Python RNG state is not a Mersenne"),
+    (lambda s: s.update(rng={"numpy": {"kind": "MT19937"}}), "numpy RNG state is not a "
+                                                              "Mersenne"),
+    (lambda s: s.update(rng={"dice": 4}), "its RNG state 'dice' is a int"),
 ])
 def test_a_damaged_section_is_named(change, fragment):
     state = {**GOOD, "model": dict(GOOD["model"])}

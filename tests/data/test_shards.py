@@ -64,7 +64,7 @@ def _damage(directory, how):
 @pytest.mark.parametrize("how, fragment", [
     ("truncated", "shard_00001.bin is truncated"),
     ("other tokenizer", "written by another tokenizer"),
-    ("missing shard", "cannot read shard"),
+    ("missing shard", "shard_00001.bin is missing (meta.json lists it)"),
     ("not a shard", "not an amptrain token shard"),
     ("empty", "holds 0 tokens: the corpus was empty"),
     ("no meta", "has no meta.json"),
@@ -76,3 +76,54 @@ def test_a_damaged_directory_is_one_clear_error(tmp_path, how, fragment):
     with pytest.raises(UserError, match="--data tokens:x") as error:
         open_stream(tmp_path, "tokens:x")
     assert fragment in str(error.value)
+
+
+def _edit_meta(directory, **changes):
+    meta = json.loads((directory / META).read_text())
+    meta.update(changes)
+    (directory / META).write_text(json.dumps(meta))
+
+
+@pytest.mark.parametrize("edit, fragment", [
+    (lambda d: _edit_meta(d, tokens="250"), "'tokens' is '250', not a whole number"),
+    (lambda d: _edit_meta(d, vocab_size=2 ** 40), "'vocab_size' is 1099511627776"),
+    (lambda d: _edit_meta(d, val_tokens=-5), "'val_tokens' is -5"),
+    (lambda d: _edit_meta(d, fingerprint="zz" * 32), "not a hex digest"),
+    (lambda d: _edit_meta(d, eot_id=300), "'eot_id' is 300"),
+    (lambda d: _edit_meta(d, shards=[{"tokens": 100}]), "not a file and a count"),
+    (lambda d: _edit_meta(d, shards=[{"file": "../../outside/shard_00000.bin",
+                                      "tokens": 250}]), "not a file inside the directory"),
+    (lambda d: _edit_meta(d, shards=[{"file": "shard_00000.bin", "tokens": -1}]),
+     "'tokens of shard_00000.bin' is -1"),
+], ids=["count-is-text", "vocab-2^40", "negative-val", "non-hex-digest", "eot-beyond-vocab",
+        "entry-without-file", "outside-directory", "negative-shard-count"])
+def test_every_meta_field_is_checked_before_it_is_used(tmp_path, edit, fragment):
+    _prepared(tmp_path, np.arange(250) % 300)
+    edit(tmp_path)
+    with pytest.raises(UserError, match="is damaged") as error:
+        open_stream(tmp_path, "tokens:x")
+    assert fragment in str(error.value) and str(tmp_path / META) in str(error.value)
+
+
+def test_a_fifo_or_a_link_outside_as_a_shard_is_refused_without_blocking(tmp_path):
+    import os
+
+    _prepared(tmp_path, np.arange(250) % 300)
+    (tmp_path / "shard_00001.bin").unlink()
+    os.mkfifo(tmp_path / "shard_00001.bin")
+    with pytest.raises(UserError, match="shard .*shard_00001.bin is a FIFO"):
+        open_stream(tmp_path, "tokens:x")
+    (tmp_path / "shard_00001.bin").unlink()
+    outside = tmp_path.parent / f"{tmp_path.name}-outside.bin"
+    write_shard(outside, np.arange(100, dtype=np.uint16), PRINT)
+    (tmp_path / "shard_00001.bin").symlink_to(outside)
+    with pytest.raises(UserError, match="links outside its directory"):
+        open_stream(tmp_path, "tokens:x")
+
+
+def test_ids_beyond_the_vocabulary_are_found_when_the_shards_open(tmp_path):
+    _prepared(tmp_path, np.arange(250) % 300)
+    _edit_meta(tmp_path, vocab_size=200)
+    with pytest.raises(UserError, match="holds token id 2.., but meta.json says the "
+                                        "vocabulary has 200 ids"):
+        open_stream(tmp_path, "tokens:x")

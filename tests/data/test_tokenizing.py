@@ -77,6 +77,42 @@ def test_text_data_is_cached_once_and_a_changed_file_is_a_new_entry(tmp_path, mo
     assert type(bundle.train).__name__ == "TokenBlockData"  # memory-mapped, not in RAM
 
 
+def test_an_edit_keeping_size_and_mtime_is_a_new_entry(tmp_path, monkeypatch):
+    import os
+
+    monkeypatch.setenv("AMPTRAIN_CACHE", str(tmp_path / "cache"))
+    corpus = _corpus(tmp_path / "corpus")
+    first = cached_corpus(corpus, ByteTokenizer(), glob=None, spec="text:c")
+    text = corpus / "a.txt"
+    before = text.stat()
+    text.write_bytes(text.read_bytes().swapcase())  # same size
+    os.utime(text, ns=(before.st_atime_ns, before.st_mtime_ns))  # same modification time
+    assert cached_corpus(corpus, ByteTokenizer(), glob=None, spec="text:c") != first
+
+
+@pytest.mark.parametrize("damage, fragment", [
+    (lambda entry: (entry / "shard_00000.bin").write_bytes(
+        (entry / "shard_00000.bin").read_bytes()[:-5]), "shard_00000.bin is truncated"),
+    (lambda entry: (entry / "meta.json").unlink(), "no meta.json: an interrupted write"),
+    (lambda entry: (entry / "meta.json").write_text("{half"), "not a readable token-shard"),
+], ids=["truncated-shard", "no-meta", "half-written-meta"])
+def test_a_damaged_cache_entry_is_rebuilt_with_one_line(tmp_path, monkeypatch, caplog,
+                                                       damage, fragment):
+    monkeypatch.setenv("AMPTRAIN_CACHE", str(tmp_path / "cache"))
+    corpus = _corpus(tmp_path / "corpus")
+    entry = cached_corpus(corpus, ByteTokenizer(), glob=None, spec="text:c")
+    expected = open_stream(entry, "c").read(0, 50)
+    damage(entry)
+    caplog.clear()
+    assert cached_corpus(corpus, ByteTokenizer(), glob=None, spec="text:c") == entry
+    warnings = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    assert len(warnings) == 1 and "is damaged" in warnings[0] and "rebuilding it" in warnings[0]
+    assert fragment in warnings[0] and "prepare" not in warnings[0]
+    np.testing.assert_array_equal(open_stream(entry, "c").read(0, 50), expected)
+    bundle = build_data(f"text:{corpus}", DataOptions(seq_len=8))  # and it trains
+    assert len(bundle.train) > 0
+
+
 def test_an_unwritable_cache_falls_back_to_memory(tmp_path, monkeypatch, caplog):
     blocker = tmp_path / "file"
     blocker.write_text("x")
