@@ -98,10 +98,40 @@ def checked_state(state: object) -> Mapping[str, Any]:
             raise UserError(f"load_state_dict(): state[{key!r}] is a {type(value).__name__}; "
                             f"this is not a Precision.state_dict()")
     pairs = state.get("pairs") or []
-    if not all(isinstance(p, Mapping) for p in pairs):
-        raise UserError("load_state_dict(): state['pairs'] must hold one dict per pair; "
-                        "this is not a Precision.state_dict()")
+    if not all(isinstance(p, Mapping) and _counts_ok(p) for p in pairs):
+        raise UserError("load_state_dict(): state['pairs'] must hold one dict per pair with "
+                        "whole-number skip counts; this is not a Precision.state_dict()")
+    per_loss = state.get("loss_scalers") or {}
+    if not all(str(key).isdigit() for key in per_loss):
+        raise UserError("load_state_dict(): state['loss_scalers'] is keyed by loss ids "
+                        "(whole numbers); this is not a Precision.state_dict()")
+    scalers = {"['scaler']": state["scaler"]} if state.get("scaler") else {}
+    scalers.update({f"['loss_scalers'][{key!r}]": value for key, value in per_loss.items()})
+    for where, scaler in scalers.items():
+        if not _scaler_ok(scaler):
+            raise UserError(f"load_state_dict(): state{where} is not a loss scaler's state "
+                            f"(finite numbers for {', '.join(_SCALER_FIELDS)}); this is not a "
+                            f"Precision.state_dict()")
     return state
+
+
+#: The fields of ``torch.amp.GradScaler.state_dict()``.
+_SCALER_FIELDS = ("scale", "growth_factor", "backoff_factor", "growth_interval",
+                  "_growth_tracker")
+
+
+def _number(value: object) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) \
+        and math.isfinite(value)
+
+
+def _counts_ok(pair: Mapping[str, Any]) -> bool:
+    return all(isinstance(pair.get(k, 0), int) and not isinstance(pair.get(k, 0), bool)
+               and pair.get(k, 0) >= 0 for k in ("skipped_steps", "consecutive_skips"))
+
+
+def _scaler_ok(scaler: object) -> bool:
+    return isinstance(scaler, Mapping) and all(_number(scaler.get(k)) for k in _SCALER_FIELDS)
 
 
 class CallOrder:

@@ -62,6 +62,14 @@ def test_a_loss_id_that_is_not_a_whole_number_is_named(loss_id):
     ({"skipped_steps": "many"}, "state\\['skipped_steps'\\] is a str"),
     ({"scaler": [1]}, "state\\['scaler'\\] is a list"),
     ({"pairs": [1, 2]}, "state\\['pairs'\\] must hold one dict per pair"),
+    # a checkpoint's precision section edited by hand (resume used to end in a traceback)
+    ({"pairs": [{"skipped_steps": "many"}]}, "whole-number skip counts"),
+    ({"pairs": [{"consecutive_skips": -3}]}, "whole-number skip counts"),
+    ({"scaler": {"scale": "big"}}, "state\\['scaler'\\] is not a loss scaler's state"),
+    ({"scaler": {"scale": float("nan"), "growth_factor": 2.0, "backoff_factor": 0.5,
+                 "growth_interval": 2000, "_growth_tracker": 0}}, "is not a loss scaler's"),
+    ({"loss_scalers": {"d": {}}}, "keyed by loss ids"),
+    ({"loss_scalers": {"1": {"scale": 1.0}}}, "\\['loss_scalers'\\]\\['1'\\] is not a loss"),
 ])
 def test_load_state_dict_of_something_else_is_named(state, fragment):
     precision, _, _ = _pair()
