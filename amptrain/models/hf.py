@@ -120,8 +120,10 @@ class HFTextEncoder:
     """
 
     def __init__(self, argument: str, option: str = "model") -> None:
-        self.path = tokenizer_dir(argument, option)
-        self.name = f"hf:{argument}"
+        # Absolute: a token directory or a run stores this name, and generate or a later
+        # train may run from another directory (the tokenizer itself loads on first use).
+        self.path = tokenizer_dir(argument, option).absolute()
+        self.name = f"hf:{self.path}"
         self.option = option
         self._tokenizer: Any = None
 

@@ -339,3 +339,16 @@ def test_core_works_without_transformers_and_hf_says_what_to_install(tmp_path):
                             text=True, timeout=120, env={**os.environ, "PYTHONPATH": str(ROOT)})
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == "ok"
+
+
+@needs_transformers
+def test_a_relative_tokenizer_path_is_stored_absolute(local, monkeypatch):
+    # A token directory or a run stores the tokenizer's name; generate (or a later train)
+    # may start from another directory, where a relative hf:DIR names nothing.
+    model_dir, _ = local
+    monkeypatch.chdir(model_dir.parent)
+    encoder = text_encoder_for(f"hf:{model_dir.name}", option="tokenizer")
+    assert encoder.name == f"hf:{model_dir}"
+    monkeypatch.chdir("/")
+    again = text_encoder_for(encoder.name, option="tokenizer")
+    assert len(again.tokenizer) == len(encoder.tokenizer)
