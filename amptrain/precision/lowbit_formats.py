@@ -55,6 +55,8 @@ E8M0_BIAS = 127
 #: The largest power of two of each element format (the MX FLOOR rule's emax).
 EMAX = {"e4m3": 8, "e5m2": 15, "e2m1": 2}
 FORMAT_MAX = {"e4m3": E4M3_MAX, "e5m2": E5M2_MAX, "e2m1": E2M1_MAX}
+#: Half the spacing of each format's top binade: values beyond max + this are clamped.
+HALF_TOP_STEP = {"e4m3": 16.0, "e5m2": 4096.0, "e2m1": 1.0}
 #: NVFP4 block scales are clamped below at e4m3's smallest normal (torchao's E4M3_EPS).
 E4M3_TINY = 2.0 ** -6
 
@@ -202,37 +204,23 @@ def flushed_and_saturated(x: torch.Tensor, quantiser: Quantiser, dim: int = -1
     count = int(finite.sum())
     if not count:
         return 0.0, 0.0
-    q = quantiser(x, dim)
-    flushed = int((finite & (q == 0)).sum())
-    # Saturated: the value lies beyond the largest magnitude its scale can express, i.e.
-    # it came back smaller in magnitude than it went in by more than rounding could make.
-    biggest = _largest_after_scaling(x, q, quantiser, dim)
-    saturated = int((finite & (x.abs() > biggest)).sum())
+    flushed = int((finite & (quantiser(x, dim) == 0)).sum())
+    # Clamped, not rounded: beyond the largest value plus half the top binade's spacing,
+    # in the units of each value's own scale.
+    top = FORMAT_MAX[quantiser.elem] + HALF_TOP_STEP[quantiser.elem]
+    saturated = int((finite & (x.abs() > top * dequant_scale(x, quantiser, dim))).sum())
     return flushed / count, saturated / count
 
 
-def _largest_after_scaling(x: torch.Tensor, q: torch.Tensor, quantiser: Quantiser,
-                           dim: int) -> torch.Tensor:
-    """For every value, the largest magnitude its scale maps to the format's maximum, plus
-    half a step of the top binade (anything above it was clamped, not rounded)."""
-    fmax = FORMAT_MAX[quantiser.elem]
-    ones = torch.ones_like(x)
-    # q(ones * fmax-scaled) is awkward for block scales; the scale itself is recovered as
-    # dequantised / quantised-units of the block's largest value instead.
-    top = fmax + {"e4m3": 16.0, "e5m2": 4096.0, "e2m1": 1.0}[quantiser.elem]
-    scale = _effective_scale(x, q, quantiser, dim, ones)
-    return top * scale
-
-
-def _effective_scale(x: torch.Tensor, q: torch.Tensor, quantiser: Quantiser, dim: int,
-                     ones: torch.Tensor) -> torch.Tensor:
-    """The dequantisation factor that applies to each value (1 / s for fp8 scales, the
-    block scale for MX, tensor x block scale for NVFP4), broadcast to ``x``'s shape."""
-    if quantiser.scaling == "tensorwise":
-        return ones / amax_to_scale(x.abs().amax(), quantiser.elem)
-    if quantiser.scaling == "rowwise":
-        return ones / amax_to_scale(x.abs().amax(dim=dim, keepdim=True), quantiser.elem,
-                                    power_of_2=True)
+def dequant_scale(x: torch.Tensor, quantiser: Quantiser, dim: int = -1) -> torch.Tensor:
+    """The factor that turns each of ``x``'s quantised values back into its own units
+    (``1 / s`` for fp8 scales, the e8m0 block scale for MX, tensor x block scale for
+    NVFP4), broadcast to ``x``'s shape."""
+    x = x.float()
+    if quantiser.scaling in ("tensorwise", "rowwise"):
+        rowwise = quantiser.scaling == "rowwise"
+        amax = x.abs().amax(dim=dim, keepdim=True) if rowwise else x.abs().amax()
+        return torch.ones_like(x) / amax_to_scale(amax, quantiser.elem, power_of_2=rowwise)
     block = MX_BLOCK if quantiser.scaling == "mx" else NVFP4_BLOCK
     rows, restore = _blocks(x, dim, block)
     amax = rows.abs().amax(dim=1, keepdim=True)
