@@ -178,10 +178,10 @@ class Precision:
                                 "one device")
             self.device = param.device
             self._select_mode()
+        islands = match_modules(model, self.keep_patterns(model))   # a bad pattern: no warning
         note = self.emulation_note() if optimizer is not None else None
         if note:  # training, not evaluation: a library user sees it too (warnings.warn)
             warn(note)
-        islands = match_modules(model, self.keep_patterns(model))
         cpu = self.device.type == "cpu"
         cpu_fp16 = cpu and self.spec.compute_dtype == torch.float16
         # Layers whose reduced-precision CPU kernels are missing or differ from CUDA's run
