@@ -176,10 +176,13 @@ def emulated_fast(device: torch.device, features: dict[str, bool]) -> dict[str, 
             for name, emulated in emulated_precisions(device, features).items()}
 
 
-def emulation_label(emulated: bool, fast: bool) -> str | None:
-    """How ``env`` shows a mode that the device only emulates; None for the others."""
+def emulation_label(emulated: bool, fast: bool, lowbit: bool = False) -> str | None:
+    """How ``env`` shows a mode that the device only emulates (``lowbit``: a low-bit
+    format, whose operands are quantised for fp32 GEMMs); None for the others."""
     if not emulated:
         return None
+    if lowbit:
+        return "emulated (format numerics, fp32 GEMMs)"
     return "emulated (native numerics, fp32 speed)" if fast else "emulated (slow)"
 
 

@@ -177,3 +177,16 @@ def test_cli_trains_mxfp4_and_its_checkpoint_loads_without_torchao(tmp_path):
                             text=True, timeout=120, env={**os.environ, "PYTHONPATH": str(ROOT)})
     assert loaded.returncode == 0, loaded.stderr
     assert loaded.stdout.startswith("loaded ")
+
+
+def test_env_lists_each_format_as_emulated_with_what_native_needs():
+    if torch.cuda.is_available():
+        pytest.skip("checks the CPU report")
+    from amptrain import env
+    text = env.format_env(env.collect_env())
+    rows = {line.split()[0]: line for line in text.splitlines() if line.startswith("  ")
+            and line.split() and line.split()[0] in FORMATS}
+    assert set(rows) == set(FORMATS)
+    for name, row in rows.items():
+        assert "emulated (format numerics, fp32 GEMMs)" in row
+        assert ("compute capability 8.9+" if name.startswith("fp8") else "sm100") in row
