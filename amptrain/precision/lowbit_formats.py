@@ -195,21 +195,26 @@ class Quantiser:
         return f"{self.elem} {self.scaling}"
 
 
+def loss_counts(x: torch.Tensor, quantiser: Quantiser, dim: int = -1) -> torch.Tensor:
+    """``[non-zero finite values, flushed to zero, saturated]`` of ``x`` under
+    ``quantiser``, as an fp32 tensor on ``x``'s device (no host sync: ``diagnose`` sums
+    them over steps and reads them once)."""
+    x = x.detach().float()
+    finite = torch.isfinite(x) & (x != 0)
+    flushed = finite & (quantiser(x, dim) == 0)
+    # Clamped, not rounded: beyond the largest value plus half the top binade's spacing,
+    # in the units of each value's own scale.
+    top = FORMAT_MAX[quantiser.elem] + HALF_TOP_STEP[quantiser.elem]
+    saturated = finite & (x.abs() > top * dequant_scale(x, quantiser, dim))
+    return torch.stack([finite.sum(), flushed.sum(), saturated.sum()]).float()
+
+
 def flushed_and_saturated(x: torch.Tensor, quantiser: Quantiser, dim: int = -1
                           ) -> tuple[float, float]:
     """The shares of ``x``'s non-zero finite values that ``quantiser`` flushes to zero
     and that it clamps at the format's largest value (relative to their scale)."""
-    x = x.detach().float()
-    finite = torch.isfinite(x) & (x != 0)
-    count = int(finite.sum())
-    if not count:
-        return 0.0, 0.0
-    flushed = int((finite & (quantiser(x, dim) == 0)).sum())
-    # Clamped, not rounded: beyond the largest value plus half the top binade's spacing,
-    # in the units of each value's own scale.
-    top = FORMAT_MAX[quantiser.elem] + HALF_TOP_STEP[quantiser.elem]
-    saturated = int((finite & (x.abs() > top * dequant_scale(x, quantiser, dim))).sum())
-    return flushed / count, saturated / count
+    count, flushed, saturated = loss_counts(x, quantiser, dim).tolist()
+    return (flushed / count, saturated / count) if count else (0.0, 0.0)
 
 
 def dequant_scale(x: torch.Tensor, quantiser: Quantiser, dim: int = -1) -> torch.Tensor:
