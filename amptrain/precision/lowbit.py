@@ -187,3 +187,29 @@ def lowbit_warning(spec: ModeSpec, device: torch.device) -> str | None:
             f"are quantised with {spec.name}'s exact rules ({RECIPES[str(spec.lowbit)].summary}"
             f") and multiplied in fp32; use it to study {spec.name}'s accuracy, not its speed "
             f"or memory (native: {native})")
+
+
+#: Bytes per element of each element format.
+_ELEMENT_BYTES = {"e4m3": 1.0, "e5m2": 1.0, "e2m1": 0.5}
+
+
+def quantised_weight_bytes(recipe: Recipe, weight: torch.Tensor) -> float:
+    """Bytes of ``weight``'s low-bit copy in ``recipe``'s forward format, scales included
+    (what the format's hardware materialises each step beside the fp32 weight):
+    tensorwise one fp32 scale; rowwise one fp32 scale per output row; MX one e8m0 byte
+    per 32 values; NVFP4 one e4m3 byte per 16 values and one fp32 scale."""
+    rows, numel = weight.shape[0], weight.numel()
+    quantiser = recipe.weight
+    scales = {"tensorwise": 4.0, "rowwise": 4.0 * rows, "mx": numel / MX_BLOCK,
+              "nvfp4": numel / NVFP4_BLOCK + 4.0}[quantiser.scaling]
+    return numel * _ELEMENT_BYTES[quantiser.elem] + scales
+
+
+def lowbit_bytes(model: nn.Module, plan: Float8Plan | None, spec: ModeSpec) -> float:
+    """The low-bit weight copies (and their scales) of ``plan``'s layers in ``spec``'s
+    format; 0 for a mode without one."""
+    if plan is None or not spec.lowbit:
+        return 0.0
+    modules = dict(model.named_modules())
+    recipe = RECIPES[spec.lowbit]
+    return sum(quantised_weight_bytes(recipe, modules[name].weight) for name in plan.convert)
