@@ -341,7 +341,7 @@ class LowBitRecorder:
         def hook(module: nn.Module, args: Any, output: Any) -> None:
             with torch.no_grad():
                 self._add(label, "activation", args[0])
-                self._add(label, "weight", module.weight)
+                self._add(label, "weight", module.get_parameter("weight"))
             if isinstance(output, torch.Tensor) and output.requires_grad:
                 output.register_hook(lambda grad: self._add(label, "gradient", grad))
         return hook

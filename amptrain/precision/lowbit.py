@@ -144,8 +144,9 @@ def install_lowbit_linears(patches: ForwardPatches, model: nn.Module, plan: Floa
     modules = dict(model.named_modules())
     for name in plan.convert:
         module = modules[name]
+        assert isinstance(module, nn.Linear)  # the plan holds plain Linear layers only
 
-        def make_forward(original: Callable, module: nn.Module = module) -> Callable:
+        def make_forward(original: Callable, module: nn.Linear = module) -> Callable:
             def forward(x: torch.Tensor) -> torch.Tensor:
                 return lowbit_linear(x, module.weight, module.bias, recipe)
             return forward
