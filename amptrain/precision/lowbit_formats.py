@@ -24,8 +24,9 @@ computation and against torchao where torchao runs on the CPU):
   to e8m0's [-127, 127]; a block whose amax is NaN gets the NaN scale (every value NaN).
   Elements ``sat(x / X)``, dequantised ``q * X``.
 * **e2m1** (fp4: 0, 0.5, 1, 1.5, 2, 3, 4, 6): no torch dtype computes it, so it is rounded
-  by arithmetic: the spacing is 0.5 below 2, 1 below 4 and 2 above, ``torch.round``
-  rounds ties to even, and values beyond 6 saturate. NaN stays NaN.
+  by arithmetic: the spacing is 0.5 below 2, 1 below 4 and 2 above, fp32's own
+  round-to-nearest-even drops the bits below it, and values beyond 6 saturate. NaN stays
+  NaN.
 * **NVFP4**: e2m1 elements in blocks of 16 with an e4m3 block scale, under an fp32
   per-tensor scale ``amax / (448 * 6)``: the block scale ``amax_block / 6`` divided by the
   tensor scale, clamped to [2^-6, 448] and rounded to e4m3; elements
