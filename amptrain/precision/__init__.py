@@ -141,7 +141,8 @@ class Precision:
             raise UserError(reason)
         check_rule(self.weight_update_rule, self.spec)
         fast = emulated_fast(self.device, device_features(self.device))
-        self.emulated_fast, self.emulated_autocast = fast[name], fast[autocast_mode(self.spec)]
+        self.emulated_fast = fast[name]
+        self.emulated_autocast = fast[autocast_mode(self.spec, self.device)]
         self._scales = LossScales(self.device.type, self.spec, self.scaler_settings,
                                   separate=self.separate_loss_scales,
                                   scaler_class=self._scaler_class)
@@ -153,9 +154,8 @@ class Precision:
                      doc="The step guard: the (shared) loss scaler or the non-finite check.")
 
     def emulation_note(self) -> str | None:
-        """A warning when this device only emulates the mode, naming the fastest native
-        choice (:mod:`.advice`) and, when :mod:`.emulation` computes it at fp32 speed, what
-        its timings mean; None when the mode runs natively."""
+        """A warning when this device only emulates the mode (:mod:`.advice`; a low-bit
+        format: :mod:`.lowbit`); None when the mode runs natively."""
         return lowbit_warning(self.spec, self.device) if self.spec.lowbit \
             else emulation_warning(self.name, self.device, fast=self.emulated_fast)
 

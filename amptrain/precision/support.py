@@ -106,10 +106,11 @@ def lowbit_native(spec: ModeSpec, device: torch.device) -> bool:
     return spec.float8_linears and fp8.fp8_native(device) and fp8.torchao_available()
 
 
-def autocast_mode(spec: ModeSpec) -> str:
-    """The mode whose autocast ``spec`` uses outside its low-bit layers (bf16-mixed for
-    the low-bit formats; itself for the others)."""
-    return "bf16-mixed" if spec.lowbit else spec.name
+def autocast_mode(spec: ModeSpec, device: torch.device) -> str:
+    """The mode whose autocast ``spec`` uses outside its low-bit layers: bf16-mixed for an
+    emulated low-bit format; itself for the others (a native one runs torchao's float8
+    tensors, which must meet plain autocast, not amptrain's emulated kernels)."""
+    return "bf16-mixed" if spec.lowbit and not lowbit_native(spec, device) else spec.name
 
 
 def precision_needs(device: torch.device) -> dict[str, str]:
@@ -160,8 +161,8 @@ def emulated_precisions(device: torch.device, features: dict[str, bool]) -> dict
         kind = _kind(spec)
         accepted = unsupported_reason(spec, device) is None
         slow_half = kind in ("fp16", "bf16") and not features[kind]
-        emulated[name] = accepted and (slow_half or (spec.lowbit is not None and kind == "mx")
-                                       or (kind == "fp8" and not features["fp8"]))
+        lowbit = spec.lowbit is not None and not lowbit_native(spec, device)
+        emulated[name] = accepted and (slow_half or lowbit)
     return emulated
 
 
