@@ -14,7 +14,7 @@ from collections.abc import Iterable
 #: The precision modes, in the order ``env`` and ``--help`` list them (their specs:
 #: :data:`amptrain.precision.modes.MODES`; other spellings: ``modes.ALIASES``).
 MODE_NAMES = ("32-true", "tf32", "16-mixed", "bf16-mixed", "16-master", "bf16-master",
-              "16-true", "bf16-true", "fp8")
+              "16-true", "bf16-true", "fp8", "fp8-rowwise", "mxfp8", "mxfp4", "nvfp4")
 #: What ``--precision`` lists: a mode, or ``auto`` (the best the hardware supports).
 PRECISION_NAMES = MODE_NAMES + ("auto",)
 

@@ -23,6 +23,7 @@ from torch.nn import functional as F
 from .devices import CPU_FLAGS, cpu_flags, cpu_model, gpu_info, resolve_device
 from .precision import fp8
 from .precision.advice import cpu_notes, memory_note, recommended_line, use_instead
+from .precision.modes import MODES
 from .precision.support import emulation_label, gpu_features, support_table
 
 
@@ -73,7 +74,11 @@ def env_notes(device: torch.device, flags: dict[str, bool | None], features: dic
     if features["fp8"] and not fp8.torchao_available():
         notes.append("fp8 needs torchao (pip install torchao); it is not installed")
     elif not features["fp8"]:
-        notes.append("fp8 needs an NVIDIA GPU with compute capability 8.9+ (Ada/Hopper)")
+        notes.append("fp8 and fp8-rowwise run natively on an NVIDIA GPU with compute "
+                     "capability 8.9+ (Ada/Hopper) and torchao; here they are emulated")
+    notes.append("mxfp8, mxfp4 and nvfp4 are emulated on every device (amptrain drives no "
+                 "Blackwell sm100 kernels): an emulated format gives its numerics (accuracy, "
+                 "saturation), not its speed or memory")
     memory = memory_note(device, features)
     if memory:
         notes.append(memory)
@@ -270,8 +275,9 @@ def format_env(info: dict[str, Any]) -> str:
                   f"fp8 {_yes(f['fp8'])}", ""]
     width = max(len(p) for p in info["supported"])
     cells = {name: emulation_label(bool(info["emulated"].get(name)),
-                                   bool(info.get("emulated_fast", {}).get(name))) or _yes(native)
-             for name, native in info["supported"].items()}
+                                   bool(info.get("emulated_fast", {}).get(name)),
+                                   lowbit=bool(MODES.get(name) and MODES[name].lowbit))
+             or _yes(native) for name, native in info["supported"].items()}
     cell = max(16, *map(len, cells.values()))
     lines.append(f"  {'precision':<{width}}  {'supported':<{cell}}  needs")
     for name, support in cells.items():

@@ -547,6 +547,13 @@ ERROR_TABLE = [
     # --- newcomer-readme ---
     # (end of newcomer-readme)
     # --- lowbit-formats ---
+    ("lowbit-unknown-format", "train --precision mxfp6", "unknown --precision 'mxfp6'"),
+    ("lowbit-unknown-alias", "train --precision nv-fp8", "unknown --precision 'nv-fp8'"),
+    ("lowbit-keep-fp32-matches-nothing",
+     "train --precision mxfp8 --keep-fp32 *.nothing --out {root}/lowbit-k",
+     "--keep-fp32 '*.nothing' matches no module"),
+    ("lowbit-device-without-the-format", "train --precision nvfp4 --device cuda",
+     "--device cuda"),
     # (end of lowbit-formats)
 ]
 

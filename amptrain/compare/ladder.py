@@ -3,7 +3,11 @@
 Summed over the tensors themselves (not sampled, not measured from an allocator), so the
 rungs can be compared on any device:
 
-* ``weights_bytes``: the model's parameters as the precision stores them.
+* ``weights_bytes``: the model's parameters as the precision stores them; in a low-bit
+  mode (fp8, MX, NVFP4) also the low-bit copy of each converted Linear's weight with its
+  scales, which the format's hardware materialises every step
+  (:func:`amptrain.precision.lowbit.lowbit_bytes`; activations are not per parameter and
+  not counted: torchao's recipes save the bf16 input for the backward).
 * ``grad_bytes``: the gradients the optimizer steps on (fp32 for master copies, else the
   parameters' dtype), one per optimizer parameter.
 * ``master_bytes``: what keeps the weights' lost precision: fp32 master copies
@@ -20,6 +24,7 @@ import torch
 from torch import nn
 
 from ..precision import Precision
+from ..precision.lowbit import lowbit_bytes
 
 #: The ladder's fields, in compare.json's order.
 LADDER_FIELDS = ("weights_bytes", "grad_bytes", "master_bytes", "optimizer_state_bytes",
@@ -58,6 +63,8 @@ def memory_ladder(model: nn.Module, optimizer: torch.optim.Optimizer,
     own = {id(p) for p in model_params}
     stepped = [p for g in optimizer.param_groups for p in g["params"]]
     weights = sum(tensor_bytes(p) for p in model_params)
+    if precision is not None:
+        weights += round(lowbit_bytes(model, precision.float8_plan, precision.spec))
     grads = sum(p.numel() * p.element_size() for p in stepped if p.requires_grad)
     masters = sum(tensor_bytes(p) for p in stepped if id(p) not in own)
     if precision is not None:

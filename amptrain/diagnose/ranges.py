@@ -24,6 +24,9 @@ import torch
 from torch import nn
 
 from ..nonfinite import extremes, floating_tensors
+from ..precision.fp8 import plan_float8
+from ..precision.lowbit import RECIPES
+from ..precision.lowbit_formats import loss_counts
 
 FP16_MAX = 65504.0
 BF16_MAX = float(torch.finfo(torch.bfloat16).max)
@@ -246,8 +249,10 @@ class RangeRecorder:
     activations (``ReLU(inplace=True)``).
     """
 
-    def __init__(self, model: nn.Module) -> None:
+    def __init__(self, model: nn.Module, lowbit: bool = False) -> None:
         self.stats = RangeStats()
+        #: ``lowbit``: also what the low-bit formats would lose (:class:`LowBitRecorder`)
+        self.lowbit = LowBitRecorder(model) if lowbit else None
         self.modules: dict[str, tuple[str, bool]] = {}   # label -> (type, leaf)
         self.order: dict[str, int] = {}
         self._handles: list[Any] = []
@@ -277,6 +282,8 @@ class RangeRecorder:
         for handle in self._handles:
             handle.remove()
         self._handles.clear()
+        if self.lowbit is not None:
+            self.lowbit.remove()
 
     def read(self) -> dict[str, dict[str, Any]]:
         """Every module's statistics, read from the device in one transfer."""
@@ -292,4 +299,65 @@ class RangeRecorder:
             else:
                 out[label][stream] = summarize(hist, scalars)
                 out[label]["_hist"][stream] = hist
+        return out
+
+
+#: The GEMM operands whose low-bit losses diagnose counts, with the axis each is scaled
+#: along in the forward GEMM (input, weight: the reduction axis) and the grad_input GEMM.
+LOWBIT_OPERANDS = ("activation", "weight", "gradient")
+
+
+class LowBitRecorder:
+    """Per Linear layer that the low-bit precisions would take (their default rules:
+    plain ``nn.Linear``, aligned dimensions, not the first or last), the share of each
+    GEMM operand that each format flushes to zero or saturates under its own scaling:
+    the layer's input (``activation``), its ``weight`` and the gradient at its output
+    (``gradient``; e5m2 for fp8, the recipe's element format for the others).
+
+    Counts stay on the device and are read once (:meth:`read`)."""
+
+    def __init__(self, model: nn.Module) -> None:
+        self.recipes = RECIPES
+        modules = dict(model.named_modules())
+        #: label -> the formats that would take it
+        self.formats: dict[str, list[str]] = {}
+        for name, recipe in RECIPES.items():
+            for label in plan_float8(model, dim_multiple=recipe.dim_multiple).convert:
+                self.formats.setdefault(label, []).append(name)
+        self.counts: dict[tuple[str, str, str], torch.Tensor] = {}
+        self._handles = [modules[label].register_forward_hook(self._hook(label))
+                         for label in self.formats]
+
+    def _add(self, label: str, operand: str, tensor: torch.Tensor) -> None:
+        for name in self.formats[label]:
+            recipe = self.recipes[name]
+            quantiser = {"activation": recipe.input, "weight": recipe.weight,
+                         "gradient": recipe.grad_output}[operand]
+            counts = loss_counts(tensor.reshape(-1, tensor.shape[-1]), quantiser, -1)
+            key = (label, name, operand)
+            self.counts[key] = self.counts[key] + counts if key in self.counts else counts
+
+    def _hook(self, label: str) -> Callable:
+        def hook(module: nn.Module, args: Any, output: Any) -> None:
+            with torch.no_grad():
+                self._add(label, "activation", args[0])
+                self._add(label, "weight", module.get_parameter("weight"))
+            if isinstance(output, torch.Tensor) and output.requires_grad:
+                output.register_hook(lambda grad: self._add(label, "gradient", grad))
+        return hook
+
+    def remove(self) -> None:
+        for handle in self._handles:
+            handle.remove()
+        self._handles.clear()
+
+    def read(self) -> dict[str, dict[str, dict[str, dict[str, float]]]]:
+        """``{module: {format: {operand: {"flushed": share, "saturated": share}}}}``."""
+        keys = list(self.counts)
+        values = torch.stack([self.counts[k] for k in keys]).tolist() if keys else []
+        out: dict[str, dict[str, dict[str, dict[str, float]]]] = {}
+        for (label, name, operand), (count, flushed, saturated) in zip(keys, values):
+            out.setdefault(label, {}).setdefault(name, {})[operand] = {
+                "flushed": flushed / count if count else 0.0,
+                "saturated": saturated / count if count else 0.0}
         return out

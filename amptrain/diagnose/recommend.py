@@ -350,3 +350,54 @@ def beyond_fp16(stats: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
                               "bf16": {**stream["bf16"], "above_max": 0.0}}
         judged[name] = copy
     return judged
+
+
+#: A low-bit format "loses" an operand when more than this share of its non-zero values
+#: flush to zero or saturate; fp4's two mantissa values lose far more than fp8 by nature,
+#: so the 4-bit formats are judged against the 8-bit ones rather than alone.
+LOWBIT_LOSS = 1e-2
+_EIGHT_BIT = ("fp8", "fp8-rowwise", "mxfp8")
+
+
+def lowbit_advice(shares: dict[str, dict[str, dict[str, dict[str, float]]]]
+                  ) -> dict[str, Any]:
+    """What the low-bit formats lose per eligible Linear layer (from
+    :class:`~.ranges.LowBitRecorder`) and the advice that follows: rowwise instead of
+    tensorwise scales, a format with more mantissa, or keeping a layer out (``--keep-fp32``).
+    """
+    def lost(module: str, fmt: str, operand: str) -> float:
+        s = shares.get(module, {}).get(fmt, {}).get(operand)
+        return s["flushed"] + s["saturated"] if s else 0.0
+
+    worst: dict[str, dict[str, Any]] = {}
+    for module, formats in shares.items():
+        for fmt, operands in formats.items():
+            for operand, s in operands.items():
+                if fmt not in worst or lost(module, fmt, operand) > worst[fmt]["lost"]:
+                    worst[fmt] = {"module": module, "operand": operand, **s,
+                                  "lost": lost(module, fmt, operand)}
+    advice: list[str] = []
+    for module in shares:
+        operand = max(("activation", "weight", "gradient"),
+                      key=lambda o: min(lost(module, f, o) for f in _EIGHT_BIT))
+        best8 = min(_EIGHT_BIT, key=lambda f: lost(module, f, operand))
+        if lost(module, best8, operand) > LOWBIT_LOSS:
+            advice.append(f"keep {module} out of the low-bit formats (--keep-fp32 {module}): "
+                          f"even {best8} loses {_pct(lost(module, best8, operand))} of its "
+                          f"{operand} values")
+    tensorwise = worst.get("fp8")
+    if tensorwise and tensorwise["lost"] > LOWBIT_LOSS:
+        m, o = tensorwise["module"], tensorwise["operand"]
+        if lost(m, "fp8-rowwise", o) < tensorwise["lost"] / 2:
+            advice.append(f"fp8-rowwise rather than fp8: one scale per tensor loses "
+                          f"{_pct(tensorwise['lost'])} of {m}'s {o} values, a scale per row "
+                          f"{_pct(lost(m, 'fp8-rowwise', o))}")
+    for fmt in ("mxfp4", "nvfp4"):
+        w = worst.get(fmt)
+        if w and w["lost"] > LOWBIT_LOSS and lost(w["module"], "mxfp8", w["operand"]) \
+                < w["lost"] / 4:
+            advice.append(f"a format with more mantissa than {fmt}: it loses "
+                          f"{_pct(w['lost'])} of {w['module']}'s {w['operand']} values "
+                          f"(flushed {_pct(w['flushed'])}, saturated {_pct(w['saturated'])});"
+                          f" mxfp8 {_pct(lost(w['module'], 'mxfp8', w['operand']))}")
+    return {"modules": shares, "worst": worst, "advice": advice}

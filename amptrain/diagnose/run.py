@@ -38,6 +38,7 @@ from .recommend import (
     _casts_inputs_to_half,
     _flags,
     _in_island,
+    lowbit_advice,
     attention_overflow,
     keep_fp32_candidates,
     module_risks,
@@ -172,7 +173,7 @@ def diagnose(config: TrainConfig, steps: int = 20, *, data: DataBundle | None = 
 
     def record_ranges(trainer: Trainer) -> RangeRecorder:
         assert trainer.model is not None  # attached after setup()
-        return RangeRecorder(trainer.model)
+        return RangeRecorder(trainer.model, lowbit=True)
 
     stats_run, recorder = run_steps(config, data, copy.deepcopy(initial), steps, "32-true",
                                     attach=record_ranges, task=task)
@@ -240,6 +241,7 @@ def diagnose(config: TrainConfig, steps: int = 20, *, data: DataBundle | None = 
             "attention": attention_overflow(stats, first, range_safe_choice(device)),
             # the recommended flags train 16-mixed: say so where this device emulates it
             "device_note": emulation_warning("16-mixed", device),
+            "lowbit": lowbit_advice(recorder.lowbit.read() if recorder.lowbit else {}),
         },
         "modules": {name: {k: v for k, v in s.items() if k != "_hist"}
                     for name, s in sorted(stats.items(), key=lambda kv: (

@@ -50,7 +50,18 @@ def summary_lines(report: dict[str, Any]) -> list[str]:
                else "does not avoid it" if b["fp16_problem"] else "is also fine")
     lines.append(f"bf16-mixed {verdict}: "
                  f"{b['reason']}")
-    return lines
+    return lines + lowbit_lines(recs.get("lowbit") or {})
+
+
+def lowbit_lines(lowbit: dict[str, Any]) -> list[str]:
+    """What each low-bit format loses at worst (flushed to zero / saturated) and the advice."""
+    worst = lowbit.get("worst") or {}
+    if not worst:
+        return []
+    cells = [f"{fmt} {_pct(w['flushed'])}/{_pct(w['saturated'])} ({w['module']} {w['operand']})"
+             for fmt, w in worst.items()]
+    return ([f"low-bit formats, worst flushed/saturated share: {'; '.join(cells)}"]
+            + [f"  {line}" for line in lowbit.get("advice", [])])
 
 
 def finding_lines(report: dict[str, Any], keep_hint: str = "") -> list[str]:

@@ -29,11 +29,12 @@ from ..devices import resolve_device
 from ..errors import UserError, warn
 from .advice import emulation_warning
 from .emulation import EmulatedAutocast
-from .fp8 import Float8Plan, convert_linears, plan_float8
+from .fp8 import Float8Plan
 from .islands import (ForwardPatches, cpu_fp32_island_types, cpu_fp32_modules,
                       default_keep_fp32, install_cpu_fp16_conv, install_cpu_fp32_islands,
                       install_fp32_islands, match_modules)
 from .loss_scales import LossScales
+from .lowbit import lowbit_warning, setup_lowbit
 from .master import check_no_shared_kept, modules_kept_fp32
 from .misuse import CallOrder, check_setup, checked_arguments, checked_state
 from .modes import ALIASES, MODES, PRECISION_NAMES, ModeSpec, as_given, canonical_name, label
@@ -41,7 +42,7 @@ from .outcome import NonFiniteHalt, SkipCounter, StepOutcome
 from .pairs import Pairs
 from .policies import WeightPolicy, weight_policy
 from .scaling import FoundInfAgreement
-from .support import (auto_mode, device_features, emulated_fast,
+from .support import (auto_mode, autocast_mode, device_features, emulated_fast,
                       onednn_has_bf16_kernels, resolve_name, unsupported_reason)
 from .tf32 import set_tf32
 from .weight_update import WEIGHT_UPDATES, WeightUpdate, check_rule, fused_is_exact, raise_adam_eps
@@ -79,7 +80,8 @@ class Precision:
         min_scale: the loss-scale floor; reaching it stops training with advice.
         keep_fp32: glob patterns (or one) of module names that run in fp32 inside autocast.
         max_bad_steps: consecutive non-finite steps tolerated in modes without a scaler.
-        fp8_skip_first_last: in ``fp8``, keep the first and last ``nn.Linear`` out (fp8.py).
+        fp8_skip_first_last: in the low-bit modes (fp8, MX, NVFP4), keep the model's first
+            and last ``nn.Linear`` out of the format (the default; see :mod:`.lowbit`).
         weight_update: ``plain``, ``kahan`` or ``stochastic`` (X-true modes; see weight_update.py).
         separate_loss_scales: one loss scale per ``backward(..., loss_id=)`` instead of one
             for all losses (fp16 modes; Apex's ``num_losses``; see :mod:`.loss_scales`).
@@ -107,7 +109,7 @@ class Precision:
         self.fp8_skip_first_last = fp8_skip_first_last
         self.weight_update_rule = weight_update
         self.separate_loss_scales = separate_loss_scales
-        self.float8_plan: Float8Plan | None = None   # what setup() converted (fp8 only)
+        self.float8_plan: Float8Plan | None = None   # the low-bit layers of setup()
         self.skipped_steps = 0          # all pairs together (each pair: skipped_steps_of)
         self.consecutive_skips = 0      # of the pair that confirmed last
         self._unpaired = SkipCounter()  # outcomes that name no pair
@@ -139,7 +141,9 @@ class Precision:
         if reason:
             raise UserError(reason)
         check_rule(self.weight_update_rule, self.spec)
-        self.emulated_fast = emulated_fast(self.device, device_features(self.device))[name]
+        fast = emulated_fast(self.device, device_features(self.device))
+        self.emulated_fast = fast[name]
+        self.emulated_autocast = fast[autocast_mode(self.spec, self.device)]
         self._scales = LossScales(self.device.type, self.spec, self.scaler_settings,
                                   separate=self.separate_loss_scales,
                                   scaler_class=self._scaler_class)
@@ -151,10 +155,10 @@ class Precision:
                      doc="The step guard: the (shared) loss scaler or the non-finite check.")
 
     def emulation_note(self) -> str | None:
-        """A warning when this device only emulates the mode, naming the fastest native
-        choice (:mod:`.advice`) and, when :mod:`.emulation` computes it at fp32 speed, what
-        its timings mean; None when the mode runs natively."""
-        return emulation_warning(self.name, self.device, fast=self.emulated_fast)
+        """A warning when this device only emulates the mode (:mod:`.advice`; a low-bit
+        format: :mod:`.lowbit`); None when the mode runs natively."""
+        return lowbit_warning(self.spec, self.device) if self.spec.lowbit \
+            else emulation_warning(self.name, self.device, fast=self.emulated_fast)
 
     # ----------------------------------------------------------------- setup
     def setup(self, model: nn.Module, optimizer: torch.optim.Optimizer | None = None
@@ -164,9 +168,8 @@ class Precision:
 
         Casts half-weight modes (keeping norm layers and fp32 islands in fp32), swaps fp32
         master copies into the optimizer where the mode keeps them, installs fp32 islands
-        (``keep_fp32``, and norm/recurrent layers under fp16 on the CPU), swaps eligible
-        Linear layers for float8 ones in ``fp8`` (in place, parameters kept; teardown does
-        not undo it), and sets the TF32 switches. The model must already be on its device.
+        (``keep_fp32``, and norm/recurrent layers under fp16 on the CPU), makes eligible
+        Linear layers low-bit in fp8/MX/NVFP4 (:mod:`.lowbit`), and sets the TF32 switches.
         """
         check_setup(model, optimizer)
         param = next(model.parameters(), None)
@@ -177,10 +180,10 @@ class Precision:
                                 "one device")
             self.device = param.device
             self._select_mode()
+        islands = match_modules(model, self.keep_patterns(model))   # a bad pattern: no warning
         note = self.emulation_note() if optimizer is not None else None
         if note:  # training, not evaluation: a library user sees it too (warnings.warn)
             warn(note)
-        islands = match_modules(model, self.keep_patterns(model))
         cpu = self.device.type == "cpu"
         cpu_fp16 = cpu and self.spec.compute_dtype == torch.float16
         # Layers whose reduced-precision CPU kernels are missing or differ from CUDA's run
@@ -191,10 +194,9 @@ class Precision:
         if fp32_on_cpu and not cpu_fp16:
             warn(f"{self.name}: oneDNN has no bf16 kernels on this CPU; {len(fp32_on_cpu)} "
                  f"recurrent layer(s) run as fp32 islands")
-        if self.spec.float8_linears:
-            self.float8_plan = convert_linears(model, plan_float8(
-                model, islands=list(islands), skip_first_last=self.fp8_skip_first_last))
-            log.info("%s", self.float8_plan.summary())
+        if self.spec.lowbit:
+            self.float8_plan = setup_lowbit(model, self._patches, self.spec, self.device,
+                                            list(islands), self.fp8_skip_first_last)
         owner = next((self._elsewhere[id(p)] for p in model.parameters()
                       if id(p) in self._elsewhere), None)
         if owner and self.spec.master_weights:
@@ -265,7 +267,7 @@ class Precision:
         """The autocast context for forward passes and the loss (emulated: emulation.py)."""
         if self.spec.compute_dtype is None:
             return contextlib.nullcontext()
-        return EmulatedAutocast(self.spec.compute_dtype) if self.emulated_fast \
+        return EmulatedAutocast(self.spec.compute_dtype) if self.emulated_autocast \
             else torch.autocast(self.device.type, dtype=self.spec.compute_dtype)
 
     def backward(self, loss: torch.Tensor, *, loss_id: int = 0) -> None:

@@ -20,8 +20,8 @@ before the conversion still updates them, and ``state_dict`` keys are unchanged,
 checkpoints are plain fp32 tensors under the usual names and load without torchao.
 
 torchao is imported only here and only when a model is converted; the hardware check
-(:func:`fp8_unsupported_reason`) needs no torchao, so ``env`` and the error message work
-on any machine.
+(:func:`fp8_native`) needs no torchao, so ``env`` and the error message work on any
+machine. Off fp8 hardware the same plan drives the emulated formats of :mod:`.lowbit`.
 """
 from __future__ import annotations
 
@@ -50,28 +50,27 @@ def torchao_available() -> bool:
     return importlib.util.find_spec("torchao") is not None
 
 
-def fp8_unsupported_reason(name: str, device: torch.device) -> str | None:
-    """Why ``--precision fp8`` cannot run on ``device`` (one line naming the flag), or None.
+def fp8_native(device: torch.device) -> bool:
+    """True when ``device`` has fp8 Tensor Cores (compute capability 8.9+): fp8 and
+    fp8-rowwise then run natively, as torchao Float8Linear layers."""
+    return device.type == "cuda" and tuple(torch.cuda.get_device_capability(device)) >= CC_FP8
 
-    The single source of truth for fp8 support: ``Precision`` refuses the mode with this
-    message and ``amptrain env`` reports ``supported["fp8"]`` from it.
+
+def fp8_unsupported_reason(name: str, device: torch.device) -> str | None:
+    """Why ``--precision <name>`` (fp8 or fp8-rowwise) cannot run natively on an fp8 GPU
+    (one line naming the flag), or None. Only a missing torchao stops it there: on every
+    other device the format is emulated (:mod:`.lowbit`), which needs no torchao.
+
+    The single source of truth for native fp8: ``Precision`` refuses the mode with this
+    message and ``amptrain env`` reports ``supported[name]`` from it.
     """
     from .advice import use_instead  # what to use instead: from the device's capabilities
 
-    option = f"{flag('precision')} {name}"
-    if device.type != "cuda":
-        return (f"{option} needs an NVIDIA GPU with fp8 Tensor Cores (compute capability 8.9+: "
-                f"Ada or Hopper, e.g. L4, L40S, H100, H200) and torchao; this run is on the "
-                f"{device.type.upper() if device.type == 'cpu' else device.type}: "
-                f"use {use_instead(device)}")
-    cc = torch.cuda.get_device_capability(device)
-    if tuple(cc) < CC_FP8:
-        return (f"{option} needs fp8 Tensor Cores (compute capability 8.9+: Ada or Hopper); "
-                f"{torch.cuda.get_device_name(device)} has {cc[0]}.{cc[1]}: "
-                f"use {use_instead(device)}")
-    if not torchao_available():
-        return (f"{option} needs the torchao package for float8 training: pip install torchao "
-                f"(or pip install 'amptrain[fp8]'), or use {use_instead(device)}")
+    if fp8_native(device) and not torchao_available():
+        precision = flag("precision")
+        return (f"{precision} {name} needs the torchao package for float8 training on this "
+                f"GPU: pip install torchao (or pip install 'amptrain[fp8]'), or use "
+                f"{use_instead(device)}")
     return None
 
 
@@ -82,14 +81,19 @@ class Float8Plan:
     convert: list[str] = field(default_factory=list)
     skipped: dict[str, str] = field(default_factory=dict)   # name -> reason
 
-    def summary(self) -> str:
-        """One line for the run's log."""
-        total = len(self.convert) + len(self.skipped)
+    def reasons(self) -> str:
+        """Why the skipped layers were skipped: ``reason: names; ...``."""
         reasons: dict[str, list[str]] = {}
         for name, reason in self.skipped.items():
             reasons.setdefault(reason, []).append(name)
-        kept = "; ".join(f"{reason}: {_names(names)}" for reason, names in reasons.items())
-        line = f"fp8: {len(self.convert)} of {total} Linear layers run in float8"
+        return "; ".join(f"{reason}: {_names(names)}" for reason, names in reasons.items())
+
+    def summary(self, fmt: str = "fp8", emulated: bool = False) -> str:
+        """One line for the run's log (``fmt``: the low-bit format's name)."""
+        total = len(self.convert) + len(self.skipped)
+        kept = self.reasons()
+        how = " (emulated)" if emulated else ""
+        line = f"{fmt}: {len(self.convert)} of {total} Linear layers run in {fmt}{how}"
         if kept:
             line += f" (kept in bf16 - {kept})"
         if not self.convert:
@@ -107,11 +111,13 @@ def _inside(name: str, roots: Iterable[str]) -> bool:
 
 
 def plan_float8(model: nn.Module, *, islands: Iterable[str] = (),
-                skip_first_last: bool = True, skip: Iterable[str] = ()) -> Float8Plan:
+                skip_first_last: bool = True, skip: Iterable[str] = (),
+                dim_multiple: int = FP8_DIM_MULTIPLE) -> Float8Plan:
     """Decide which ``nn.Linear`` modules of ``model`` to convert (no torchao needed).
 
     ``islands``: names of keep-fp32 modules (their subtrees stay out); ``skip``: extra
     glob patterns of module names to keep out. "First" and "last" are in module order.
+    ``dim_multiple``: what both Linear dimensions must be multiples of (MX formats: 32).
     """
     islands, patterns = list(islands), list(skip)
     linears = [(name, m) for name, m in model.named_modules() if isinstance(m, nn.Linear)]
@@ -128,15 +134,17 @@ def plan_float8(model: nn.Module, *, islands: Iterable[str] = (),
             plan.skipped[name] = "skipped by pattern"
         elif name in edges:
             plan.skipped[name] = "first/last Linear"
-        elif module.in_features % FP8_DIM_MULTIPLE or module.out_features % FP8_DIM_MULTIPLE:
-            plan.skipped[name] = f"dims not multiples of {FP8_DIM_MULTIPLE}"
+        elif module.in_features % dim_multiple or module.out_features % dim_multiple:
+            plan.skipped[name] = f"dims not multiples of {dim_multiple}"
         else:
             plan.convert.append(name)
     return plan
 
 
-def convert_linears(model: nn.Module, plan: Float8Plan) -> Float8Plan:
-    """Swap the planned Linear layers for torchao ``Float8Linear`` in place.
+def convert_linears(model: nn.Module, plan: Float8Plan, recipe: str = "tensorwise"
+                    ) -> Float8Plan:
+    """Swap the planned Linear layers for torchao ``Float8Linear`` in place, scaled by
+    torchao's ``recipe`` (``tensorwise``, its default, or ``rowwise``).
 
     Parameter objects and their names are kept (checked here: a torchao that renamed or
     replaced them would break optimizers built on the model and fp32 checkpoints).
@@ -145,13 +153,14 @@ def convert_linears(model: nn.Module, plan: Float8Plan) -> Float8Plan:
         return plan
     try:
         with quiet_torchao():
-            from torchao.float8 import convert_to_float8_training
+            from torchao.float8 import Float8LinearConfig, convert_to_float8_training
     except ImportError as exc:
         raise UserError(f"{flag('precision')} fp8 needs torchao with float8 training "
                         f"(torchao.float8): {exc}; pip install -U torchao") from None
     before = {name: p for name, p in model.named_parameters()}
     wanted = set(plan.convert)
-    convert_to_float8_training(model, module_filter_fn=lambda module, fqn: fqn in wanted)
+    convert_to_float8_training(model, config=Float8LinearConfig.from_recipe_name(recipe),
+                               module_filter_fn=lambda module, fqn: fqn in wanted)
     after = {name: p for name, p in model.named_parameters()}
     if after.keys() != before.keys() or any(after[n] is not before[n] for n in before):
         raise RuntimeError("torchao's float8 conversion replaced or renamed parameters; "

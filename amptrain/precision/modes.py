@@ -29,7 +29,10 @@ class ModeSpec:
     # Adam's eps where the optimizer state itself is fp16: 1e-8 flushes to zero there,
     # and a zero second moment turns the update into m / eps, which overflows.
     min_adam_eps: float | None = None
-    # Eligible nn.Linear layers become torchao Float8Linear (fp8 matmuls); see fp8.py.
+    # Eligible nn.Linear layers run their matmuls in this low-bit format (a recipe of
+    # lowbit.RECIPES): natively where the hardware has it, else emulated; see lowbit.py.
+    lowbit: str | None = None
+    # Where the GPU has fp8 Tensor Cores they become torchao Float8Linear; see fp8.py.
     float8_linears: bool = False
 
     @property
@@ -62,8 +65,18 @@ MODES: dict[str, ModeSpec] = {spec.name: spec for spec in (
              loss_scaling=False, tf32=False, summary="bf16 model and optimizer"),
     ModeSpec(name="fp8", param_dtype=_F32, compute_dtype=_BF16, master_weights=False,
              loss_scaling=False, tf32=False,
-             summary="fp32 weights, torchao float8 Linear layers, bf16 autocast elsewhere",
-             float8_linears=True),
+             summary="fp32 weights, fp8 Linear matmuls (tensorwise scales), bf16 elsewhere",
+             lowbit="fp8", float8_linears=True),
+    ModeSpec(name="fp8-rowwise", param_dtype=_F32, compute_dtype=_BF16, master_weights=False,
+             loss_scaling=False, tf32=False,
+             summary="fp32 weights, fp8 Linear matmuls (rowwise scales), bf16 elsewhere",
+             lowbit="fp8-rowwise", float8_linears=True),
+    *(ModeSpec(name=name, param_dtype=_F32, compute_dtype=_BF16, master_weights=False,
+               loss_scaling=False, tf32=False, lowbit=name,
+               summary=f"fp32 weights, {label} Linear matmuls, bf16 elsewhere")
+      for name, label in (("mxfp8", "MXFP8 (e4m3, e8m0 scale per 32)"),
+                          ("mxfp4", "MXFP4 (e2m1, e8m0 scale per 32)"),
+                          ("nvfp4", "NVFP4 (e2m1, e4m3 scale per 16)"))),
 )}
 
 #: Lightning's short spellings, common synonyms, Keras's mixed-precision policy names and
@@ -72,7 +85,11 @@ MODES: dict[str, ModeSpec] = {spec.name: spec for spec in (
 ALIASES = {"32": "32-true", "fp32": "32-true", "16": "16-mixed", "fp16": "16-mixed",
            "bf16": "bf16-mixed", "16-mixed-master": "16-master",
            "float32": "32-true", "mixed_float16": "16-mixed", "mixed_bfloat16": "bf16-mixed",
-           "O0": "32-true", "O1": "16-mixed", "O2": "16-master", "O3": "16-true"}
+           "O0": "32-true", "O1": "16-mixed", "O2": "16-master", "O3": "16-true",
+           # torchao's recipe names (Float8LinearRecipeName) and spelled-out formats
+           "float8": "fp8", "fp8-tensorwise": "fp8", "tensorwise": "fp8",
+           "rowwise": "fp8-rowwise", "float8-rowwise": "fp8-rowwise",
+           "mx-fp8": "mxfp8", "mx-fp4": "mxfp4", "nv-fp4": "nvfp4"}
 
 # The names live in amptrain.choices (torch-free, for the CLI parser); this table must
 # give each of them a spec.

@@ -92,10 +92,25 @@ def device_features(device: torch.device,
 
 
 def _kind(spec: ModeSpec) -> str:
-    """The hardware feature a mode needs: fp8, tf32, bf16, fp16 or fp32."""
+    """The hardware feature a mode needs: fp8, mx (the block formats), tf32, bf16, fp16
+    or fp32."""
     dtypes = (spec.compute_dtype, spec.param_dtype)
-    return "fp8" if spec.float8_linears else "tf32" if spec.tf32 else \
-        "bf16" if _BF16 in dtypes else "fp16" if _F16 in dtypes else "fp32"
+    return "fp8" if spec.float8_linears else "mx" if spec.lowbit else "tf32" if spec.tf32 \
+        else "bf16" if _BF16 in dtypes else "fp16" if _F16 in dtypes else "fp32"
+
+
+def lowbit_native(spec: ModeSpec, device: torch.device) -> bool:
+    """True when ``spec``'s low-bit format runs on hardware here (fp8 on an sm89+ GPU, as
+    torchao Float8Linear); False where :mod:`.lowbit` emulates it. amptrain does not drive
+    the block formats' Blackwell (sm100) kernels, so MX and NVFP4 are always emulated."""
+    return spec.float8_linears and fp8.fp8_native(device) and fp8.torchao_available()
+
+
+def autocast_mode(spec: ModeSpec, device: torch.device) -> str:
+    """The mode whose autocast ``spec`` uses outside its low-bit layers: bf16-mixed for an
+    emulated low-bit format; itself for the others (a native one runs torchao's float8
+    tensors, which must meet plain autocast, not amptrain's emulated kernels)."""
+    return "bf16-mixed" if spec.lowbit and not lowbit_native(spec, device) else spec.name
 
 
 def precision_needs(device: torch.device) -> dict[str, str]:
@@ -104,26 +119,28 @@ def precision_needs(device: torch.device) -> dict[str, str]:
         by_kind = {"fp32": "any CUDA GPU", "tf32": "compute capability 8.0+ (Ampere)",
                    "fp16": "compute capability 6.0+ (Tensor Cores: 7.0+)",
                    "bf16": "compute capability 8.0+ (Ampere)",
-                   "fp8": "compute capability 8.9+ (Ada/Hopper) and torchao"}
+                   "fp8": "compute capability 8.9+ (Ada/Hopper) and torchao; emulated below",
+                   "mx": "emulated (amptrain does not drive sm100 MX/NVFP4 kernels)"}
     else:
         by_kind = {"fp32": "any CPU", "tf32": "an NVIDIA GPU (here it trains as 32-true)",
                    "fp16": "AVX512-FP16 or AMX-FP16 (AMX-FP16 for fast conv)",
                    "bf16": "AVX512-BF16 or AMX-BF16 (AMX for speed)",
-                   "fp8": "an NVIDIA GPU with compute capability 8.9+ and torchao"}
+                   "fp8": "native: a GPU of compute capability 8.9+ with torchao",
+                   "mx": "native: Blackwell (sm100); not driven by amptrain"}
     return {name: by_kind[_kind(spec)] for name, spec in MODES.items()}
 
 
 def supported_precisions(features: dict[str, bool]) -> dict[str, bool]:
     """{precision: runs natively on a device with ``features``} for every mode.
 
-    fp8 also needs torchao: it is supported exactly when ``--precision fp8`` would be
-    accepted (:func:`amptrain.precision.fp8.fp8_unsupported_reason`).
+    fp8 also needs torchao (:func:`lowbit_native`); the MX and NVFP4 formats are never
+    native here (emulated everywhere).
     """
     supported = {}
     for name, spec in MODES.items():
         kind = _kind(spec)
-        if kind == "fp8":
-            supported[name] = features["fp8"] and fp8.torchao_available()
+        if kind in ("fp8", "mx"):
+            supported[name] = kind == "fp8" and features["fp8"] and fp8.torchao_available()
         else:
             supported[name] = kind == "fp32" or bool(features[kind])
     return supported
@@ -136,13 +153,16 @@ def emulated_precisions(device: torch.device, features: dict[str, bool]) -> dict
     every element, and its bf16 ones without AVX512-BF16/AMX likewise: several times
     slower than fp32. amptrain computes such modes' matmuls and convolutions with fp32
     kernels and the half format's rounding instead (:func:`emulated_fast`).
-    A refused mode (bf16 on a pre-Ampere GPU, fp8 without sm89) is not "emulated".
+    The low-bit formats are emulated wherever they are accepted but not native
+    (:mod:`.lowbit`). A refused mode (bf16 on a pre-Ampere GPU) is not "emulated".
     """
     emulated = {}
     for name, spec in MODES.items():
         kind = _kind(spec)
         accepted = unsupported_reason(spec, device) is None
-        emulated[name] = accepted and kind in ("fp16", "bf16") and not features[kind]
+        slow_half = kind in ("fp16", "bf16") and not features[kind]
+        lowbit = spec.lowbit is not None and not lowbit_native(spec, device)
+        emulated[name] = accepted and (slow_half or lowbit)
     return emulated
 
 
@@ -150,16 +170,20 @@ def emulated_fast(device: torch.device, features: dict[str, bool]) -> dict[str, 
     """{precision: emulated here, and computed by :mod:`amptrain.precision.emulation`}:
     fp32 kernels with the half format's rounding -- the numerics of native hardware at
     about fp32's speed. True for every CPU-emulated mode unless ``AMPTRAIN_EMULATION=off``
-    asks for PyTorch's own (slow) half kernels."""
+    asks for PyTorch's own (slow) half kernels; always true for an emulated low-bit format
+    (its quantised operands meet in fp32 GEMMs on any device)."""
     fast = device.type == "cpu" and emulation_switched_on()
-    return {name: fast and emulated
+    return {name: (fast or MODES[name].lowbit is not None) and emulated
             for name, emulated in emulated_precisions(device, features).items()}
 
 
-def emulation_label(emulated: bool, fast: bool) -> str | None:
-    """How ``env`` shows a mode that the device only emulates; None for the others."""
+def emulation_label(emulated: bool, fast: bool, lowbit: bool = False) -> str | None:
+    """How ``env`` shows a mode that the device only emulates (``lowbit``: a low-bit
+    format, whose operands are quantised for fp32 GEMMs); None for the others."""
     if not emulated:
         return None
+    if lowbit:
+        return "emulated (format numerics, fp32 GEMMs)"
     return "emulated (native numerics, fp32 speed)" if fast else "emulated (slow)"
 
 
@@ -167,8 +191,9 @@ def auto_mode(device: torch.device) -> str:
     """The fastest mode that is safe on ``device`` and never an emulated one: bf16 where
     native, else fp16 on Tensor-Core GPUs, else fp32.
 
-    Never fp8: it pays off only for large Linear layers, and its loss curve has to be
-    checked against bf16 for each model (benchmarks/gpu_fp8.py), so it is opt-in.
+    Never a low-bit format (fp8, MX, NVFP4): they pay off only for large Linear layers,
+    and their loss curves have to be checked against bf16 for each model
+    (benchmarks/gpu_fp8.py, ``amptrain compare``), so they are opt-in.
     """
     if device.type == "cuda":
         if cuda_bf16_supported(device):
@@ -182,7 +207,7 @@ def auto_mode(device: torch.device) -> str:
 
 def unsupported_reason(spec: ModeSpec, device: torch.device) -> str | None:
     """Why ``spec`` cannot run on ``device`` (a message naming the option), or None."""
-    if spec.float8_linears:
+    if spec.float8_linears and fp8.fp8_unsupported_reason(spec.name, device):
         return fp8.fp8_unsupported_reason(spec.name, device)
     uses_bf16 = _BF16 in (spec.param_dtype, spec.compute_dtype)
     precision = flag("precision")

@@ -2,6 +2,7 @@
 state for every rung, and compare's rows for the rungs (``bf16-true+kahan``)."""
 from __future__ import annotations
 
+import contextlib
 import json
 
 import pytest
@@ -89,3 +90,31 @@ def test_a_study_reports_the_ladder_per_row(tmp_path):
     saved = json.loads((out / "compare.json").read_text())
     assert saved["summary"][1]["bytes_per_param"] == kahan["bytes_per_param"]
     assert (out / "compare.png").stat().st_size > 0
+
+
+@pytest.mark.parametrize("mode,copy_bytes", [
+    ("fp8", 128 * 128 + 4),                     # e4m3 values + one fp32 scale
+    ("fp8-rowwise", 128 * 128 + 4 * 128),       # + one fp32 scale per row
+    ("mxfp8", 128 * 128 + 128 * 128 // 32),     # + one e8m0 byte per 32
+    ("mxfp4", 128 * 128 // 2 + 128 * 128 // 32),
+    ("nvfp4", 128 * 128 // 2 + 128 * 128 // 16 + 4)])
+def test_low_bit_rungs_count_the_weight_copy_and_its_scales(mode, copy_bytes):
+    def ladder(name: str) -> dict:
+        torch.manual_seed(0)
+        model = nn.Sequential(nn.Linear(32, 128), nn.ReLU(), nn.Linear(128, 128), nn.ReLU(),
+                              nn.Linear(128, 8))          # only the middle one is eligible
+        optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+        with pytest.warns() if name != "bf16-mixed" else contextlib.nullcontext():
+            precision = Precision(name, device="cpu")
+            precision.setup(model, optimizer)
+        with precision.autocast():
+            loss = model(torch.randn(4, 32)).float().sum()
+        precision.backward(loss)
+        precision.step(optimizer)
+        return memory_ladder(model, optimizer, precision)
+
+    base, low = ladder("bf16-mixed"), ladder(mode)
+    assert low["weights_bytes"] - base["weights_bytes"] == copy_bytes
+    assert low["grad_bytes"] == base["grad_bytes"]
+    assert low["optimizer_state_bytes"] == base["optimizer_state_bytes"]
+    assert low["bytes_per_param"] > base["bytes_per_param"]

@@ -94,3 +94,25 @@ def test_attention_parts_are_named_and_merged_into_one_pattern_per_part():
     softmax = attention_overflow(quiet, NonFiniteEvent("blocks.0.attn.softmax", "forward", 2))
     assert softmax is not None and softmax["modules"] == ["blocks.0.attn.softmax"]
     assert softmax["reason"].startswith("attention softmax")
+
+
+def _shares(**lost: float) -> dict:
+    """One module's shares: every format loses nothing except those named (flushed)."""
+    formats = ("fp8", "fp8-rowwise", "mxfp8", "mxfp4", "nvfp4")
+    return {fmt: {op: {"flushed": lost.get(fmt.replace("-", "_"), 0.0), "saturated": 0.0}
+                  for op in ("activation", "weight", "gradient")} for fmt in formats}
+
+
+def test_lowbit_advice_rowwise_more_mantissa_and_keeping_a_layer_out():
+    from amptrain.diagnose.recommend import lowbit_advice
+    quiet = lowbit_advice({"a": _shares()})
+    assert quiet["advice"] == [] and quiet["worst"]["fp8"]["lost"] == 0.0
+    rowwise = lowbit_advice({"a": _shares(fp8=0.05, fp8_rowwise=0.001)})["advice"]
+    assert rowwise == ["fp8-rowwise rather than fp8: one scale per tensor loses 5.00% of a's "
+                       "activation values, a scale per row 0.10%"]
+    fp4 = lowbit_advice({"a": _shares(mxfp4=0.2, nvfp4=0.004)})["advice"]
+    assert len(fp4) == 1 and fp4[0].startswith("a format with more mantissa than mxfp4: it "
+                                               "loses 20.0% of a's activation values")
+    keep = lowbit_advice({"a": _shares(fp8=0.05, fp8_rowwise=0.04, mxfp8=0.03, mxfp4=0.3)})
+    assert keep["advice"][0] == ("keep a out of the low-bit formats (--keep-fp32 a): even "
+                                 "mxfp8 loses 3.00% of its activation values")

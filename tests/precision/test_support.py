@@ -30,7 +30,8 @@ def test_cpu_classes(monkeypatch, flags, native_bf16, fp16, bf16):
         assert table["supported"][name] is (fp16 == "native")
     for name in ("bf16-mixed", "bf16-master", "bf16-true"):
         assert table["emulated"][name] is (bf16 == "emulated")
-    assert not table["emulated"]["32-true"] and not table["emulated"]["fp8"]
+    assert not table["emulated"]["32-true"]
+    assert table["emulated"]["fp8"] and not table["supported"]["fp8"]   # the low-bit formats
     # auto never picks an emulated precision
     assert table["recommended_precision"] == ("bf16-mixed" if native_bf16 else "32-true")
     assert not table["emulated"][table["recommended_precision"]]
@@ -102,4 +103,6 @@ def test_emulated_modes_run_at_fp32_speed_unless_switched_off(monkeypatch):
     assert support.emulation_label(True, False) == "emulated (slow)"
     assert support.emulation_label(False, True) is None
     monkeypatch.setenv("AMPTRAIN_EMULATION", "off")
-    assert not any(support.emulated_fast(CPU, features).values())
+    # the switch is about half precision: the low-bit formats have no other CPU path
+    assert {name for name, on in support.emulated_fast(CPU, features).items() if on} == \
+        {name for name, spec in support.MODES.items() if spec.lowbit}
