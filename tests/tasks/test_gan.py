@@ -270,6 +270,30 @@ def test_an_evaluation_of_one_class_data_uses_the_untrained_features():
     assert "seeded initialisation" in task.report(first)["fd_features"]
 
 
+@pytest.mark.parametrize("cpu", ["avx2", "avx512-bf16"])
+def test_the_fd_does_not_depend_on_the_evaluation_batch_size(monkeypatch, cpu):
+    # `amptrain eval` reads --batch-size 256 where training evaluated in batches of 64: the
+    # FD of the same weights must agree, emulated bf16 (avx2) included. Until the emulated
+    # kernels left fp64 alone, each batch's fp64 sum of feature products came back rounded
+    # to bf16, and the FD moved with the batch size (63.27 vs 63.34 on an AVX2 EPYC).
+    from tests.cpu_classes import fake_cpu
+
+    fake_cpu(monkeypatch, cpu)
+    g = torch.Generator().manual_seed(0)
+    data = TensorData(torch.randn(150, 1, 8, 8, generator=g), torch.zeros(150, dtype=torch.long))
+    model, task, _, _ = _pair()
+    task.fit(data)
+    precision = Precision("bf16-mixed", device="cpu")
+    assert precision.emulated_fast == (cpu == "avx2")
+    fds = []
+    for batch in (64, 150, 32):
+        windows = DatasetWindows(data, SampleOrder(len(data), batch, batch, shuffle=False), CPU)
+        fds.append(evaluate(model, windows, precision=precision, task=task,
+                            strategy=Strategy(CPU), logger=RunLogger(None, enabled=False)
+                            ).metrics["fd"])
+    assert fds == pytest.approx([fds[0]] * 3, rel=1e-9), fds
+
+
 def test_parts_are_found_inside_compile_and_data_parallel_wrappers():
     from amptrain.tasks.gan import unwrap
 
