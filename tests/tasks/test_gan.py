@@ -403,22 +403,28 @@ def test_gan_trains_with_adamw8bit_and_with_each_weight_update_rule_per_pair(tmp
 
 
 # ------------------------------------------------------- end to end, the CLI
-@pytest.mark.slow  # two real 44-step trainings, an eval and a generate (~2-4 min)
+@pytest.mark.slow  # bf16-mixed: a real 44-step training, an eval and a generate (~1-2 min)
 @pytest.mark.timeout(1500)
 @pytest.mark.parametrize("precision", ["32-true", "bf16-mixed"])
 def test_train_eval_generate_a_dcgan_on_digits_from_the_command_line(tmp_path, precision):
-    """``train --model dcgan --data digits`` -> ``eval`` -> ``generate``. The recipe
-    (width 16, latent 32, batch 64, 2 epochs = 44 steps, the default AdamW 1e-3 with its
-    cosine decay) measured on a Xeon (AMX): val_fd 120.8 at step 10, 58.3 at 30 and 42.3
-    after 69 steps, in 32-true and bf16-mixed alike (bf16 within 0.1)."""
+    """``train --model dcgan --data digits`` -> ``eval`` -> ``generate``. bf16-mixed (emulated
+    on a CPU without bf16 hardware, the harder case) runs the whole recipe (width 16, latent
+    32, batch 64, 2 epochs = 44 steps, the default AdamW 1e-3 with its cosine decay),
+    measured on a Xeon (AMX): val_fd 120.8 at step 10, 58.3 at 30 and 42.3 after 69 steps,
+    in 32-true and bf16-mixed alike (bf16 within 0.1). 32-true checks the same wiring on 4
+    steps: the claims that do not need a trained GAN (records, TensorBoard, eval's FD equal
+    to training's, generate)."""
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
     from tests.commands.helpers import amptrain
 
+    full = precision == "bf16-mixed"
+    length = ["--epochs", "2", "--eval-every", "10"] if full \
+        else ["--max-steps", "4", "--eval-every", "2"]
     run = tmp_path / "run"
     train = amptrain("train", "--model", "dcgan:width=16,latent=32", "--data", "digits",
-                     "--precision", precision, "--batch-size", "64", "--epochs", "2",
-                     "--eval-every", "10", "--no-progress", "--out", run, timeout=1200)
+                     "--precision", precision, "--batch-size", "64", *length,
+                     "--no-progress", "--out", run, timeout=1200)
     assert train.returncode == 0, train.stderr
     assert "task gan" in train.stderr and "d_loss" in train.stderr and "g_loss" in train.stderr
     records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
@@ -426,8 +432,9 @@ def test_train_eval_generate_a_dcgan_on_digits_from_the_command_line(tmp_path, p
     assert steps and all({"d_loss", "g_loss", "skipped_steps/discriminator",
                           "skipped_steps/generator", "lr/generator"} <= set(r) for r in steps)
     fds = [r["val_fd"] for r in records if "val_fd" in r]
-    assert len(fds) >= 4 and all(math.isfinite(f) for f in fds)
-    assert fds[-1] < 0.7 * fds[0], fds  # measured: 120.8 -> about 45
+    assert len(fds) >= (4 if full else 2) and all(math.isfinite(f) for f in fds)
+    if full:
+        assert fds[-1] < 0.7 * fds[0], fds  # measured: 120.8 -> about 45
     # TensorBoard holds the losses and a sample grid at every evaluation.
     events = EventAccumulator(str(run / "tb"), size_guidance={"images": 0})
     events.Reload()
