@@ -1,6 +1,8 @@
-"""The ``amptrain`` command line itself (cli.py): real subprocesses of ``python -m amptrain``.
+"""The ``amptrain`` command line itself (cli.py), through its entry point ``cli.main``.
 
-(a) bad invocations exit 2 with one line on stderr, no traceback and no file changed;
+(a) bad invocations exit 2 with one line on stderr, no traceback and no file changed
+(most rows in this process through ``cli.main(argv)``, the rows that need a fresh
+interpreter as real ``python -m amptrain`` processes: SUBPROCESS_ROWS);
 (b) ``--help``, and user errors of other torchrun ranks name their rank. Each command's
 own end-to-end runs are in tests/commands/.
 """
@@ -10,6 +12,7 @@ import os
 import pickle
 import subprocess
 import sys
+import warnings
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -558,9 +561,81 @@ ERROR_TABLE = [
 ]
 
 
+#: Rows that must run as a real ``python -m amptrain`` process (the rest run in this
+#: process through the same entry point, ``cli.main(argv)``: see :func:`run_in_process`).
+#: Add a row's name here when it needs a fresh interpreter: import-time behaviour, a module
+#: that is not installed, a signal, something that may hang or kill the process.
+SUBPROCESS_ROWS = {"timm-not-installed", "out-cannot-be-created", "text-is-dev-zero",
+                   "config-is-dev-zero", "checkpoint-is-dev-zero"}
+#: ... and every row whose arguments contain one of these (user modules put the working
+#: directory on sys.path; a FIFO could block a read forever; launches start processes).
+SUBPROCESS_MARKS = ("module:", "{fifo}", "--nproc-per-node", "--master-port", "/dev/")
+
+
+def needs_subprocess(name: str, args: str) -> bool:
+    """Whether ERROR_TABLE's row ``name`` runs as a real process (see SUBPROCESS_ROWS)."""
+    return name in SUBPROCESS_ROWS or any(mark in args for mark in SUBPROCESS_MARKS)
+
+
+def _show_warning(message, category, filename, lineno, file=None, line=None) -> None:
+    sys.stderr.write(warnings.formatwarning(message, category, filename, lineno, line))
+
+
+def run_in_process(argv: list[str], cwd: Path) -> subprocess.CompletedProcess:
+    """``amptrain ARGV`` through ``cli.main`` in this process, as a fresh interpreter would
+    run it: its stdout, stderr and exit code (SystemExit's, main's, or 1 with the traceback
+    on stderr for an uncaught exception), in ``cwd``, with Python's default warning filters
+    (pytest's recorder would hide a stray warning a user sees), and everything a run may
+    change put back afterwards: cwd, environment, signal handlers, torch's threads, default
+    dtype, determinism flag and RNG. Output written by C code to the file descriptors
+    directly is not seen here (the subprocess rows and tests/test_quiet.py cover it)."""
+    import contextlib
+    import io
+    import signal
+    import traceback
+
+    import torch
+
+    from amptrain import cli
+
+    out, err = io.StringIO(), io.StringIO()
+    saved_env, saved_cwd = dict(os.environ), os.getcwd()
+    signals = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1)}
+    threads, dtype = torch.get_num_threads(), torch.get_default_dtype()
+    deterministic = torch.are_deterministic_algorithms_enabled()
+    code: int
+    try:
+        os.chdir(cwd)
+        with torch.random.fork_rng(), warnings.catch_warnings(), \
+                contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            warnings.resetwarnings()  # a fresh interpreter's filters
+            for category in (DeprecationWarning, PendingDeprecationWarning, ImportWarning,
+                             ResourceWarning):
+                warnings.simplefilter("ignore", category)
+            warnings.showwarning = _show_warning
+            try:
+                code = cli.main(argv)
+            except SystemExit as exit_:
+                code = exit_.code if isinstance(exit_.code, int) else 1
+            except Exception:  # noqa: BLE001 - a subprocess would print it and exit 1
+                traceback.print_exc()
+                code = 1
+    finally:
+        os.chdir(saved_cwd)
+        os.environ.clear()
+        os.environ.update(saved_env)
+        for number, handler in signals.items():
+            signal.signal(number, handler)
+        torch.set_num_threads(threads)
+        torch.set_default_dtype(dtype)
+        torch.use_deterministic_algorithms(deterministic)
+    return subprocess.CompletedProcess(argv, code, out.getvalue(), err.getvalue())
+
+
 @pytest.fixture(scope="module")
 def error_runs(tmp_path_factory) -> dict[str, subprocess.CompletedProcess]:
-    """Run the whole table concurrently (each is a Python start-up, mostly waiting)."""
+    """Run the whole table: the subprocess rows concurrently (each is a Python start-up,
+    mostly waiting) while the others run one by one in this process."""
     root = tmp_path_factory.mktemp("bad")
     paths = {k: str(v) for k, v in bad_inputs(root).items()}
     (root / "typo.yaml").write_text("epoch: 3\n")
@@ -568,15 +643,22 @@ def error_runs(tmp_path_factory) -> dict[str, subprocess.CompletedProcess]:
     (work / "factories.py").write_text(FACTORIES)
     before = _snapshot(root)
 
-    def run(case):
-        name, args, _ = case
+    def argv_of(case) -> list[str]:
+        _, args, _ = case
         argv = [a.format(root=root, **paths) for a in args.split()]
         # diagnose, generate and export show no bar (and take no --no-progress)
         quiet = [] if argv[0] in ("diagnose", "generate", "export") else ["--no-progress"]
-        return name, amptrain(*argv, *quiet, cwd=work)
+        return argv + quiet
 
+    def run(case):
+        return case[0], amptrain(*argv_of(case), cwd=work)
+
+    apart = [case for case in ERROR_TABLE if needs_subprocess(case[0], case[1])]
     with ThreadPoolExecutor(max_workers=4) as pool:
-        runs = dict(pool.map(run, ERROR_TABLE))
+        started = pool.map(run, apart)
+        runs = {case[0]: run_in_process(argv_of(case), work) for case in ERROR_TABLE
+                if case not in apart}
+        runs.update(started)
     runs["files-unchanged"] = _snapshot(root) == before  # type: ignore[assignment]
     return runs
 
@@ -710,3 +792,18 @@ def test_a_warning_is_printed_once_and_the_apex_name_beside_amptrains(monkeypatc
     assert said == [said[0]] and said[0].startswith("amptrain: warning: 16-mixed is emulated")
     assert "--precision bf16-mixed (native here)" in said[0] and "AmptrainWarning" not in err
     assert "precision 16-mixed (O1)" in err and "(16-mixed (O1)," in out
+
+
+@pytest.mark.parametrize("name", ["accumulate-0", "bad-choice", "eval-corrupt-checkpoint"])
+def test_an_in_process_row_reads_exactly_as_the_real_process(tmp_path, name):
+    # The table's in-process runs stand for `python -m amptrain`: the same exit code and
+    # the same output, byte for byte, for a parser error, a config error and a late one.
+    case = next(c for c in ERROR_TABLE if c[0] == name)
+    assert not needs_subprocess(*case[:2])
+    checkpoint = tmp_path / "corrupt.pt"
+    checkpoint.write_bytes(b"PK\x03\x04 truncated")
+    argv = case[1].format(checkpoint=checkpoint, root=tmp_path).split() + ["--no-progress"]
+    inside, real = run_in_process(argv, tmp_path), amptrain(*argv, cwd=tmp_path)
+    assert (inside.returncode, inside.stdout, inside.stderr) \
+        == (real.returncode, real.stdout, real.stderr) and inside.returncode == 2
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["corrupt.pt"]

@@ -22,7 +22,8 @@ dtype is active in the thread, such an op
 2. runs the fp32 op with autocast off (fp32 kernels, fp32 accumulation; its fp32
    backward is recorded by autograd as usual), and
 3. returns the result cast to the half dtype (a plain ``.to``: its backward turns the
-   incoming half gradient into fp32 exactly).
+   incoming half gradient into fp32 exactly). An op on fp64 tensors, which autocast
+   never casts, returns its fp64 result as under native autocast.
 
 So every tensor a model or a loss sees has exactly the dtype native autocast gives
 (half outputs, fp32 gradients of fp32 weights, half gradients of half weights): the loss
@@ -132,7 +133,9 @@ def _kernel(op: Callable[..., Any]) -> Callable[..., Any]:
             kwargs = {k: v.to(half) if _eligible(v) else v for k, v in kwargs.items()}
         with torch.autocast("cpu", enabled=False):
             out = op(*args, **kwargs)
-        return out.to(half) if emulate else out
+        # Only a result computed in fp32 from rounded inputs is a half kernel's: autocast
+        # leaves fp64 alone (FD statistics, metric sums), so an fp64 product stays fp64.
+        return out.to(half) if emulate and out.dtype == torch.float32 else out
     return kernel
 
 

@@ -299,3 +299,20 @@ def test_fp16_overflow_and_backoff_at_the_same_steps_as_the_slow_path(monkeypatc
     assert fast[4] == slow[4]
     for a, b in zip(fast[5].parameters(), slow[5].parameters()):
         torch.testing.assert_close(a, b, rtol=2e-2, atol=2e-3)
+
+
+@pytest.mark.parametrize("half", HALF)
+def test_fp64_ops_stay_fp64_as_under_native_autocast(half):
+    # Autocast never casts fp64: statistics summed in fp64 inside an evaluation's autocast
+    # (the GAN's Fréchet distance) must not come back rounded to the half format.
+    g = torch.Generator().manual_seed(0)
+    f = torch.randn(64, 8, generator=g, dtype=torch.float64)
+    exact = f.T @ f
+    with torch.autocast("cpu", dtype=half):
+        native = f.T @ f
+    with EmulatedAutocast(half):
+        emulated = f.T @ f
+        linear = F.linear(f, f[:3])
+    assert native.dtype == emulated.dtype == linear.dtype == torch.float64
+    assert torch.equal(emulated, exact) and torch.equal(native, exact)
+    assert torch.equal(linear, f @ f[:3].T)
