@@ -11,10 +11,9 @@ master weights and fp32 islands behind one step protocol::
     prec.clip_grad_norm_(model.parameters(), 1.0)   # unscales first
     stepped = prec.step(optimizer)                   # False when skipped (inf/NaN)
 
-Several models, losses and optimizers (a GAN) share one Precision: ``setup`` each pair,
-``backward(loss_i, loss_id=i)``, ``step(opt_i)`` (each skips alone), ``update()`` once per
-iteration. The Trainer's :meth:`Precision.step_async` leaves the skip flag on the device
-to be read one step later, so a steady-state step never waits for the GPU.
+Several models and optimizers (a GAN): ``setup`` each pair, ``backward(loss_i, loss_id=i)``,
+``step(opt_i)`` (each skips alone), ``update()`` once per iteration. ``step_async`` leaves
+the skip flag on the device to be read a step later (no steady-state wait for the GPU).
 """
 from __future__ import annotations
 
@@ -184,13 +183,12 @@ class Precision:
         note = self.emulation_note() if optimizer is not None else None
         if note:  # training, not evaluation: a library user sees it too (warnings.warn)
             warn(note)
-        cpu = self.device.type == "cpu"
-        cpu_fp16 = cpu and self.spec.compute_dtype == torch.float16
-        # Layers whose reduced-precision CPU kernels are missing or differ from CUDA's run
-        # in fp32 (see islands.py): norms and RNNs under fp16, RNNs under bf16 on AVX2.
-        fp32_on_cpu = cpu_fp32_modules(model, cpu_fp32_island_types(
-            self.spec.compute_dtype, onednn_has_bf16_kernels()), skip=islands.values()) \
-            if cpu else []
+        cpu, dtype = self.device.type == "cpu", self.spec.compute_dtype
+        cpu_fp16 = cpu and dtype == torch.float16
+        # Layers whose CPU half kernels are missing or differ from CUDA's run in fp32
+        # (islands.py): norms and RNNs under fp16, RNNs under bf16 on AVX2.
+        kinds = cpu_fp32_island_types(dtype, onednn_has_bf16_kernels()) if cpu else ()
+        fp32_on_cpu = cpu_fp32_modules(model, kinds, skip=islands.values())
         if fp32_on_cpu and not cpu_fp16:
             warn(f"{self.name}: oneDNN has no bf16 kernels on this CPU; {len(fp32_on_cpu)} "
                  f"recurrent layer(s) run as fp32 islands")

@@ -180,7 +180,7 @@ class Trainer:
         """One optimizer step of every part on ``window`` (a
         :class:`~amptrain.batches.StepBatch` on the device), without the loop's bookkeeping
         (logging, evaluation, checkpoints, step counter)."""
-        runner, windows = self._ready()
+        runner, windows, _ = self._ready()
         split = runner.run(window, split_of(windows.micro_batch, self.planner.per_device),
                            self.step + 1)
         if split.micro_batch != windows.micro_batch:
@@ -305,10 +305,10 @@ class Trainer:
         """Micro-batches per optimizer step on each device."""
         return split_of(self.micro_batch_size, self.planner.per_device).accumulate
 
-    def _ready(self) -> tuple[StepRunner, Windows]:
-        if self.runner is None or self.train_windows is None:
+    def _ready(self) -> tuple[StepRunner, Windows, RunLength]:
+        if self.runner is None or self.train_windows is None or self.run_length is None:
             raise UserError("set the Trainer up first (setup() or fit())")
-        return self.runner, self.train_windows
+        return self.runner, self.train_windows, self.run_length
 
     def _teardown(self) -> None:
         """The user's module gets its own forwards back (evaluate() reinstates them), and
@@ -320,9 +320,8 @@ class Trainer:
 
     # ------------------------------------------------------------------ loop
     def _loop(self) -> None:
-        runner, windows = self._ready()
-        position, metrics, length = self.position, self.metrics, self.run_length
-        assert length is not None  # decided in setup
+        runner, windows, length = self._ready()
+        position, metrics = self.position, self.metrics
         self.reporter.memory.start()
         metrics.start(position.step)
         while not self._done():
