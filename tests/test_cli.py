@@ -8,6 +8,7 @@ own end-to-end runs are in tests/commands/.
 """
 from __future__ import annotations
 
+import logging
 import os
 import pickle
 import subprocess
@@ -603,6 +604,10 @@ def run_in_process(argv: list[str], cwd: Path) -> subprocess.CompletedProcess:
     signals = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1)}
     threads, dtype = torch.get_num_threads(), torch.get_default_dtype()
     deterministic = torch.are_deterministic_algorithms_enabled()
+    # cli.configure_logging gives amptrain's logger its own stderr handler and stops it
+    # propagating: left so, later tests' caplog would see none of amptrain's records.
+    logger = logging.getLogger("amptrain")
+    saved_logger = (list(logger.handlers), logger.level, logger.propagate)
     code: int
     try:
         os.chdir(cwd)
@@ -629,6 +634,9 @@ def run_in_process(argv: list[str], cwd: Path) -> subprocess.CompletedProcess:
         torch.set_num_threads(threads)
         torch.set_default_dtype(dtype)
         torch.use_deterministic_algorithms(deterministic)
+        logger.handlers[:], logger.propagate = saved_logger[0], saved_logger[2]
+        logger.setLevel(saved_logger[1])
+        logging.disable(logging.NOTSET)
     return subprocess.CompletedProcess(argv, code, out.getvalue(), err.getvalue())
 
 
