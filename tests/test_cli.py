@@ -478,7 +478,8 @@ ERROR_TABLE = [
     ("resume-auto-planted-sharded-step", "train --max-steps 1 --resume auto --out {planted_run}",
      "(a damaged or planted file); amptrain does not load it"),
     # 1. headers and metadata checked before they are trusted
-    ("export-checkpoint-dev-zero", "export --checkpoint /dev/zero --format safetensors --out {root}/x1",
+    ("export-checkpoint-dev-zero",
+     "export --checkpoint /dev/zero --format safetensors --out {root}/x1",
      "--checkpoint /dev/zero is a character device, not a regular file"),
     ("export-checkpoint-fifo", "export --checkpoint {reader_fifo} --format safetensors "
                                "--out {root}/x2",
