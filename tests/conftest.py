@@ -1,8 +1,10 @@
 """Shared fixtures: small real datasets and models, CPU-only, seeded."""
 from __future__ import annotations
 
+import getpass
 import logging
 import os
+import tempfile
 from types import SimpleNamespace
 
 import pytest
@@ -10,6 +12,14 @@ import torch
 from torch import nn
 
 from amptrain.data import DataOptions, TensorData, build_data
+
+# torch.compile's on-disk kernel cache is not keyed by ATEN_CPU_CAPABILITY (torch 2.13): a
+# kernel built for the CPU's own vector ISA and loaded under ATEN_CPU_CAPABILITY=avx2 (the
+# AVX2-class check in the README), or the reverse, computes wrong values or corrupts the
+# heap. Each capability gets a cache of its own (subprocesses inherit the variable).
+os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", os.path.join(
+    tempfile.gettempdir(), f"torchinductor-amptrain-tests-{getpass.getuser()}-"
+    f"{os.environ.get('ATEN_CPU_CAPABILITY') or 'native'}"))
 
 
 @pytest.fixture(autouse=True)

@@ -23,6 +23,10 @@ CPU = torch.device("cpu")
     ({"amx_bf16": True, "amx_tile": True, "avx512_fp16": True}, True, "native", "native"),
 ])
 def test_cpu_classes(monkeypatch, flags, native_bf16, fp16, bf16):
+    # The flags stand for the whole CPU: a cap on oneDNN's ISA from the environment (the
+    # README's AVX2-class check) would lower the AMX row to AVX2 (support.onednn_may_use).
+    monkeypatch.delenv("ONEDNN_MAX_CPU_ISA", raising=False)
+    monkeypatch.delenv("DNNL_MAX_CPU_ISA", raising=False)
     monkeypatch.setattr(support, "cpu_has_native_bf16", lambda flags=None: native_bf16)
     table = support.support_table(CPU, {**NO_FLAGS, **flags})
     for name in ("16-mixed", "16-master", "16-true"):
