@@ -13,6 +13,7 @@ from typing import Any
 import torch
 
 from ..errors import UserError
+from ..nested import tensors
 
 #: section -> the types it may have; ``None`` among them: the section may be None.
 REQUIRED: dict[str, tuple[type | None, ...]] = {
@@ -55,6 +56,20 @@ def check_sections(state: dict[str, Any], path: str | Path) -> None:
             raise UserError(f"checkpoint {path}: model entry '{key}' is a "
                             f"{type(value).__name__}, not a tensor (a damaged or hand-edited "
                             f"file)")
+    for tensor in tensors(state):
+        _check_backed(tensor, path)
+
+
+def _check_backed(tensor: torch.Tensor, path: str | Path) -> None:
+    """A tensor whose shape asks for more elements than its stored data holds (an edited
+    size or a zero stride) would allocate that much the moment anything copies it: refused
+    before then (amptrain writes every tensor with its own data)."""
+    needed = tensor.numel() * tensor.element_size()
+    held = tensor.untyped_storage().nbytes()
+    if needed > held:
+        raise UserError(f"checkpoint {path}: a tensor of shape {tuple(tensor.shape)} asks for "
+                        f"{needed:,} bytes but the file holds {held:,} for it (a damaged or "
+                        f"hand-edited file)")
 
 
 #: A count no run reaches (steps, epochs, batches): an edited checkpoint beyond it is

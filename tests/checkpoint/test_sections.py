@@ -34,6 +34,11 @@ GOOD = {"model": {"w": torch.ones(2)}, "step": 3, "epoch": 0, "window_in_epoch":
     (lambda s: s.update(rng={"numpy": {"kind": "MT19937"}}), "numpy RNG state is not a "
                                                               "Mersenne"),
     (lambda s: s.update(rng={"dice": 4}), "its RNG state 'dice' is a int"),
+    # a shape that asks for 64 GB over 4 stored bytes (eval and export allocated it)
+    (lambda s: s["model"].update(w=torch.zeros(1).expand(100000, 160000)),
+     "a tensor of shape (100000, 160000) asks for 64,000,000,000 bytes but the file holds 4"),
+    (lambda s: s.update(optimizer={"state": {0: {"exp_avg": torch.zeros(1).expand(10, 10)}}}),
+     "a tensor of shape (10, 10) asks for 400 bytes"),
 ])
 def test_a_damaged_section_is_named(change, fragment):
     state = {**GOOD, "model": dict(GOOD["model"])}
@@ -45,6 +50,9 @@ def test_a_damaged_section_is_named(change, fragment):
 
 def test_a_whole_checkpoint_and_older_ones_without_optional_sections_pass():
     check_sections(dict(GOOD), "ck.pt")
+    square = torch.arange(6.0).reshape(2, 3)   # views of stored data are fine
+    check_sections({**GOOD, "model": {"t": square.t(), "tied": square, "row": square[1]}},
+                   "views.pt")
     check_sections({k: GOOD[k] for k in ("model", "step", "epoch", "window_in_epoch",
                                          "config")}, "old.pt")
 
