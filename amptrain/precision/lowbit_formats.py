@@ -62,35 +62,47 @@ HALF_TOP_STEP = {"e4m3": 16.0, "e5m2": 4096.0, "e2m1": 1.0}
 E4M3_TINY = 2.0 ** -6
 
 
-#: Every e4m3 code's value, for the way back to fp32 (torch 2.13's e4m3fn -> fp32 cast
-#: runs a scalar loop on the CPU, 50x slower than this gather).
-_E4M3_VALUES = torch.arange(256, dtype=torch.uint8).view(E4M3).float()
+#: Each format's mantissa bits and smallest normal exponent (below it: subnormals, with
+#: that binade's spacing).
+_MANTISSA_BITS = {"e4m3": 3, "e5m2": 2, "e2m1": 1}
+_MIN_EXPONENT = {"e4m3": -6, "e5m2": -14, "e2m1": 0}
+_EXPONENT_MASK = 0x7F800000
+
+
+def round_magnitude_(mag: torch.Tensor, elem: str) -> torch.Tensor:
+    """``mag`` (fp32, non-negative or NaN) rounded in place to the element format
+    ``elem``, ties to even, saturated at its largest value; returns ``mag``.
+
+    The format's spacing at ``mag`` is ``2^(max(e, emin) - mantissa_bits)`` for ``mag``'s
+    fp32 exponent ``e``: adding and subtracting ``1.5 * 2^23`` times the spacing makes
+    fp32's own round-to-nearest-even drop exactly the bits below it. The magic number is
+    built from ``mag``'s exponent bits (integer ops: one cheap pass each; torch's float8
+    casts, ``log2``/``exp2`` and ``torch.where`` are many times slower on the CPU)."""
+    mag.clamp_(max=FORMAT_MAX[elem])
+    magic = (mag.view(torch.int32) & _EXPONENT_MASK)
+    magic.clamp_(min=(_MIN_EXPONENT[elem] + 127) << 23)
+    magic.add_(((23 - _MANTISSA_BITS[elem]) << 23) | 0x400000)   # x 2^(23-m) x 1.5
+    return mag.add_(magic.view(torch.float32)).sub_(magic.view(torch.float32))
 
 
 def round_fp8(x: torch.Tensor, elem: str) -> torch.Tensor:
-    """``x`` (fp32) rounded to e4m3 or e5m2, saturated at the format's largest value."""
-    if elem == "e4m3":  # torch's e4m3fn cast saturates finite values and inf itself
-        codes = x.to(E4M3).view(torch.uint8).long()
-        return torch.take(_E4M3_VALUES.to(x.device), codes)
-    return x.clamp(-E5M2_MAX, E5M2_MAX).to(E5M2).float()
+    """``x`` (fp32) rounded to e4m3 or e5m2, saturated at the format's largest value
+    (inf too, as torchao's ``to_fp8_saturated``); NaN stays NaN. Bit for bit torch's own
+    float8 cast of the clamped value."""
+    return round_magnitude_(x.abs(), elem).copysign_(x)
 
 
 def round_e2m1(x: torch.Tensor) -> torch.Tensor:
-    """``x`` (fp32) rounded to fp4 e2m1, ties to even, saturated at 6 (NaN stays NaN).
-
-    e2m1's spacing at ``|x|`` is ``2^(max(e, 0) - 1)`` for ``e = floor(log2 |x|)``: adding
-    and subtracting ``1.5 * 2^23`` times the spacing makes fp32's own round-to-nearest-even
-    drop exactly the bits below it (no ``torch.where``: it is slow on the CPU). A value a
-    hair from a power of two whose log2 rounds across it gets the neighbouring spacing,
-    which rounds it to that same power of two."""
-    mag = x.abs().clamp_(max=E2M1_MAX)
-    magic = torch.log2(mag).floor_().clamp_(0.0, 2.0).exp2_().mul_(1.5 * 2.0 ** 22)
-    return (mag + magic).sub_(magic).copysign_(x)
+    """``x`` (fp32) rounded to fp4 e2m1, ties to even, saturated at 6 (NaN stays NaN)."""
+    return round_magnitude_(x.abs(), "e2m1").copysign_(x)
 
 
-def round_elements(x: torch.Tensor, elem: str) -> torch.Tensor:
-    """``x`` (already scaled, fp32) rounded to the element format ``elem``."""
-    return round_e2m1(x) if elem == "e2m1" else round_fp8(x, elem)
+def _qdq(x: torch.Tensor, mag: torch.Tensor, scale: torch.Tensor, elem: str) -> torch.Tensor:
+    """``x`` (with ``mag = |x|``, a temporary) times ``scale`` rounded to ``elem`` and
+    divided by ``scale`` again. ``|x| * scale`` is ``|x * scale|`` exactly (rounding is
+    symmetric in the sign), so rounding magnitudes and restoring the sign after is bit for
+    bit the same as rounding ``x * scale``; the scales are positive (or NaN)."""
+    return round_magnitude_(mag.mul_(scale), elem).copysign_(x).div_(scale)
 
 
 # ------------------------------------------------------------ tensorwise / rowwise
@@ -104,15 +116,16 @@ def amax_to_scale(amax: torch.Tensor, elem: str, power_of_2: bool = False) -> to
 def qdq_tensorwise(x: torch.Tensor, elem: str) -> torch.Tensor:
     """fp8 with one dynamic scale for the whole tensor (torchao's default recipe)."""
     x = x.float()
-    scale = amax_to_scale(x.abs().amax(), elem)
-    return round_fp8(x * scale, elem).div_(scale)
+    mag = x.abs()
+    return _qdq(x, mag, amax_to_scale(mag.amax(), elem), elem)
 
 
 def qdq_rowwise(x: torch.Tensor, elem: str, dim: int) -> torch.Tensor:
     """fp8 with one power-of-two scale per slice along ``dim`` (``-1``: one per row)."""
     x = x.float()
-    scale = amax_to_scale(x.abs().amax(dim=dim, keepdim=True), elem, power_of_2=True)
-    return round_fp8(x * scale, elem).div_(scale)
+    mag = x.abs()
+    scale = amax_to_scale(mag.amax(dim=dim, keepdim=True), elem, power_of_2=True)
+    return _qdq(x, mag, scale, elem)
 
 
 # ----------------------------------------------------------------------- blocks
@@ -155,8 +168,10 @@ def qdq_mx(x: torch.Tensor, elem: str, dim: int = -1, block: int = MX_BLOCK) -> 
     """MX (MXFP8 ``e4m3``, MXFP4 ``e2m1``): blocks of ``block`` values along ``dim`` share
     a power-of-two e8m0 scale."""
     rows, restore = _blocks(x, dim, block)
-    scale = e8m0_value(e8m0_exponent(rows.abs().amax(dim=1, keepdim=True), elem))
-    return restore(round_elements(rows / scale, elem).mul_(scale))
+    mag = rows.abs()
+    scale = e8m0_value(e8m0_exponent(mag.amax(dim=1, keepdim=True), elem))
+    mag.div_(scale)
+    return restore(round_magnitude_(mag, elem).copysign_(rows).mul_(scale))
 
 
 def nvfp4_tensor_scale(amax: torch.Tensor) -> torch.Tensor:
@@ -175,11 +190,12 @@ def qdq_nvfp4(x: torch.Tensor, dim: int = -1, block: int = NVFP4_BLOCK) -> torch
     """NVFP4: e2m1 values, an e4m3 scale per ``block`` values along ``dim`` and an fp32
     scale per tensor (torchao's two-level ``nvfp4_quantize``)."""
     rows, restore = _blocks(x, dim, block)
-    magnitude = rows.abs()
-    tensor_scale = nvfp4_tensor_scale(magnitude.amax())
-    block_scale = nvfp4_block_scales(magnitude.amax(dim=1, keepdim=True), tensor_scale)
-    reciprocal = (1.0 / tensor_scale) / block_scale
-    values = round_e2m1((rows * reciprocal).clamp_(-E2M1_MAX, E2M1_MAX))
+    mag = rows.abs()
+    block_amax = mag.amax(dim=1, keepdim=True)
+    tensor_scale = nvfp4_tensor_scale(block_amax.amax())   # the max of the blocks' maxima
+    block_scale = nvfp4_block_scales(block_amax, tensor_scale)
+    mag.mul_((1.0 / tensor_scale) / block_scale)
+    values = round_magnitude_(mag, "e2m1").copysign_(rows)
     return restore(values.mul_(tensor_scale * block_scale))
 
 
