@@ -174,6 +174,17 @@ def qdq_mx(x: torch.Tensor, elem: str, dim: int = -1, block: int = MX_BLOCK) -> 
     return restore(round_magnitude_(mag, elem).copysign_(rows).mul_(scale))
 
 
+def _pairwise_amax(rows: torch.Tensor) -> torch.Tensor:
+    """Each row's largest value (NaN where the row holds one), by halving: torch's
+    ``amax`` over rows of 16 runs 2.5x slower than this (and than over rows of 32)."""
+    if rows.shape[1] & (rows.shape[1] - 1):   # not a power of two: no halving
+        return rows.amax(dim=1, keepdim=True)
+    while rows.shape[1] > 1:
+        half = rows.shape[1] // 2
+        rows = torch.maximum(rows[:, :half], rows[:, half:])
+    return rows
+
+
 def nvfp4_tensor_scale(amax: torch.Tensor) -> torch.Tensor:
     """NVFP4's fp32 per-tensor scale: ``amax / (448 * 6)`` (amax floored at 1e-12 so an
     all-zero tensor still has a finite scale)."""
@@ -191,7 +202,7 @@ def qdq_nvfp4(x: torch.Tensor, dim: int = -1, block: int = NVFP4_BLOCK) -> torch
     scale per tensor (torchao's two-level ``nvfp4_quantize``)."""
     rows, restore = _blocks(x, dim, block)
     mag = rows.abs()
-    block_amax = mag.amax(dim=1, keepdim=True)
+    block_amax = _pairwise_amax(mag)
     tensor_scale = nvfp4_tensor_scale(block_amax.amax())   # the max of the blocks' maxima
     block_scale = nvfp4_block_scales(block_amax, tensor_scale)
     mag.mul_((1.0 / tensor_scale) / block_scale)
