@@ -132,7 +132,8 @@ def qdq_rowwise(x: torch.Tensor, elem: str, dim: int) -> torch.Tensor:
 def _blocks(x: torch.Tensor, dim: int, block: int) -> tuple[torch.Tensor, Callable]:
     """``x`` as rows of ``block`` values along ``dim`` (zero-padded to a whole block:
     zeros change neither a block's amax nor a product), and how to undo it."""
-    moved = x.float().movedim(dim, -1)
+    # One pass to fp32 and to a contiguous layout (none for a contiguous fp32 row-major x).
+    moved = x.movedim(dim, -1).to(torch.float32, memory_format=torch.contiguous_format)
     length = moved.shape[-1]
     pad = -length % block
     if pad:
