@@ -11,9 +11,10 @@ give; tests/precision/test_lowbit_formats.py checks each against an explicit ref
 computation and against torchao where torchao runs on the CPU):
 
 * **fp8 e4m3** (largest 448, smallest subnormal 2^-9, no inf) and **e5m2** (largest 57344,
-  smallest subnormal 2^-16): torch's own casts, which round to nearest even. torch 2.13
-  saturates e4m3fn casts but turns e5m2 overflow into inf, so values are clamped to the
-  format's range first (torchao's ``to_fp8_saturated``); NaN stays NaN, inf saturates.
+  smallest subnormal 2^-16): the values of torch's own casts (round to nearest even) of
+  the value clamped to the format's range (torchao's ``to_fp8_saturated``: torch 2.13
+  turns e5m2 overflow into inf); NaN stays NaN, inf saturates. Computed by fp32
+  arithmetic (``round_magnitude_``), bit for bit the casts and several times faster.
 * **tensorwise scale** (torchao's default recipe): ``s = fmax / max(amax, 1e-12)``,
   computed in fp64 and rounded to fp32; quantised ``q = sat(x * s)``, dequantised ``q / s``.
 * **rowwise scale** (torchao's ``rowwise`` recipe): the same per row along one axis, the
@@ -23,8 +24,8 @@ computation and against torchao where torchao runs on the CPU):
   for e2m1; the OCP spec's FLOOR rule, torchao's ``to_mx`` default), its exponent clamped
   to e8m0's [-127, 127]; a block whose amax is NaN gets the NaN scale (every value NaN).
   Elements ``sat(x / X)``, dequantised ``q * X``.
-* **e2m1** (fp4: 0, 0.5, 1, 1.5, 2, 3, 4, 6): no torch dtype computes it, so it is rounded
-  by arithmetic: the spacing is 0.5 below 2, 1 below 4 and 2 above, fp32's own
+* **e2m1** (fp4: 0, 0.5, 1, 1.5, 2, 3, 4, 6): no torch dtype computes it; rounded by the
+  same arithmetic: the spacing is 0.5 below 2, 1 below 4 and 2 above, fp32's own
   round-to-nearest-even drops the bits below it, and values beyond 6 saturate. NaN stays
   NaN.
 * **NVFP4**: e2m1 elements in blocks of 16 with an e4m3 block scale, under an fp32
