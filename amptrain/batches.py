@@ -16,7 +16,6 @@ import torch
 from torch.utils.data import DataLoader, Dataset
 
 from . import nested
-from .errors import UserError
 
 
 @dataclass(frozen=True)
@@ -279,22 +278,12 @@ class DatasetWindows:
         while True:
             try:
                 first = next(batches)
-            except StopIteration:
+            except StopIteration:  # a worker's UserError arrives unwrapped (errors.UserError)
                 return
-            except UserError as exc:  # from a worker: its message is wrapped in a traceback
-                raise UserError(_worker_message(exc)) from None
             plan = self._sampler.taken.popleft()
             micro = [first] + [next(batches) for _ in plan.micro_indices[1:]]
             yield StepBatch([to_device(b, self.device) for b in micro],
                          [len(i) for i in plan.micro_indices], plan.global_samples)
-
-
-def _worker_message(exc: Exception) -> str:
-    """The user's line of an error raised in a DataLoader worker (torch re-raises it in
-    this process with the worker's traceback around it)."""
-    lines = [line for line in str(exc).strip().splitlines() if line.strip()]
-    last = lines[-1] if lines else ""
-    return last.split("UserError: ", 1)[-1]
 
 
 class _PlanSampler:
