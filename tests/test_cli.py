@@ -560,6 +560,20 @@ ERROR_TABLE = [
     ("lowbit-device-without-the-format", "train --precision nvfp4 --device cuda",
      "--device cuda"),
     # (end of lowbit-formats)
+    # --- ppo ---
+    # (end of ppo)
+    # --- rlstats ---
+    # (end of rlstats)
+    # --- precsplit ---
+    # (end of precsplit)
+    # --- windows ---
+    # (end of windows)
+    # --- parts ---
+    # (end of parts)
+    # --- tasks ---
+    # (end of tasks)
+    # --- owners ---
+    # (end of owners)
 ]
 
 

@@ -268,6 +268,20 @@ LIBRARY_HOSTILE = [
     # (end of newcomer-readme)
     # --- lowbit-formats ---
     # (end of lowbit-formats)
+    # --- ppo ---
+    # (end of ppo)
+    # --- rlstats ---
+    # (end of rlstats)
+    # --- precsplit ---
+    # (end of precsplit)
+    # --- windows ---
+    # (end of windows)
+    # --- parts ---
+    # (end of parts)
+    # --- tasks ---
+    # (end of tasks)
+    # --- owners ---
+    # (end of owners)
 ]
 
 
