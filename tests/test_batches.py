@@ -59,7 +59,7 @@ def test_dataset_windows_index_in_memory_tensors():
 def test_windows_own_their_micro_batch_and_say_when_an_epoch_ended():
     from torch.utils.data import DataLoader
 
-    from amptrain.batches import LoaderWindows
+    from amptrain.streams import LoaderWindows
 
     data = TensorData(torch.randn(20, 3), torch.arange(20))
     windows = DatasetWindows(data, SampleOrder(20, 8, 4), torch.device("cpu"))
