@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import collections
 import math
-from dataclasses import dataclass
+from dataclasses import KW_ONLY, dataclass, field
 from typing import Any, Callable, Generator, Iterator, Protocol, Sequence
 
 import torch
@@ -36,24 +36,25 @@ class StepBatch:
     global_samples: int
 
 
+@dataclass(eq=False)
 class SampleOrder:
     """Shuffle, cut into global batches, shard across ranks, cut into micro-batches.
 
     The final global batch of an epoch may be smaller; it is shared across ranks as
     evenly as possible, and dropped only when it has fewer samples than processes.
+    ``micro_batch`` is lowered after an out-of-memory error (later windows are cut the
+    new way).
     """
 
-    def __init__(self, num_samples: int, global_batch: int, micro_batch: int, *,
-                 world_size: int = 1, rank: int = 0, seed: int = 0, shuffle: bool = True,
-                 drop_last: bool = False) -> None:
-        self.num_samples = num_samples
-        self.global_batch = global_batch
-        self.micro_batch = micro_batch
-        self.world_size = world_size
-        self.rank = rank
-        self.seed = seed
-        self.shuffle = shuffle
-        self.drop_last = drop_last
+    num_samples: int
+    global_batch: int
+    micro_batch: int
+    _: KW_ONLY
+    world_size: int = 1
+    rank: int = 0
+    seed: int = 0
+    shuffle: bool = True
+    drop_last: bool = False
 
     def __len__(self) -> int:
         """Optimizer steps per epoch."""
@@ -202,6 +203,7 @@ class Windows:
         self.ended = True
 
 
+@dataclass(eq=False)
 class IndexedReader:
     """Windows of a map-style dataset following a :class:`SampleOrder`.
 
@@ -216,17 +218,15 @@ class IndexedReader:
     counts positions in ``subset`` (``--eval-batches``' fixed sample).
     """
 
-    known_length = True
-
-    def __init__(self, dataset: Dataset, plan: SampleOrder, device: torch.device, *,
-                 num_workers: int = 0, subset: torch.Tensor | None = None) -> None:
-        self.dataset = dataset
-        self.plan: SampleOrder = plan
-        self.device = device
-        self.num_workers = num_workers
-        self.subset = subset
-        self._loader: DataLoader | None = None
-        self._sampler: _PlanSampler | None = None
+    dataset: Dataset
+    plan: SampleOrder
+    device: torch.device
+    _: KW_ONLY
+    num_workers: int = 0
+    subset: torch.Tensor | None = None
+    known_length: bool = field(default=True, init=False)
+    _loader: DataLoader | None = field(default=None, init=False)
+    _sampler: _PlanSampler | None = field(default=None, init=False)
 
     def __len__(self) -> int:
         return len(self.plan)

@@ -20,6 +20,7 @@ from __future__ import annotations
 import logging
 import math
 import numbers
+from dataclasses import KW_ONLY, dataclass, field
 from typing import Any, Iterator
 
 import numpy as np
@@ -99,6 +100,7 @@ def as_dataset(data: Any, keyword: str) -> Any:
     return TensorData(*columns)
 
 
+@dataclass(eq=False)
 class InOrderReader:
     """Windows of ``accumulate`` micro-batches read in order: a DataLoader or a stream
     (the strategy inside :class:`~amptrain.batches.Windows` for data amptrain does not
@@ -106,7 +108,7 @@ class InOrderReader:
 
     A **sized** loader (or iterable of batches) is this process's own: a distributed
     strategy shards it (``Strategy.shard_loader``), so every batch is this rank's and a
-    short last window is kept. A **stream** (``sized=False``) is the same for every rank:
+    short last window is kept. A **stream** (``known_length=False``) is the same for every rank:
     each takes every ``world_size``-th micro-batch, and a window that not every rank can
     complete is dropped; ``steps`` stands in for its unknown length (the run's
     ``max_steps`` for training, 0 for evaluation). Items that are single samples are
@@ -115,21 +117,18 @@ class InOrderReader:
     holds; every rank is assumed to see equally sized batches.
     """
 
-    plan = None
-
-    def __init__(self, source: Any, *, micro: int, accumulate: int, device: torch.device,
-                 world_size: int = 1, rank: int = 0, sized: bool, steps: int = 0,
-                 limit: int | None = None) -> None:
-        self.source = source
-        self.micro = micro
-        self.accumulate = accumulate
-        self.device = device
-        self.world_size = world_size
-        self.rank = rank
-        self.known_length = sized
-        self.steps = steps
-        self.limit = limit
-        self._epochs_read = 0
+    source: Any
+    _: KW_ONLY
+    micro: int
+    accumulate: int
+    device: torch.device
+    known_length: bool  # a sized loader (True) or a stream (False)
+    world_size: int = 1
+    rank: int = 0
+    steps: int = 0
+    limit: int | None = None
+    plan: None = field(default=None, init=False)
+    _epochs_read: int = field(default=0, init=False)
 
     def __len__(self) -> int:
         if self.known_length:
@@ -208,7 +207,7 @@ class LoaderWindows(Windows):
         given = loader.batch_size if isinstance(loader, DataLoader) else None
         super().__init__(InOrderReader(loader, micro=micro_batch or given or 1,
                                        accumulate=accumulate, device=device,
-                                       world_size=world_size, sized=True, limit=limit))
+                                       world_size=world_size, known_length=True, limit=limit))
 
 
 class StreamWindows(Windows):
@@ -220,7 +219,7 @@ class StreamWindows(Windows):
                  limit: int | None = None) -> None:
         super().__init__(InOrderReader(source, micro=micro, accumulate=accumulate,
                                        device=device, world_size=world_size, rank=rank,
-                                       sized=False, steps=steps, limit=limit))
+                                       known_length=False, steps=steps, limit=limit))
 
 
 def stream_windows(data: Any, *, micro: int, accumulate: int, device: torch.device,
