@@ -9,13 +9,14 @@ from __future__ import annotations
 
 import collections
 import math
-from dataclasses import dataclass
-from typing import Any, Generator, Iterator, Protocol, Sequence
+from dataclasses import KW_ONLY, dataclass, field
+from typing import Any, Callable, Generator, Iterator, Protocol, Sequence
 
 import torch
 from torch.utils.data import DataLoader, Dataset
 
 from . import nested
+from .data import protocol
 
 
 @dataclass(frozen=True)
@@ -35,24 +36,25 @@ class StepBatch:
     global_samples: int
 
 
+@dataclass(eq=False)
 class SampleOrder:
     """Shuffle, cut into global batches, shard across ranks, cut into micro-batches.
 
     The final global batch of an epoch may be smaller; it is shared across ranks as
     evenly as possible, and dropped only when it has fewer samples than processes.
+    ``micro_batch`` is lowered after an out-of-memory error (later windows are cut the
+    new way).
     """
 
-    def __init__(self, num_samples: int, global_batch: int, micro_batch: int, *,
-                 world_size: int = 1, rank: int = 0, seed: int = 0, shuffle: bool = True,
-                 drop_last: bool = False) -> None:
-        self.num_samples = num_samples
-        self.global_batch = global_batch
-        self.micro_batch = micro_batch
-        self.world_size = world_size
-        self.rank = rank
-        self.seed = seed
-        self.shuffle = shuffle
-        self.drop_last = drop_last
+    num_samples: int
+    global_batch: int
+    micro_batch: int
+    _: KW_ONLY
+    world_size: int = 1
+    rank: int = 0
+    seed: int = 0
+    shuffle: bool = True
+    drop_last: bool = False
 
     def __len__(self) -> int:
         """Optimizer steps per epoch."""
@@ -122,54 +124,109 @@ def batch_size_of(batch: Any) -> int:
     raise TypeError(f"cannot tell the batch size of a {type(batch).__name__}")
 
 
-class Windows(Protocol):
-    """What the loop reads its steps from (datasets, DataLoaders and streams alike).
+class WindowReader(Protocol):
+    """How one kind of data becomes windows: the strategy inside :class:`Windows`.
 
-    ``len()`` is the number of steps per epoch (a stream's stands in for its unknown
-    length); ``epoch(e, start)`` yields the epoch's :class:`StepBatch` es from window
-    ``start`` (resume); ``micro_batch`` is the samples per micro-batch the windows are cut
-    into, which ``resize(micro)`` lowers after an out-of-memory error (later epochs are
-    cut the new way); ``ended`` is True once an epoch's windows ran out (a stream that
-    ended early ends its epoch).
+    Two kinds exist: :class:`IndexedReader` (data with a length, indexed along a
+    :class:`SampleOrder`) and :class:`amptrain.streams.InOrderReader` (DataLoaders and
+    streams, read in order).
     """
 
-    ended: bool
+    @property
+    def plan(self) -> SampleOrder | None:
+        """The sample order of indexed data; None for data read in order."""
+
+    @property
+    def known_length(self) -> bool:
+        """False when ``len()`` only stands in for an unknown length (a stream)."""
 
     @property
     def micro_batch(self) -> int: ...
 
-    def __len__(self) -> int: ...
+    @property
+    def device(self) -> torch.device: ...
 
-    def epoch(self, epoch: int, start: int = 0) -> Iterator[StepBatch]: ...
+    def __len__(self) -> int: ...
 
     def resize(self, micro: int) -> None: ...
 
+    def read(self, epoch: int, start: int) -> Iterator[StepBatch]: ...
 
-class DatasetWindows:
+
+class Windows:
+    """What the loop reads its steps from: one type for datasets, DataLoaders and streams.
+
+    ``len()`` is the number of steps per epoch (a stream's stands in for its unknown
+    length: :attr:`known_length` is then False); ``epoch(e, start)`` yields the epoch's
+    :class:`StepBatch` es from window ``start`` (resume); :attr:`micro_batch` is the
+    samples per micro-batch the windows are cut into, which ``resize(micro)`` lowers after
+    an out-of-memory error (later epochs are cut the new way); :attr:`ended` is True once
+    an epoch's windows ran out (a stream that ended early ends its epoch). How the data
+    is read is the ``reader``'s (:class:`WindowReader`).
+    """
+
+    def __init__(self, reader: WindowReader) -> None:
+        self.reader = reader
+        self.ended = False
+
+    @property
+    def plan(self) -> SampleOrder | None:
+        """The sample order of indexed data (None for data read in order)."""
+        return self.reader.plan
+
+    @property
+    def known_length(self) -> bool:
+        """Whether ``len()`` is the data's (False: a stream's stand-in)."""
+        return self.reader.known_length
+
+    @property
+    def micro_batch(self) -> int:
+        """Samples per micro-batch."""
+        return self.reader.micro_batch
+
+    @property
+    def device(self) -> torch.device:
+        """Where the micro-batches are delivered."""
+        return self.reader.device
+
+    def __len__(self) -> int:
+        return len(self.reader)
+
+    def resize(self, micro: int) -> None:
+        """Cut later windows into micro-batches of ``micro`` (after out-of-memory)."""
+        self.reader.resize(micro)
+
+    def epoch(self, epoch: int, start: int = 0) -> Generator[StepBatch, None, None]:
+        """The windows of ``epoch`` from window ``start``."""
+        self.ended = False
+        yield from self.reader.read(epoch, start)
+        self.ended = True
+
+
+@dataclass(eq=False)
+class IndexedReader:
     """Windows of a map-style dataset following a :class:`SampleOrder`.
 
-    Datasets that expose ``tensors`` (see :class:`amptrain.data.TensorData`) are indexed
-    directly, on the device when they live there: no workers, no collation, no copies.
-    Such a dataset may shape its own micro-batches with ``select(indices, index) -> batch``
-    (e.g. :class:`amptrain.data.TokenData`: dict batches padded to their longest row).
-    Datasets on disk that read a whole micro-batch at once (``read_batch(indices) ->
-    batch``, e.g. :class:`amptrain.data.tokens.TokenBlockData`) are read here, one window
-    at a time. Others go through a DataLoader driven by the plan's micro-batches.
+    What the dataset declares (:mod:`amptrain.data.protocol`) decides how it is read:
+    column data (``tensors``) is indexed directly, on the device when it lives there (no
+    workers, no collation, no copies), and may cut its own micro-batches (``select``);
+    data that reads whole micro-batches (``read_batch``) is read here, one window at a
+    time; any other dataset goes through a DataLoader driven by the plan's micro-batches.
+    Data with an ``on_device`` step has its micro-batches finished on the device.
 
     ``subset`` (sample indices) restricts the windows to those samples: the plan then
     counts positions in ``subset`` (``--eval-batches``' fixed sample).
     """
 
-    def __init__(self, dataset: Dataset, plan: SampleOrder, device: torch.device, *,
-                 num_workers: int = 0, subset: torch.Tensor | None = None) -> None:
-        self.dataset = dataset
-        self.plan = plan
-        self.device = device
-        self.num_workers = num_workers
-        self.subset = subset
-        self._loader: DataLoader | None = None
-        self._sampler: _PlanSampler | None = None
-        self.ended = False
+    dataset: Dataset
+    plan: SampleOrder
+    device: torch.device
+    _: KW_ONLY
+    num_workers: int = 0
+    subset: torch.Tensor | None = None
+    known_length: bool = field(default=True, init=False)
+    _loader: DataLoader | None = field(default=None, init=False)
+    _sampler: _PlanSampler | None = field(default=None, init=False)
 
     def __len__(self) -> int:
         return len(self.plan)
@@ -180,29 +237,24 @@ class DatasetWindows:
         return self.plan.micro_batch
 
     def resize(self, micro: int) -> None:
-        """Cut later windows into micro-batches of ``micro`` (after out-of-memory)."""
         self.plan.micro_batch = micro
 
-    def epoch(self, epoch: int, start: int = 0) -> Generator[StepBatch, None, None]:
-        self.ended = False
-        yield from self._epoch(epoch, start)
-        self.ended = True
-
-    def _epoch(self, epoch: int, start: int) -> Generator[StepBatch, None, None]:
+    def read(self, epoch: int, start: int) -> Iterator[StepBatch]:
         plans: Iterator[StepIndices] = self.plan.epoch(epoch, start)
         if self.subset is not None:
             plans = map(self._through_subset, plans)
-        tensors = getattr(self.dataset, "tensors", None)
+        columns = protocol.columns_of(self.dataset)
+        read_batch = protocol.batch_reader_of(self.dataset)
         windows: Iterator[StepBatch]
-        if tensors is not None:
-            windows = self._indexed(list(plans), tensors)
-        elif hasattr(self.dataset, "read_batch"):
-            windows = self._read(plans)
+        if columns is not None:
+            windows = self._indexed(list(plans), columns)
+        elif read_batch is not None:
+            windows = self._read(plans, read_batch)
         else:
             windows = self._loaded(plans)
         # Datasets whose batches finish on the device (uint8 images: standardise, augment
         # with a generator keyed by the window, so a resumed run draws the same).
-        finish = getattr(self.dataset, "on_device", None)
+        finish = protocol.finish_of(self.dataset)
         if finish is None:
             yield from windows
             return
@@ -218,8 +270,8 @@ class DatasetWindows:
         return StepIndices([self.subset[idx].tolist() for idx in plan.micro_indices],
                           plan.global_samples)
 
-    def _read(self, plans: Iterator[StepIndices]) -> Iterator[StepBatch]:
-        read_batch = self.dataset.read_batch  # type: ignore[attr-defined]
+    def _read(self, plans: Iterator[StepIndices],
+              read_batch: Callable[[Sequence[int]], Any]) -> Iterator[StepBatch]:
         pin = self.device.type == "cuda"
         for plan in plans:
             micro = []
@@ -231,7 +283,7 @@ class DatasetWindows:
     def _indexed(self, plans: list[StepIndices],
                  tensors: Sequence[torch.Tensor]) -> Iterator[StepBatch]:
         where = tensors[0].device
-        select = getattr(self.dataset, "select", None)
+        select = protocol.shaper_of(self.dataset)
         # The epoch's indices go to the data's device in one non-blocking copy from pinned
         # memory: an index built from a Python list on a GPU is a blocking copy (a host-
         # device sync) per micro-batch. Micro-batches then slice it on the device.
@@ -304,58 +356,17 @@ class _PlanSampler:
             yield from plan.micro_indices
 
 
-class LoaderWindows:
-    """Windows of ``accumulate`` consecutive batches of a user's DataLoader (or iterable).
+class DatasetWindows(Windows):
+    """The windows of a map-style dataset (an :class:`IndexedReader`); the constructor is
+    the only thing this adds to :class:`Windows`."""
 
-    The last window of an epoch may hold fewer batches; the loss is normalised by the
-    samples it really holds. Each rank is assumed to see equally sized batches.
-    """
+    def __init__(self, dataset: Dataset, plan: SampleOrder, device: torch.device, *,
+                 num_workers: int = 0, subset: torch.Tensor | None = None) -> None:
+        self.indexed = IndexedReader(dataset, plan, device, num_workers=num_workers,
+                                     subset=subset)
+        super().__init__(self.indexed)
 
-    def __init__(self, loader: Any, accumulate: int, device: torch.device,
-                 world_size: int = 1, *, limit: int | None = None,
-                 micro_batch: int | None = None) -> None:
-        self.loader = loader
-        self.accumulate = accumulate
-        self.device = device
-        self.world_size = world_size
-        self.limit = limit  # at most this many windows (evaluation's --eval-batches)
-        #: The loader's batch size as the run counts it (a redo after out-of-memory cuts
-        #: the loader's batches down to a smaller one).
-        self.micro_batch = micro_batch or getattr(loader, "batch_size", None) or 1
-        self.ended = False
-
-    def __len__(self) -> int:
-        windows = math.ceil(len(self.loader) / self.accumulate)
-        return windows if self.limit is None else min(windows, self.limit)
-
-    def resize(self, micro: int) -> None:
-        """Note the smaller micro-batch (the step runner re-cuts each batch to it)."""
-        self.micro_batch = micro
-
-    def epoch(self, epoch: int, start: int = 0) -> Iterator[StepBatch]:
-        self.ended = False
-        yield from self._epoch(epoch, start)
-        self.ended = True
-
-    def _epoch(self, epoch: int, start: int) -> Iterator[StepBatch]:
-        sampler = getattr(self.loader, "sampler", None)
-        if sampler is not None and hasattr(sampler, "set_epoch"):
-            sampler.set_epoch(epoch)
-        pending: list[Any] = []
-        index = 0
-        for batch in self.loader:
-            if self.limit is not None and index >= self.limit:
-                return
-            pending.append(batch)
-            if len(pending) == self.accumulate:
-                if index >= start:
-                    yield self._window(pending)
-                index += 1
-                pending = []
-        if pending and index >= start:
-            yield self._window(pending)
-
-    def _window(self, batches: list[Any]) -> StepBatch:
-        micro = [to_device(b, self.device) for b in batches]
-        sizes = [batch_size_of(b) for b in micro]
-        return StepBatch(micro, sizes, sum(sizes) * self.world_size)
+    @property
+    def dataset(self) -> Dataset:
+        """The dataset read (as training holds it: on the accelerator when it fits)."""
+        return self.indexed.dataset

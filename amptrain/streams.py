@@ -1,5 +1,6 @@
-"""Data without a length: generators, iterables and ``IterableDataset``s, read as a stream;
-and a plain list of samples, made a dataset.
+"""Data read in order -- a user's DataLoader, and data without a length: generators,
+iterables and ``IterableDataset``s, read as a stream (:class:`InOrderReader`) -- and a
+plain list of samples, made a dataset.
 
 What ``Trainer.fit`` accepts besides a map-style Dataset or a sized DataLoader:
 
@@ -17,7 +18,9 @@ What ``Trainer.fit`` accepts besides a map-style Dataset or a sized DataLoader:
 from __future__ import annotations
 
 import logging
+import math
 import numbers
+from dataclasses import KW_ONLY, dataclass, field
 from typing import Any, Iterator
 
 import numpy as np
@@ -25,7 +28,7 @@ import torch
 from torch.utils.data import DataLoader, Dataset, IterableDataset
 from torch.utils.data._utils.collate import default_collate
 
-from .batches import StepBatch, to_device
+from .batches import StepBatch, Windows, batch_size_of, to_device
 from .errors import UserError, flag
 
 log = logging.getLogger("amptrain")
@@ -97,38 +100,50 @@ def as_dataset(data: Any, keyword: str) -> Any:
     return TensorData(*columns)
 
 
-class StreamWindows:
-    """Windows of ``accumulate`` micro-batches read in order from a stream.
+@dataclass(eq=False)
+class InOrderReader:
+    """Windows of ``accumulate`` micro-batches read in order: a DataLoader or a stream
+    (the strategy inside :class:`~amptrain.batches.Windows` for data amptrain does not
+    index itself).
 
-    ``steps`` stands in for the unknown length (the run's ``max_steps`` for training, the
-    ``--eval-batches`` limit or 0 for evaluation); :attr:`ended` tells the loop that the
-    stream ran out before that.
+    A **sized** loader (or iterable of batches) is this process's own: a distributed
+    strategy shards it (``Strategy.shard_loader``), so every batch is this rank's and a
+    short last window is kept. A **stream** (``known_length=False``) is the same for every rank:
+    each takes every ``world_size``-th micro-batch, and a window that not every rank can
+    complete is dropped; ``steps`` stands in for its unknown length (the run's
+    ``max_steps`` for training, 0 for evaluation). Items that are single samples are
+    collated into micro-batches of :attr:`micro_batch`. ``limit`` reads at most that many
+    windows (``--eval-batches``). The loss is normalised by the samples a window really
+    holds; every rank is assumed to see equally sized batches.
     """
 
-    def __init__(self, source: Any, *, micro: int, accumulate: int, device: torch.device,
-                 world_size: int = 1, rank: int = 0, steps: int = 0,
-                 limit: int | None = None) -> None:
-        self.source = source
-        self.micro = micro
-        self.accumulate = accumulate
-        self.device = device
-        self.world_size = world_size
-        self.rank = rank
-        self.steps = steps
-        self.limit = limit
-        self.ended = False
-        self._epochs_read = 0
+    source: Any
+    _: KW_ONLY
+    micro: int
+    accumulate: int
+    device: torch.device
+    known_length: bool  # a sized loader (True) or a stream (False)
+    world_size: int = 1
+    rank: int = 0
+    steps: int = 0
+    limit: int | None = None
+    plan: None = field(default=None, init=False)
+    _epochs_read: int = field(default=0, init=False)
 
     def __len__(self) -> int:
-        return self.steps if self.limit is None else min(self.steps or self.limit, self.limit)
+        if self.known_length:
+            count = math.ceil(len(self.source) / self.accumulate)
+        else:  # evaluating a stream: its limit stands in for the length
+            count = self.steps or (self.limit or 0)
+        return count if self.limit is None else min(count, self.limit)
 
     @property
     def micro_batch(self) -> int:
-        """Samples per micro-batch a stream of samples is collated into."""
+        """Samples per micro-batch: the loader's batch size as the run counts it (a redo
+        after out-of-memory re-cuts each batch), or what samples are collated into."""
         return self.micro
 
     def resize(self, micro: int) -> None:
-        """Collate later micro-batches of ``micro`` samples (after out-of-memory)."""
         self.micro = micro
 
     def _micro_batches(self) -> Iterator[Any]:
@@ -147,25 +162,27 @@ class StreamWindows:
         if pending:
             yield default_collate(pending)
 
-    def epoch(self, epoch: int, start: int = 0) -> Iterator[StepBatch]:
-        """The windows of one pass over the stream, skipping the first ``start``."""
-        self.ended = False
-        per_window = self.accumulate * self.world_size
+    def read(self, epoch: int, start: int) -> Iterator[StepBatch]:
+        """The windows of one pass over the source, skipping the first ``start``."""
+        sampler = getattr(self.source, "sampler", None)  # a DataLoader's (distributed) sampler
+        if sampler is not None and hasattr(sampler, "set_epoch"):
+            sampler.set_epoch(epoch)
+        # Processes reading this very source: a stream's every rank; a sharded loader's one.
+        readers, me = (1, 0) if self.known_length else (self.world_size, self.rank)
         group: list[Any] = []
         index = read = 0
         for batch in self._micro_batches():
+            if self.limit is not None and read >= self.limit:
+                return
             group.append(batch)
-            if len(group) < per_window:
+            if len(group) < self.accumulate * readers:
                 continue
-            mine, group = group[self.rank::self.world_size], []
+            mine, group = group[me::readers], []
             if index >= start:
-                if self.limit is not None and read >= self.limit:
-                    return
                 read += 1
                 yield self._window(mine)
             index += 1
-        if group and self.world_size == 1 and index >= start \
-                and (self.limit is None or read < self.limit):
+        if group and readers == 1 and index >= start:
             read += 1
             yield self._window(group)
         if read == 0 and self._epochs_read and start == 0:
@@ -173,14 +190,36 @@ class StreamWindows:
                         "once; pass a list, an IterableDataset or a DataLoader to train for "
                         "several epochs", epoch + 1)
         self._epochs_read += 1
-        self.ended = True
 
     def _window(self, batches: list[Any]) -> StepBatch:
-        from .batches import batch_size_of
-
         micro = [to_device(b, self.device) for b in batches]
         sizes = [batch_size_of(b) for b in micro]
         return StepBatch(micro, sizes, sum(sizes) * self.world_size)
+
+
+class LoaderWindows(Windows):
+    """Windows of ``accumulate`` consecutive batches of a user's sized DataLoader (or
+    iterable of batches), already sharded for this rank: an :class:`InOrderReader`."""
+
+    def __init__(self, loader: Any, accumulate: int, device: torch.device,
+                 world_size: int = 1, *, limit: int | None = None,
+                 micro_batch: int | None = None) -> None:
+        given = loader.batch_size if isinstance(loader, DataLoader) else None
+        super().__init__(InOrderReader(loader, micro=micro_batch or given or 1,
+                                       accumulate=accumulate, device=device,
+                                       world_size=world_size, known_length=True, limit=limit))
+
+
+class StreamWindows(Windows):
+    """Windows of ``accumulate`` micro-batches of a stream shared by every rank: an
+    :class:`InOrderReader` whose ``steps`` stand in for the unknown length."""
+
+    def __init__(self, source: Any, *, micro: int, accumulate: int, device: torch.device,
+                 world_size: int = 1, rank: int = 0, steps: int = 0,
+                 limit: int | None = None) -> None:
+        super().__init__(InOrderReader(source, micro=micro, accumulate=accumulate,
+                                       device=device, world_size=world_size, rank=rank,
+                                       known_length=False, steps=steps, limit=limit))
 
 
 def stream_windows(data: Any, *, micro: int, accumulate: int, device: torch.device,
@@ -200,5 +239,5 @@ def stream_windows(data: Any, *, micro: int, accumulate: int, device: torch.devi
                          steps=int(max_steps or 0) if training else 0, limit=limit)
 
 
-__all__ = ["SampleList", "StreamWindows", "as_dataset", "is_sample", "is_stream",
-           "stream_windows"]
+__all__ = ["InOrderReader", "LoaderWindows", "SampleList", "StreamWindows", "as_dataset",
+           "is_sample", "is_stream", "stream_windows"]

@@ -59,7 +59,7 @@ def test_dataset_windows_index_in_memory_tensors():
 def test_windows_own_their_micro_batch_and_say_when_an_epoch_ended():
     from torch.utils.data import DataLoader
 
-    from amptrain.batches import LoaderWindows
+    from amptrain.streams import LoaderWindows
 
     data = TensorData(torch.randn(20, 3), torch.arange(20))
     windows = DatasetWindows(data, SampleOrder(20, 8, 4), torch.device("cpu"))
@@ -76,3 +76,68 @@ def test_windows_own_their_micro_batch_and_say_when_an_epoch_ended():
     assert [w.micro_samples for w in loader.epoch(0)] == [[5, 5], [5, 5]] and loader.ended
     loader.resize(2)
     assert loader.micro_batch == 2
+
+
+class _ReadsBatches(torch.utils.data.Dataset):
+    """A user's dataset (no amptrain base class) that reads whole micro-batches and
+    finishes them on the device."""
+
+    def __init__(self) -> None:
+        self.x, self.y = torch.arange(12, dtype=torch.float32)[:, None], torch.arange(12)
+        self.read: list[list[int]] = []
+        self.keys: list[tuple] = []
+
+    def __len__(self) -> int:
+        return 12
+
+    def __getitem__(self, index):
+        raise AssertionError("read sample by sample")
+
+    def read_batch(self, indices):
+        self.read.append(list(indices))
+        return self.x[list(indices)], self.y[list(indices)]
+
+    def on_device(self, batch, *, training, key):
+        self.keys.append(key)
+        return batch[0] * 10, batch[1]
+
+
+def test_a_users_batch_reader_is_read_a_micro_batch_at_a_time_and_finished_on_device():
+    data = _ReadsBatches()
+    windows = DatasetWindows(data, SampleOrder(12, 6, 3, shuffle=False, seed=7),
+                             torch.device("cpu"))
+    epoch = list(windows.epoch(2, start=1))
+    assert data.read == [[6, 7, 8], [9, 10, 11]]  # window 1's two micro-batches
+    assert [(w.micro_samples, w.global_samples) for w in epoch] == [([3, 3], 6)]
+    assert torch.equal(epoch[0].micro_batches[1][0][:, 0], torch.tensor([90., 100., 110.]))
+    assert data.keys == [(7, 2, 1, 0, 0), (7, 2, 1, 0, 1)]  # (seed, epoch, window, rank, m)
+
+
+def test_every_kind_of_data_gives_the_one_windows_type():
+    from torch.utils.data import DataLoader
+
+    from amptrain.batches import Windows
+    from amptrain.streams import LoaderWindows, StreamWindows
+
+    data = TensorData(torch.randn(20, 3), torch.arange(20))
+    cpu = torch.device("cpu")
+    indexed = DatasetWindows(data, SampleOrder(20, 8, 4), cpu)
+    loader = LoaderWindows(DataLoader(data, batch_size=5), 2, cpu)
+    stream = StreamWindows(iter(DataLoader(data, batch_size=5)), micro=5, accumulate=2,
+                           device=cpu, steps=9)
+    assert all(type(w).epoch is Windows.epoch for w in (indexed, loader, stream))
+    assert indexed.plan is not None and indexed.plan.global_batch == 8
+    assert loader.plan is None and stream.plan is None
+    assert indexed.known_length and loader.known_length and not stream.known_length
+    assert (len(indexed), len(loader), len(stream)) == (3, 2, 9)  # a stream's stands in
+    assert indexed.dataset is data and stream.device == cpu
+
+
+def test_an_epoch_left_midway_has_not_ended():
+    windows = DatasetWindows(TensorData(torch.randn(20, 3), torch.arange(20)),
+                             SampleOrder(20, 8, 4), torch.device("cpu"))
+    epoch = windows.epoch(0)
+    next(epoch)
+    epoch.close()  # e.g. the micro-batch probe takes one window
+    assert not windows.ended
+    assert len(list(windows.epoch(1))) == 3 and windows.ended

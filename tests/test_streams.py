@@ -90,3 +90,68 @@ def test_stream_windows_own_their_micro_batch():
     stream.resize(2)  # after out-of-memory: samples are collated in smaller micro-batches
     assert stream.micro_batch == 2
     assert [w.micro_samples for w in stream.epoch(0)] == [[2]] * 5 and stream.ended
+
+
+def test_a_sized_loader_keeps_its_short_last_window_where_a_shared_stream_drops_it():
+    from amptrain.streams import LoaderWindows
+
+    batches = list(_batches())[:5]
+    cpu = torch.device("cpu")
+    # This rank's own loader (a distributed sampler shards it): every batch is its own.
+    loader = LoaderWindows(batches, 2, cpu, world_size=2)
+    assert [(w.micro_samples, w.global_samples) for w in loader.epoch(0)] == \
+        [([8, 8], 32), ([8, 8], 32), ([8], 16)]
+    # One stream read by both ranks: alternate batches; the fifth has no partner.
+    stream = StreamWindows(batches, micro=8, accumulate=1, device=cpu, world_size=2,
+                           rank=1, steps=3)
+    got = [w.micro_batches[0][1] for w in stream.epoch(0)]
+    assert len(got) == 2 and torch.equal(torch.cat(got), torch.cat([Y[8:16], Y[24:32]]))
+
+
+def test_an_evaluation_limit_stops_reading_the_source():
+    pulled = []
+
+    def counted():
+        for i, batch in enumerate(_batches()):
+            pulled.append(i)
+            yield batch
+
+    stream = StreamWindows(counted(), micro=8, accumulate=1, device=torch.device("cpu"),
+                           limit=2)
+    assert len(stream) == 2 and len(list(stream.epoch(0))) == 2
+    assert pulled == [0, 1, 2]  # the third batch only told it there was more
+
+
+def test_a_distributed_samplers_epoch_is_set_for_each_pass():
+    from torch.utils.data.distributed import DistributedSampler
+
+    from amptrain.streams import LoaderWindows
+
+    sampler = DistributedSampler(DATA, num_replicas=2, rank=0, shuffle=True, seed=3)
+    windows = LoaderWindows(DataLoader(DATA, batch_size=8, sampler=sampler), 1,
+                            torch.device("cpu"), world_size=2)
+    for epoch in (0, 1):
+        seen = torch.cat([w.micro_batches[0][1] for w in windows.epoch(epoch)])
+        sampler.set_epoch(epoch)
+        assert torch.equal(seen, Y[list(sampler)])
+    assert not torch.equal(*(torch.cat([w.micro_batches[0][1] for w in windows.epoch(e)])
+                             for e in (0, 1)))
+
+
+def test_a_list_of_samples_becomes_a_dataset_once_where_it_enters(monkeypatch):
+    from amptrain.trainer import assembly, core
+
+    calls = []
+
+    def spy(data, keyword):
+        calls.append(keyword)
+        return as_dataset(data, keyword)
+
+    monkeypatch.setattr(assembly, "as_dataset", spy)
+    monkeypatch.setattr(core, "as_dataset", spy)
+    samples = [(X[i], int(Y[i])) for i in range(64)]
+    trainer = _trainer(epochs=1)
+    trainer.fit(tiny_mlp(), samples, samples[:16])  # windows_of converts nothing again
+    assert calls == ["train_data", "val_data"]
+    result = trainer.evaluate(data=samples[:24])  # the library's other door
+    assert calls[2:] == ["data"] and result.samples == 24

@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import inspect
 from dataclasses import dataclass
-from typing import Any, NoReturn
+from typing import Any, Callable, NoReturn, Sequence
 
 import numpy as np
 import torch
@@ -37,6 +37,7 @@ from torch.utils.data import Dataset, IterableDataset
 
 from ..errors import UserError
 from .core import DataBundle, DataOptions, register
+from .protocol import DeviceFinish, batch_reader_of, columns_of, finish_of
 
 #: Labels are read one by one (each a __getitem__ call) only for datasets up to this size.
 SCAN_LIMIT = 20000
@@ -235,17 +236,29 @@ class CheckedSamples(Dataset):
     """The user's map-style Dataset, every sample held to the first (see the module).
 
     Attributes the user's object has (``classes``, ``targets``, ``vocab_size``...) are
-    read through; ``dataset`` is the user's object itself.
+    read through; ``dataset`` is the user's object itself. The capabilities of the dataset
+    protocol it has (:mod:`amptrain.data.protocol`: ``on_device``, ``read_batch``) are
+    declared on the wrapper itself, not left to attribute forwarding.
     """
+
+    #: The user's on-device step (:class:`~amptrain.data.protocol.DeviceFinishing`).
+    on_device: DeviceFinish | None = None
+    #: The user's whole-batch reader (:class:`~amptrain.data.protocol.BatchReading`);
+    #: set only when the user's dataset has one.
+    read_batch: Callable[[Sequence[int]], Any]
 
     def __init__(self, dataset: Dataset, spec: str, first: Sample, which: str) -> None:
         self.dataset, self.spec, self.first, self.which = dataset, spec, first, which
+        self.on_device = finish_of(dataset)
+        reader = batch_reader_of(dataset)
+        if reader is not None:
+            self.read_batch = reader
 
     @classmethod
     def around(cls, data: Any, spec: str, first: Sample, which: str) -> Any:
         """``data`` checked sample by sample; streams and in-memory tensors (checked as a
         whole when ``fit`` starts, and indexed in bulk) are returned as they are."""
-        if isinstance(data, IterableDataset) or hasattr(data, "tensors"):
+        if isinstance(data, IterableDataset) or columns_of(data) is not None:
             return data
         return cls(data, spec, first, which)
 

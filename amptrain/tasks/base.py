@@ -17,6 +17,8 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import nn
 
+from ..data.protocol import targets_of  # noqa: F401  (the tasks' import of it)
+
 if TYPE_CHECKING:
     from .step import StepContext
 
@@ -248,10 +250,3 @@ class Task(ABC):
             return (value - baseline) / abs(baseline) if baseline else float("inf")
         return value - baseline
 
-
-def targets_of(data: Any) -> Any:
-    """The targets tensor of in-memory data (the last of ``data.tensors``), else None."""
-    tensors = getattr(data, "tensors", None)
-    if isinstance(tensors, (tuple, list)) and tensors and isinstance(tensors[-1], torch.Tensor):
-        return tensors[-1]
-    return None

@@ -34,6 +34,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch.nn import functional as F
 
+from ..data.protocol import MapData, columns_of, finish_of
 from ..errors import UserError
 
 if TYPE_CHECKING:
@@ -109,16 +110,15 @@ class RealImages:
     (uint8 stays uint8) and finished per batch by the data's ``on_device`` step."""
 
     def __init__(self, data: Any) -> None:
-        self.on_device = getattr(data, "on_device", None) \
-            or getattr(getattr(data, "dataset", None), "on_device", None)
-        tensors = getattr(data, "tensors", None)
+        self.on_device = finish_of(data)
+        tensors = columns_of(data)
         g = torch.Generator().manual_seed(FEATURE_SEED)
-        if isinstance(tensors, (tuple, list)) and tensors:
+        if tensors is not None:
             count = len(tensors[0])
             pick = torch.randperm(count, generator=g)[:POOL].sort().values
             self.x = tensors[0][pick].cpu()
             self.y = tensors[-1][pick].cpu() if len(tensors) > 1 else None
-        elif hasattr(data, "__getitem__") and hasattr(data, "__len__"):
+        elif isinstance(data, MapData):
             pick = torch.randperm(len(data), generator=g)[:FILE_POOL].sort().values
             items = [data[int(i)] for i in pick]
             self.x = torch.stack([torch.as_tensor(images_of_item(item)) for item in items])

@@ -27,6 +27,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
+from ..data.protocol import columns_of
 from ..errors import UserError, flag
 from .base import EvalResult, EvalSums, Metric, Task
 from .frechet import (FEATURE_SEED, FEATURE_STEPS, FeatureSums, RealImages, features,
@@ -217,8 +218,8 @@ class GanTask(Task):
 
     # ------------------------------------------------------------------ checks
     def check_data(self, data: Any, keyword: str) -> None:
-        tensors = getattr(data, "tensors", None)
-        if isinstance(tensors, (tuple, list)) and tensors and isinstance(tensors[0], torch.Tensor):
+        tensors = columns_of(data)
+        if tensors is not None:
             shape = tuple(tensors[0].shape)
             if len(shape) != 4 or shape[1] not in (1, 3):
                 raise UserError(f"{flag('task')} gan generates images: {keyword} must hold "

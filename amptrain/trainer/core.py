@@ -32,6 +32,7 @@ from ..errors import UserError, flag
 from ..forward import LossFn
 from ..optim import LrPlan
 from ..precision import NonFiniteHalt, Precision
+from ..streams import as_dataset
 from ..tasks import EvalResult, Task, resolve_task
 from ..tasks.step import StepContext
 from .batching import agreement
@@ -201,7 +202,9 @@ class Trainer:
         """
         evaluator = self.evaluator
         model = model if model is not None else self.model
-        data = data if data is not None or evaluator is None else evaluator.val_data
+        # Data given here enters as fit's does: a list of samples becomes a dataset, once.
+        data = as_dataset(data, "data") if data is not None \
+            else evaluator.val_data if evaluator is not None else None
         if model is None or data is None or evaluator is None:
             raise UserError("evaluate() needs a model and data after prepare() or fit()")
         return evaluator.evaluate(model, data, logger=self.logger, write_dir=write_dir,

@@ -1,5 +1,5 @@
 """How data reaches the model in the Trainer: global batches cut into per-device windows
-(:class:`~amptrain.batches.Windows`, one protocol for datasets, DataLoaders and streams),
+(:class:`~amptrain.batches.Windows`, one type for datasets, DataLoaders and streams),
 small in-memory datasets moved to the accelerator once, and the one-time check that the
 model's outputs fit the targets."""
 from __future__ import annotations
@@ -14,13 +14,14 @@ from torch import nn
 from torch.utils.data import DataLoader, Dataset
 
 from . import datacheck
-from ..batches import DatasetWindows, LoaderWindows, SampleOrder, Windows
+from ..batches import DatasetWindows, SampleOrder, Windows
 from ..config import TrainConfig
 from ..distributed import Strategy
+from ..data import protocol
 from ..data.core import SPLIT_SEED
 from ..forward import LossFn, forward_batch
 from ..precision import Precision
-from ..streams import as_dataset, is_stream, stream_windows
+from ..streams import LoaderWindows, is_stream, stream_windows
 from ..tasks import Task
 
 #: In-memory datasets up to this size are moved to the accelerator once, so batches
@@ -48,7 +49,7 @@ def output_check(train_data: Any, *, model: nn.Module, task: Task, loss_fn: Loss
     device = strategy.device
     sample = datacheck.first_samples(train_data, device) if strategy.world_size == 1 else None
     check = functools.partial(task.check_outputs, model_name=model_name,
-                              all_targets=train_data.tensors[-1] if sample else None)
+                              all_targets=protocol.targets_of(train_data) if sample else None)
     if sample is None:
         return check
     devices = [device] if device.type == "cuda" else []
@@ -64,17 +65,17 @@ def output_check(train_data: Any, *, model: nn.Module, task: Task, loss_fn: Loss
 
 def windows_of(data: Any, *, micro: int, accumulate: int, shuffle: bool, config: TrainConfig,
                strategy: Strategy, sample_batches: int | None = None) -> Windows:
-    """Windows of ``data``; ``sample_batches`` (evaluation) restricts them to a fixed
-    sample of that many global batches (``--eval-batches``)."""
+    """Windows of ``data`` (a list of samples already made a dataset where the data came
+    in: :func:`~amptrain.streams.as_dataset`); ``sample_batches`` (evaluation) restricts
+    them to a fixed sample of that many global batches (``--eval-batches``)."""
     device = strategy.device
-    data = as_dataset(data, "train_data" if shuffle else "val_data")
     if is_stream(data):  # generators, IterableDatasets: read in order
         return stream_windows(data, micro=micro, accumulate=accumulate, device=device,
                               world_size=strategy.world_size, rank=strategy.rank,
                               max_steps=config.schedule.max_steps, training=shuffle,
                               limit=sample_batches, num_workers=workers_for(data, config),
                               keyword="train_data" if shuffle else "val_data")
-    if isinstance(data, Dataset) and hasattr(data, "__len__") \
+    if isinstance(data, Dataset) and isinstance(data, protocol.MapData) \
             and not isinstance(data, DataLoader):
         data = maybe_on_device(data, device)
         world = strategy.world_size
@@ -98,7 +99,7 @@ def workers_for(data: Any, config: TrainConfig) -> int:
     workers = config.batching.num_workers
     if workers != "auto":
         return int(workers)
-    if hasattr(data, "tensors") or hasattr(data, "read_batch"):
+    if protocol.reads_in_process(data):
         return 0
     try:
         cores = len(os.sched_getaffinity(0))
@@ -109,8 +110,9 @@ def workers_for(data: Any, config: TrainConfig) -> int:
 
 def maybe_on_device(data: Any, device: torch.device) -> Any:
     """In-memory data up to :data:`DEVICE_DATA_LIMIT_BYTES` moved to an accelerator once."""
-    if device.type == "cpu" or not hasattr(data, "tensors") or not hasattr(data, "to"):
+    columns = protocol.columns_of(data)
+    if device.type == "cpu" or columns is None or not isinstance(data, protocol.DeviceMovable):
         return data
-    if data.tensors[0].device == device:
+    if columns[0].device == device:
         return data
     return data.to(device) if data.nbytes() <= DEVICE_DATA_LIMIT_BYTES else data

@@ -14,6 +14,7 @@ import torch
 from torch import nn
 from torch.utils.data import Dataset
 
+from ..data import protocol
 from ..data.module import MAX_SAMPLES
 from ..errors import UserError, flag
 from ..tasks import Task
@@ -65,9 +66,8 @@ def check_dataset(data: Any, keyword: str) -> None:
     if length == 0:
         raise UserError(f"{keyword} is empty: there is nothing to "
                         f"{'train' if keyword == 'train_data' else 'evaluate'} on")
-    tensors = getattr(data, "tensors", None)
-    if not isinstance(tensors, (tuple, list)) or not tensors \
-            or not all(isinstance(t, torch.Tensor) for t in tensors):
+    tensors = protocol.columns_of(data)
+    if tensors is None:
         return
     if any(t.is_meta for t in tensors):
         raise UserError(f"{keyword} holds tensors on the 'meta' device (shapes without "
@@ -109,13 +109,11 @@ def check_fit_arguments(model: Any, train_data: Any, val_data: Any, *, optimizer
 def check_same_inputs(train_data: Any, val_data: Any) -> None:
     """In-memory validation inputs must have the training inputs' per-sample shape: else
     the mismatch surfaces only at the first evaluation, after training."""
-    train, val = getattr(train_data, "tensors", None), getattr(val_data, "tensors", None)
-    if not (isinstance(train, (tuple, list)) and isinstance(val, (tuple, list))) \
-            or len(train) != len(val):
+    train, val = protocol.columns_of(train_data), protocol.columns_of(val_data)
+    if train is None or val is None or len(train) != len(val):
         return
     for i, (a, b) in enumerate(zip(train[:-1], val[:-1])):
-        if isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor) \
-                and a.shape[1:] != b.shape[1:]:
+        if a.shape[1:] != b.shape[1:]:
             raise UserError(f"val_data: input {i} has shape {tuple(b.shape[1:])} per sample, "
                             f"but train_data's has {tuple(a.shape[1:])}: the model cannot "
                             f"evaluate it")
@@ -124,12 +122,11 @@ def check_same_inputs(train_data: Any, val_data: Any) -> None:
 def first_samples(data: Any, device: torch.device, count: int = 2) -> tuple | None:
     """The first ``count`` samples of in-memory tensor data as a batch on ``device``
     (None for other data: reading it could advance a loader or its sampler)."""
-    tensors = getattr(data, "tensors", None)
-    if not isinstance(tensors, (tuple, list)) or len(tensors) < 2 \
-            or not all(isinstance(t, torch.Tensor) for t in tensors):
+    tensors = protocol.columns_of(data)
+    if tensors is None or len(tensors) < 2:
         return None
     batch = tuple(t[:count].to(device) for t in tensors)
-    finish = getattr(data, "on_device", None)  # uint8 images: standardised on the device
+    finish = protocol.finish_of(data)  # uint8 images: standardised on the device
     return tuple(finish(batch, training=False, key=(0,))) if finish is not None else batch
 
 

@@ -188,3 +188,40 @@ def test_mid_run_the_error_is_one_line_in_the_main_process_and_in_workers(
     assert "Traceback" not in done.stderr and "lower --lr" not in done.stderr
     assert last.startswith(f"amptrain: error: --data module:tests.data.hostile_datasets."
                            f"{factory}: ") and fragment in last, done.stderr
+
+
+def test_the_checked_wrapper_declares_the_users_device_step_and_batch_reader():
+    import torch
+    from torch.utils.data import Dataset
+
+    from amptrain.data.module import CheckedSamples, Sample
+    from amptrain.data.protocol import BatchReading, batch_reader_of, finish_of
+
+    def finish(batch, *, training, key):
+        return batch
+
+    class Reads(Dataset):
+        on_device = staticmethod(finish)
+
+        def __len__(self):
+            return 4
+
+        def __getitem__(self, i):
+            return torch.zeros(2), 0
+
+        def read_batch(self, indices):
+            return torch.zeros(len(indices), 2), torch.zeros(len(indices), dtype=torch.long)
+
+    class Plain(Reads):
+        on_device = None
+        read_batch = None  # type: ignore[assignment]
+
+    first = Sample(torch.zeros(2), torch.tensor(0), task="classification", classes=2)
+    wrapped = CheckedSamples(Reads(), "module:x", first, "training")
+    # On the wrapper itself, not forwarded through __getattr__ (which isinstance checks
+    # of a Protocol do not see on Python 3.12+).
+    assert {"on_device", "read_batch"} <= set(vars(wrapped))
+    assert isinstance(wrapped, BatchReading) and finish_of(wrapped) is finish
+    assert batch_reader_of(wrapped)([0, 1])[0].shape == (2, 2)
+    plain = CheckedSamples(Plain(), "module:x", first, "training")
+    assert finish_of(plain) is None and batch_reader_of(plain) is None

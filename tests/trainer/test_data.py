@@ -8,7 +8,8 @@ from torch import nn
 from torch.nn import functional as F
 from torch.utils.data import DataLoader
 
-from amptrain.batches import DatasetWindows, LoaderWindows
+from amptrain.batches import DatasetWindows
+from amptrain.streams import LoaderWindows
 from amptrain.data import TensorData
 from amptrain.errors import UserError
 from amptrain.trainer import DEVICE_DATA_LIMIT_BYTES, Trainer
