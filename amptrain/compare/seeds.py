@@ -68,7 +68,7 @@ def _strata(scores: Sequence[Sequence[float]] | Sequence[float]) -> list[np.ndar
     """Scores as a list of strata: a flat sequence is one stratum."""
     if len(scores) and np.ndim(scores[0]) == 0:
         return [np.asarray(scores, dtype=np.float64)]
-    strata = [np.asarray(s, dtype=np.float64).ravel() for s in scores]  # type: ignore[arg-type]
+    strata = [np.asarray(s, dtype=np.float64).ravel() for s in scores]
     if not strata or any(s.size == 0 for s in strata):
         raise ValueError("every stratum needs at least one score")
     return strata
