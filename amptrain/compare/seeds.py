@@ -42,6 +42,8 @@ MAX_REPS = 100_000
 BOOTSTRAP_SEED = 0
 #: The interval's coverage.
 CONFIDENCE = 0.95
+#: What a task's ``seed_statistic`` may say (amptrain.tasks.base.Task).
+SEED_STATISTICS = ("mean", "iqm")
 #: Fewer seeds than this per precision and the verdict is called weak (Agarwal et al.
 #: show few-run point estimates mislead; five is the issue's floor).
 MIN_SEEDS = 5
@@ -169,7 +171,11 @@ def seed_fields(task: Any) -> tuple[str, ...]:
     """The summary fields a task with ``seed_statistic = "iqm"`` adds, e.g. ``val_return_iqm``,
     ``val_return_iqm_low``, ..., ``delta_return_iqm_rel_high``, ``weak_verdict``,
     ``seed_note``; none for ``"mean"`` (compare's rows stay as they were)."""
-    if getattr(task, "seed_statistic", "mean") != "iqm":
+    statistic = getattr(task, "seed_statistic", "mean")
+    if statistic not in SEED_STATISTICS:
+        raise ValueError(f"{type(task).__name__}.seed_statistic must be one of "
+                         f"{', '.join(SEED_STATISTICS)} (got {statistic!r})")
+    if statistic != "iqm":
         return ()
     return SeedFields(task.primary.key, task.delta_unit).names
 
@@ -210,6 +216,9 @@ def judge_over_seeds(own: Mapping[int, float], base: Mapping[int, float], task: 
                                                reps=reps, seed=seed)
     fields.update(zip(names[3:6], (delta, d_low, d_high)))
     mean_delta = task.difference(float(np.mean(mine)), float(np.mean(theirs)))
-    fields["verdict"] = seed_verdict(mean_delta, d_low, d_high, tolerance,
-                                     task.primary.higher_is_better)
+    if np.isfinite(d_low) and np.isfinite(d_high):
+        fields["verdict"] = seed_verdict(mean_delta, d_low, d_high, tolerance,
+                                         task.primary.higher_is_better)
+    else:  # no finite interval (a relative change from a baseline of 0): the mean's rule
+        fields["verdict"] = task.verdict(mean_delta, tolerance)
     return fields

@@ -182,3 +182,18 @@ def test_unpaired_when_the_seeds_differ():
     fields = judge_over_seeds(own, base, task, 0.5)
     assert fields["delta_acc_iqm_pp"] == pytest.approx(0.0)
     assert fields["verdict"] == "ok" and fields["weak_verdict"] is True
+
+
+def test_a_baseline_of_zero_has_no_finite_relative_interval():
+    # The relative change from an IQM of 0 is infinite: no interval, the mean's rule judges.
+    fields = judge_over_seeds({0: 1.0, 1: 1.0}, {0: 0.0, 1: 0.0}, IqmRegression(), 0.02)
+    assert fields["delta_rmse_iqm_rel"] == float("inf")
+    assert fields["verdict"] == "worse"  # a higher RMSE
+
+
+def test_an_unknown_seed_statistic_is_a_programming_error():
+    class Median(ClassificationTask):
+        seed_statistic = "median"
+
+    with pytest.raises(ValueError, match="seed_statistic must be one of mean, iqm"):
+        seed_fields(Median())
