@@ -21,8 +21,8 @@ the end. Time is split into stepping the environments, acting (the policy's forw
 during the rollout) and updating (GAE plus the minibatch epochs).
 
     python benchmarks/ppo_reference.py [--env CartPole-v1] [--num-envs 4] \
-        [--rollout-steps 128] [--env-steps 100000] [--seed 1] [--precision 32-true] \
-        [--threads 1]
+        [--rollout-steps 128] [--env-steps 100000] [--seed 1] \
+        [--precision 32-true[,bf16-mixed,16-mixed]] [--threads 1]
 """
 from __future__ import annotations
 
@@ -287,6 +287,20 @@ def run(env_id: str, num_envs: int, rollout_steps: int, total_env_steps: int, se
     return last
 
 
+def take_turns(loops: dict[str, Iterator[dict[str, Any]]]) -> dict[str, dict[str, Any]]:
+    """Run several :func:`iterate` loops one update each in turn (so drift of a shared
+    machine hits them alike) until all end; each loop's last figures by name."""
+    last: dict[str, dict[str, Any]] = {}
+    running = dict(loops)
+    while running:
+        for name in list(running):
+            try:
+                last[name] = next(running[name])
+            except StopIteration:
+                del running[name]
+    return last
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--env", default="CartPole-v1")
@@ -294,23 +308,26 @@ def main() -> None:
     parser.add_argument("--rollout-steps", type=int, default=128)
     parser.add_argument("--env-steps", type=int, default=100_000)
     parser.add_argument("--seed", type=int, default=1)
-    parser.add_argument("--precision", default="32-true", choices=list(AUTOCAST))
+    parser.add_argument("--precision", default="32-true",
+                        help=f"one of {', '.join(AUTOCAST)}, or several comma-separated: "
+                             f"they take turns update by update")
     parser.add_argument("--threads", type=int, default=1,
                         help="torch threads (a 64-wide MLP gains nothing from more, and "
                              "idle threads spinning between its tiny kernels cost time)")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
-    result = run(args.env, args.num_envs, args.rollout_steps, args.env_steps, args.seed,
-                 args.precision)
-    returns = result["final_returns"]
-    print(f"{args.env} {args.precision}: {result['env_steps']} env steps in "
-          f"{result['updates']} updates, {result['env_steps_per_s']:,.0f} env steps/s; "
-          f"time in envs {result['env_share']:.0%}, acting {result['act_share']:.0%}, "
-          f"updates {result['update_share']:.0%}")
-    if returns:
-        print(f"last {len(returns)} of {result['episodes']} episodes: return mean "
-              f"{np.mean(returns):.1f}, IQM {iqm(returns):.1f}")
-
+    precisions = [p.strip() for p in args.precision.split(",") if p.strip()]
+    results = take_turns({p: iterate(args.env, args.num_envs, args.rollout_steps,
+                                     args.env_steps, args.seed, p) for p in precisions})
+    for precision, result in results.items():
+        returns = result["final_returns"]
+        print(f"{args.env} {precision}: {result['env_steps']} env steps in "
+              f"{result['updates']} updates, {result['env_steps_per_s']:,.0f} env steps/s; "
+              f"time in envs {result['env_share']:.0%}, acting {result['act_share']:.0%}, "
+              f"updates {result['update_share']:.0%}")
+        if returns:
+            print(f"  last {len(returns)} of {result['episodes']} episodes: return mean "
+                  f"{np.mean(returns):.1f}, IQM {iqm(returns):.1f}")
 
 
 if __name__ == "__main__":

@@ -184,6 +184,31 @@ def test_reference_ppo_yields_after_every_update_and_is_seeded(ppo):
     assert again["final_returns"] == figures[-1]["final_returns"]
 
 
+def test_reference_ppo_loops_take_turns_update_by_update(ppo):
+    order = []
+
+    def loop(name, updates):
+        for i in range(updates):
+            order.append(name)
+            yield {"update": i + 1}
+
+    last = ppo.take_turns({"a": loop("a", 3), "b": loop("b", 1)})
+    assert order == ["a", "b", "a", "a"] and last == {"a": {"update": 3}, "b": {"update": 1}}
+
+
+def test_reference_ppo_main_prints_every_precision(tmp_path):
+    done = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / "ppo_reference.py"), "--num-envs", "2",
+         "--rollout-steps", "16", "--env-steps", "32", "--precision", "32-true,bf16-mixed"],
+        capture_output=True, text=True, timeout=300, cwd=tmp_path,
+        env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert done.returncode == 0, done.stderr
+    lines = [line for line in done.stdout.splitlines() if "env steps/s" in line]
+    assert [line.split(":")[0] for line in lines] == ["CartPole-v1 32-true",
+                                                       "CartPole-v1 bf16-mixed"]
+    assert all("32 env steps in 1 updates" in line for line in lines)
+
+
 def test_reference_ppo_refuses_a_run_without_an_update(ppo):
     with pytest.raises(ValueError, match="updates"):
         ppo.run("CartPole-v1", 2, 16, 16, seed=0)
