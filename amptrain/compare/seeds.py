@@ -20,8 +20,8 @@ Statistical Precipice" (NeurIPS 2021) and its package ``rliable``:
   same environments), one resample draws the same seeds for both precisions; otherwise each
   precision is resampled on its own.
 
-numpy only: ``rliable`` would bring arch, scipy and pandas for a trimmed mean and a
-resampling loop of a few lines.
+numpy only: ``rliable`` would add arch and pandas (scipy already comes with scikit-learn)
+for a trimmed mean and a resampling loop of a few lines.
 """
 from __future__ import annotations
 
