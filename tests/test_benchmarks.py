@@ -136,3 +136,98 @@ def test_emulation_speed_times_every_variant_without_timing_assertions(monkeypat
         "16-mixed torch kernels"]
     assert all(r["ms"] > 0 and r["ratio"] > 0 for r in rows)
     assert "AMPTRAIN_EMULATION" not in os.environ  # restored after each loop
+
+
+# ------------------------------------------------- the reference PPO loop (issue 34)
+@pytest.fixture
+def ppo():
+    """benchmarks/ppo_reference.py, on one thread (its 64-wide MLP gains nothing from two,
+    and on a loaded machine idle threads spinning between tiny kernels cost 3x)."""
+    import ppo_reference
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield ppo_reference
+    torch.set_num_threads(threads)
+
+
+@pytest.mark.parametrize("env_id, num_envs, rollout, total, precision", [
+    ("CartPole-v1", 2, 16, 64, "32-true"),
+    ("CartPole-v1", 2, 16, 64, "16-mixed"),
+    ("Pendulum-v1", 1, 64, 64, "bf16-mixed"),   # continuous; no episode ends in 64 steps
+])
+def test_reference_ppo_returns_sane_figures(ppo, env_id, num_envs, rollout, total, precision):
+    import dataclasses
+
+    # The continuous recipe's 10 epochs of 32 minibatches, cut to 1 epoch for the test.
+    recipe = dataclasses.replace(ppo.CONTINUOUS, epochs=1) if env_id == "Pendulum-v1" else None
+    result = ppo.run(env_id, num_envs, rollout, total, seed=3, precision=precision,
+                     recipe=recipe)
+    assert result["updates"] == result["update"] == total // (num_envs * rollout)
+    assert result["env_steps"] == total and result["env_steps_per_s"] > 0
+    shares = [result["env_share"], result["act_share"], result["update_share"]]
+    assert all(0 < s < 1 for s in shares) and sum(shares) == pytest.approx(1.0)
+    assert result["env_time_s"] > 0 and result["update_time_s"] > 0
+    returns = result["final_returns"]
+    assert len(returns) <= ppo.LAST_EPISODES and result["episodes"] >= len(returns)
+    if env_id == "CartPole-v1":  # +1 per step until the pole falls (500 at most)
+        assert returns and all(r == int(r) and 1 <= r <= 500 for r in returns)
+        assert result["final_return_mean"] == pytest.approx(sum(returns) / len(returns))
+    else:  # Pendulum's episodes last 200 steps
+        assert result["episodes"] == 0 and result["final_return_mean"] is None
+
+
+def test_reference_ppo_yields_after_every_update_and_is_seeded(ppo):
+    figures = list(ppo.iterate("CartPole-v1", 2, 16, 64, seed=5))
+    assert [f["env_steps"] for f in figures] == [32, 64]  # loops can take turns per update
+    again = ppo.run("CartPole-v1", 2, 16, 64, seed=5)
+    assert again["final_returns"] == figures[-1]["final_returns"]
+
+
+def test_reference_ppo_loops_take_turns_update_by_update(ppo):
+    order = []
+
+    def loop(name, updates):
+        for i in range(updates):
+            order.append(name)
+            yield {"update": i + 1}
+
+    last = ppo.take_turns({"a": loop("a", 3), "b": loop("b", 1)})
+    assert order == ["a", "b", "a", "a"] and last == {"a": {"update": 3}, "b": {"update": 1}}
+
+
+def test_reference_ppo_main_prints_every_precision(tmp_path):
+    done = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / "ppo_reference.py"), "--num-envs", "2",
+         "--rollout-steps", "16", "--env-steps", "32", "--precision", "32-true,bf16-mixed"],
+        capture_output=True, text=True, timeout=300, cwd=tmp_path,
+        env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert done.returncode == 0, done.stderr
+    lines = [line for line in done.stdout.splitlines() if "env steps/s" in line]
+    assert [line.split(":")[0] for line in lines] == ["CartPole-v1 32-true",
+                                                       "CartPole-v1 bf16-mixed"]
+    assert all("32 env steps in 1 updates" in line for line in lines)
+
+
+def test_reference_ppo_refuses_a_run_without_an_update(ppo):
+    with pytest.raises(ValueError, match="updates"):
+        ppo.run("CartPole-v1", 2, 16, 16, seed=0)
+    with pytest.raises(ValueError, match="precision"):
+        ppo.run("CartPole-v1", 2, 16, 64, seed=0, precision="fp8")
+
+
+def test_reference_gae_against_a_hand_computation(ppo):
+    # One environment, three steps; the episode ends after step 1 (step 2's observation
+    # begins a new one), then the rollout is cut and bootstrapped with V = 4.
+    rewards = torch.tensor([[1.0], [2.0], [3.0]])
+    values = torch.tensor([[0.5], [1.0], [1.5]])
+    dones = torch.tensor([[0.0], [0.0], [1.0]])
+    g, lam = 0.9, 0.8
+    d2 = 3 + g * 4 - 1.5
+    d1 = 2 + 0 - 1.0                     # no bootstrap across the episode's end
+    d0 = 1 + g * 1.0 - 0.5
+    a2, a1 = d2, d1
+    a0 = d0 + g * lam * a1
+    adv, ret = ppo.gae(rewards, values, dones, torch.tensor([4.0]), torch.tensor([0.0]), g, lam)
+    assert adv.flatten().tolist() == pytest.approx([a0, a1, a2])
+    assert ret.flatten().tolist() == pytest.approx([a0 + 0.5, a1 + 1.0, a2 + 1.5])

@@ -69,7 +69,7 @@ def run(args: argparse.Namespace) -> int:
     from ..compare.summary import data_wait_warning
     from ..precision.modes import as_given
     from ..report import format_table, timing_warning
-    from ..report.tables import is_emulated
+    from ..report.tables import is_emulated, seed_warning
 
     train_values, compare_values = split_values(args)
     config = build_config(RunConfig, train_values, source="option")
@@ -90,6 +90,9 @@ def run(args: argparse.Namespace) -> int:
     warning = timing_warning(result["summary"])
     if warning:
         print(f"warning: {warning}")
+    weak = seed_warning(result["summary"])
+    if weak:
+        print(f"warning: {weak}")
     waiting = data_wait_warning(result["summary"])
     if waiting:
         print(f"warning: {waiting}")

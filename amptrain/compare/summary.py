@@ -8,6 +8,7 @@ from typing import Any
 from ..tasks import Task
 from .ladder import LADDER_FIELDS
 from .options import SUMMARY_FIELDS
+from .seeds import judge_over_seeds, seed_fields
 
 
 def finite(value: float | None) -> float | None:
@@ -40,6 +41,11 @@ def summarise(baseline: str, precisions: list[str], runs: list[dict[str, Any]],
     percentage points, ``--tolerance-pp``; perplexity and RMSE: relative change,
     ``--tolerance-rel``); ``tolerance`` is the tolerance in the task's unit.
 
+    A task whose ``seed_statistic`` is ``"iqm"`` (deep RL) is judged over seeds instead
+    (:mod:`.seeds`): its rows add the IQM with its bootstrap interval, the difference of
+    IQMs to the baseline with its interval and the weak-verdict note, and the verdict asks
+    that interval and the mean change (:func:`~.seeds.judge_over_seeds`).
+
     ``speed[p]`` holds ``samples_per_s``, ``step_time_ms`` and ``peak_mem_bytes`` measured
     for precision ``p`` in this invocation; ratios are taken against ``speed[baseline]``.
     """
@@ -49,6 +55,10 @@ def summarise(baseline: str, precisions: list[str], runs: list[dict[str, Any]],
     def values(p: str) -> list[float]:
         return [r[metric] for r in runs if r["precision"] == p and r.get(metric) is not None]
 
+    def by_seed(p: str) -> dict[int, float]:
+        return {r["seed"]: r[metric] for r in runs
+                if r["precision"] == p and r.get(metric) is not None}
+
     base_speed = speed.get(baseline, {})
     base_mean = _mean(values(baseline))
     rows = []
@@ -57,6 +67,12 @@ def summarise(baseline: str, precisions: list[str], runs: list[dict[str, Any]],
         own = values(p)
         mean = _mean(own)
         delta, judged = task.judge(mean, base_mean, tolerance)
+        over_seeds: dict[str, Any] = {}
+        if seed_fields(task):
+            over_seeds = judge_over_seeds(by_seed(p), by_seed(baseline), task, tolerance)
+            judged = over_seeds.pop("verdict")
+            over_seeds = {k: finite(v) if isinstance(v, float) else v
+                          for k, v in over_seeds.items()}
         halted = any(r.get("halted") for r in mine)
         s = speed.get(p, {})
         row = {
@@ -72,6 +88,7 @@ def summarise(baseline: str, precisions: list[str], runs: list[dict[str, Any]],
             mean_field: mean,
             std_field: _std(own),
             delta_field: delta,
+            **over_seeds,
             "final_loss_mean": _mean([r["final_loss"] for r in mine
                                       if r.get("final_loss") is not None]),
             "skipped_steps": sum(r["skipped_steps"] for r in mine
@@ -105,9 +122,13 @@ _METRIC_FIELDS = ("val_acc_mean", "val_acc_std", "delta_acc_pp")
 
 def summary_fields(task: Task) -> tuple[str, ...]:
     """:data:`SUMMARY_FIELDS`, in its order, with the primary metric named by ``task``
-    (:func:`metric_fields`)."""
+    (:func:`metric_fields`) and, for a task judged over seeds, its seed fields
+    (:func:`~.seeds.seed_fields`)."""
     named = dict(zip(_METRIC_FIELDS, metric_fields(task)))
-    return tuple(named.get(k, k) for k in SUMMARY_FIELDS)
+    fields = tuple(named.get(k, k) for k in SUMMARY_FIELDS)
+    # A task judged over seeds adds its seed statistics after the difference to the baseline.
+    after = fields.index(task.delta_field) + 1
+    return fields[:after] + seed_fields(task) + fields[after:]
 
 
 #: A precision that waits for data this share of its training time is input-bound.

@@ -63,6 +63,7 @@ def _method_lines(study: Study) -> list[str]:
          f"standard deviation over seeds {', '.join(map(str, d.get('seeds', [])))}; verdict ok "
          f"when |Δ {metric}| ≤ {tolerance}"
          f"{'' if task.delta_unit == 'pp' else ' of the baseline (relative change)'}."),
+        *_seed_method(study),
         ("Every run of a seed starts from identical initial weights and sees the same data "
          "order (checked per run: see compare.json runs[].same_initial_weights, "
          "data_order_sha256, first_step_loss_fp32)."),
@@ -71,6 +72,22 @@ def _method_lines(study: Study) -> list[str]:
     if d.get("duration_s") is not None:
         lines.append(f"Whole study: {d['duration_s']:.0f} s, started {d.get('started', '?')}.")
     return lines
+
+
+def _seed_method(study: Study) -> list[str]:
+    """How a study judged over seeds (compare/seeds.py) computed its intervals and verdicts."""
+    if not any("weak_verdict" in row for row in study.summary):
+        return []
+    from ..compare.seeds import BOOTSTRAP_REPS, BOOTSTRAP_SEED, MIN_SEEDS
+
+    metric = study.task.primary.label
+    return [(f"Over seeds: the interquartile mean (IQM: the middle 50 % of the runs' final "
+             f"{metric}, as rliable and scipy.stats.trim_mean(x, 0.25) define it) with a "
+             f"stratified-bootstrap 95 % percentile interval ({BOOTSTRAP_REPS} resamples of "
+             f"the seeds, RNG seed {BOOTSTRAP_SEED}); the difference of IQMs to the baseline "
+             f"with its interval, seeds paired across precisions; verdict ok when that "
+             f"interval holds 0 and the mean change is within the tolerance, else better or "
+             f"worse; fewer than {MIN_SEEDS} seeds make a weak verdict.")]
 
 
 def _config_line(study: Study) -> str:

@@ -8,7 +8,7 @@ import html
 from .context import _config_line, _device_line, _method_lines, _title, env_rows
 from .plots import panel_row
 from .load import SAMPLES_PNG, Study, _num, delta_of, run_metric_cell, sample_grids
-from .tables import _cells, columns, fastest, recommendation, timing_warning
+from .tables import _cells, columns, fastest, recommendation, seed_warning, timing_warning
 
 #: Inline rather than a linked stylesheet: the page must stay one self-contained file.
 _CSS = """
@@ -106,8 +106,8 @@ def _html_table(study: Study) -> str:
 
 
 def _html_warning(study: Study) -> str:
-    warning = timing_warning(study.summary)
-    return f'<p class="warning">⚠️ {html.escape(warning)}</p>' if warning else ""
+    warnings = [w for w in (timing_warning(study.summary), seed_warning(study.summary)) if w]
+    return "".join(f'<p class="warning">⚠️ {html.escape(w)}</p>' for w in warnings)
 
 
 def _html_runs(study: Study) -> str:

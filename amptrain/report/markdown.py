@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from .context import _config_line, _method_lines, _title, env_rows
 from .load import Study, _num, run_metric_cell, sample_grids
-from .tables import markdown_table, recommendation, timing_warning
+from .tables import markdown_table, recommendation, seed_warning, timing_warning
 
 
 def render_markdown(study: Study) -> str:
@@ -15,6 +15,7 @@ def render_markdown(study: Study) -> str:
               f"measured in the same invocation. {_config_line(study)}."), "",
              markdown_table(study.summary, study.baseline, study.emulated, study.given), "",
              *([f"> ⚠️ {warning}", ""] if (warning := timing_warning(study.summary)) else []),
+             *([f"> ⚠️ {weak}", ""] if (weak := seed_warning(study.summary)) else []),
              f"![loss curves, loss scale, throughput, memory and {metric}](compare.png)", ""]
     runs = study.compare.get("runs", [])
     if runs:

@@ -137,12 +137,54 @@ _COLUMNS = ["precision", "verdict", "val acc (mean ± std)", "Δ acc", "samples/
 
 
 def columns(summary: list[dict[str, Any]]) -> list[str]:
-    """The table's header, its metric columns named for the summary's task."""
+    """The table's header, its metric columns named for the summary's task (and, for a
+    study judged over seeds, its IQM columns last)."""
     task = task_of(summary)
-    if task.primary.key == "acc":
-        return list(_COLUMNS)
-    name = task.primary.label
-    return [*_COLUMNS[:2], f"val {name} (mean ± std)", f"Δ {name}", *_COLUMNS[4:]]
+    name = "acc" if task.primary.key == "acc" else task.primary.label
+    head = list(_COLUMNS) if task.primary.key == "acc" else \
+        [*_COLUMNS[:2], f"val {name} (mean ± std)", f"Δ {name}", *_COLUMNS[4:]]
+    if summary and _iqm_fields(summary[0], task)[0] in summary[0]:
+        head += [f"{name} IQM [95 % CI]", f"Δ {name} IQM [95 % CI]"]
+    return head
+
+
+def _iqm_fields(row: dict[str, Any], task: Any) -> tuple[str, str]:
+    """The row's IQM field and its difference field (compare/seeds.py names them)."""
+    key = task.primary.key
+    return f"val_{key}_iqm", f"delta_{key}_iqm_{task.delta_unit}"
+
+
+def _interval(value: float | None, low: float | None, high: float | None, show: Any) -> str:
+    if value is None:
+        return "n/a"
+    bounds = "" if low is None or high is None else f" [{show(low)}, {show(high)}]"
+    return f"{show(value)}{bounds}"
+
+
+def _iqm_cells(row: dict[str, Any], baseline: str) -> list[str]:
+    """The IQM with its interval and its difference to the baseline with its interval, for
+    a row judged over seeds (none otherwise)."""
+    task = task_of(row)
+    value, delta = _iqm_fields(row, task)
+    if value not in row:
+        return []
+    own = _interval(row[value], row.get(f"{value}_low"), row.get(f"{value}_high"),
+                    task.primary.format)
+    if row["precision"] == baseline:
+        return [own, "baseline"]
+    return [own, _interval(row.get(delta), row.get(f"{delta}_low"), row.get(f"{delta}_high"),
+                           task.format_delta)]
+
+
+def _verdict(row: dict[str, Any], shown: str) -> str:
+    """The verdict cell; a verdict over fewer seeds than compare/seeds.py asks is weak."""
+    return f"{shown} (weak)" if row.get("weak_verdict") and row["verdict"] else shown
+
+
+def seed_warning(summary: list[dict[str, Any]]) -> str | None:
+    """One line when the verdicts over seeds are weak (compare.json's ``seed_note``)."""
+    return next((r["seed_note"] for r in summary if r.get("weak_verdict") and r.get("seed_note")),
+                None)
 
 
 def _cells(row: dict[str, Any], baseline: str, emulated: Collection[str] = (),
@@ -150,11 +192,12 @@ def _cells(row: dict[str, Any], baseline: str, emulated: Collection[str] = (),
     # ``given``: the user's spelling beside amptrain's name, "16-mixed (mixed_float16)".
     name = label(row["precision"], given)
     name = f"{name} (emulated)" if is_emulated(row["precision"], emulated) else name
-    return [name, row["verdict"] or "n/a", metric_cell(row), _delta(row, baseline),
+    return [name, _verdict(row, row["verdict"] or "n/a"), metric_cell(row), _delta(row, baseline),
             _num(row["samples_per_s"], ",.0f"), _speedup(row),
             _num(row["step_time_ms"], ".2f", " ms"), human_bytes(row["peak_mem_bytes"]),
             _num(row["mem_ratio"], ".2f", "×"), _num(row["final_loss_mean"], ".4f"),
-            "n/a" if row["skipped_steps"] is None else str(row["skipped_steps"])]
+            "n/a" if row["skipped_steps"] is None else str(row["skipped_steps"]),
+            *_iqm_cells(row, baseline)]
 
 
 def format_table(summary: list[dict[str, Any]], baseline: str,
@@ -183,7 +226,7 @@ def markdown_table(summary: list[dict[str, Any]], baseline: str,
         cells[0] = f"`{name}`" + (" (baseline)" if row["precision"] == baseline
                                    else " (emulated)" if is_emulated(row["precision"], emulated)
                                    else "")
-        cells[1] = _VERDICT_MARK.get(row["verdict"], cells[1])
+        cells[1] = _verdict(row, _VERDICT_MARK.get(row["verdict"], cells[1]))
         if row["precision"] == best and best != baseline:
             cells[5] = f"**{cells[5]}**"
         lines.append("| " + " | ".join(cells) + " |")

@@ -96,6 +96,10 @@ class Task(ABC):
     delta_unit: str = "pp"
     #: The compare option that holds the verdict's tolerance in that unit.
     tolerance_option: str = "tolerance_pp"
+    #: How compare judges the runs over seeds: "mean" (the mean's difference against the
+    #: tolerance) or "iqm" (deep RL: the interquartile mean with a stratified-bootstrap
+    #: interval, and its difference to the baseline; see amptrain/compare/seeds.py).
+    seed_statistic: str = "mean"
     # Wording for messages about data and checkpoints (the runner's and resume's errors).
     #: What data of this task holds: "--data X, which holds class labels".
     data_holds: str = "targets"

@@ -91,3 +91,91 @@ def test_input_bound_precisions_are_named_with_the_remedy():
     assert warning is not None and "bf16-mixed 40%" in warning and "32-true" not in warning
     assert "--num-workers" in warning and "amptrain prepare" in warning
     assert data_wait_warning(rows[:1]) is None
+
+
+# ------------------------------------------------------- judged over seeds
+class IqmClassification(ClassificationTask):
+    """Classification judged over seeds: the hook a deep-RL task declares."""
+
+    seed_statistic = "iqm"
+
+
+def _seeded_runs(values: dict[str, list[float | None]]) -> list[dict]:
+    return [{"precision": p, "seed": s, "val_acc": v, "final_loss": 0.1, "skipped_steps": 0,
+             "halted": None if v is not None else "scale fell"}
+            for p, vs in values.items() for s, v in enumerate(vs)]
+
+
+def test_a_task_judged_by_the_mean_keeps_todays_fields_and_verdicts():
+    runs = _seeded_runs({"32-true": [0.90, 0.91, 0.92, 0.93, 0.94],
+                         "bf16-mixed": [0.70, 0.71, 0.72, 0.73, 0.74]})
+    rows = summarise("32-true", ["32-true", "bf16-mixed"], runs, {}, 0.5, ClassificationTask())
+    assert all(list(r) == SUMMARY_FIELDS for r in rows)
+    assert "weak_verdict" not in rows[1] and rows[1]["verdict"] == "worse"
+
+
+def test_a_task_judged_over_seeds_adds_the_iqm_its_interval_and_the_seed_verdict():
+    from amptrain.compare.seeds import judge_over_seeds, seed_fields
+
+    values = {"32-true": [0.90, 0.91, 0.92, 0.93, 0.94],
+              "16-mixed": [0.9005, 0.9105, 0.9205, 0.9305, 0.9405],   # +0.05 pp every seed
+              "bf16-mixed": [0.89, 0.96, 0.88, 0.95, 0.92],            # noisy, mean ~+0.0
+              "16-true": [0.93, None, 0.92, 0.91, 0.90]}               # one run stopped
+    runs = _seeded_runs(values)
+    task = IqmClassification()
+    rows = {r["precision"]: r for r in summarise(
+        "32-true", list(values), runs, {}, 0.5, task)}
+    at = SUMMARY_FIELDS.index("delta_acc_pp") + 1
+    assert all(list(r) == SUMMARY_FIELDS[:at] + list(seed_fields(task)) + SUMMARY_FIELDS[at:]
+               for r in rows.values())
+    base = dict(enumerate(values["32-true"]))
+    for p in ("32-true", "16-mixed", "bf16-mixed"):
+        expected = judge_over_seeds(dict(enumerate(values[p])), base, task, 0.5)
+        assert {k: rows[p][k] for k in expected} == expected
+        # The mean and its difference stay what they were.
+        assert rows[p]["val_acc_mean"] == pytest.approx(np.mean(values[p]))
+        assert rows[p]["weak_verdict"] is False
+    assert rows["32-true"]["verdict"] == "ok" and rows["32-true"]["delta_acc_iqm_pp"] == 0.0
+    # A tiny gain on every paired seed is distinguishable from zero: better, though within
+    # the tolerance (the mean-only rule would have said ok).
+    assert rows["16-mixed"]["verdict"] == "better"
+    assert 0 < rows["16-mixed"]["delta_acc_iqm_pp_low"] <= rows["16-mixed"]["delta_acc_iqm_pp"]
+    assert rows["bf16-mixed"]["delta_acc_iqm_pp_low"] < 0 < rows["bf16-mixed"][
+        "delta_acc_iqm_pp_high"]
+    assert rows["16-true"]["verdict"] == "failed" and rows["16-true"]["weak_verdict"] is True
+
+
+@pytest.mark.slow
+def test_a_real_study_of_a_task_judged_over_seeds(tmp_path, monkeypatch):
+    # An existing small task with the hook switched to iqm, registered for this test only:
+    # real training runs, real compare.json and reports.
+    import json
+
+    from amptrain.compare import CompareOptions, run_compare
+    from amptrain.compare.seeds import judge_over_seeds, seed_fields
+    from amptrain.report import format_table
+    from amptrain.tasks import TASKS
+    from tests.compare.conftest import small_config
+
+    monkeypatch.setitem(TASKS, "classification", IqmClassification)
+    out = tmp_path / "study"
+    result = run_compare(small_config(out, max_steps=4),
+                         CompareOptions(precisions="32-true,bf16-mixed", seeds=2,
+                                        timing_steps=1, timing_warmup=0),
+                         pick_log_every=False)
+    assert json.loads((out / "compare.json").read_text()) == result
+    task = IqmClassification()
+    at = SUMMARY_FIELDS.index("delta_acc_pp") + 1
+    accs = {p: {r["seed"]: r["val_acc"] for r in result["runs"] if r["precision"] == p}
+            for p in ("32-true", "bf16-mixed")}
+    for row in result["summary"]:
+        assert list(row) == SUMMARY_FIELDS[:at] + list(seed_fields(task)) + SUMMARY_FIELDS[at:]
+        expected = judge_over_seeds(accs[row["precision"]], accs["32-true"], task, 0.5)
+        assert {k: row[k] for k in expected} == expected
+        assert row["weak_verdict"] is True and "2 seeds" in row["seed_note"]
+        assert row["val_acc_iqm_low"] <= row["val_acc_iqm"] <= row["val_acc_iqm_high"]
+    table = format_table(result["summary"], "32-true")
+    assert "acc IQM [95 % CI]" in table.splitlines()[0] and "(weak)" in table
+    report_md = (out / "report.md").read_text()
+    assert "weak verdict: 2 seeds" in report_md and "stratified-bootstrap" in report_md
+    assert "acc IQM [95 % CI]" in (out / "report.html").read_text()

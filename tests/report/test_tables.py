@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import copy
+import re
 
 import pytest
 
@@ -125,3 +126,33 @@ def test_a_memory_bound_run_is_pointed_at_the_smallest_rung_that_matched(summary
     ladder[2]["verdict"] = "worse"          # a rung that lost accuracy is not recommended
     assert memory_rung(ladder, "32-true") is None
     assert memory_rung(summary, "32-true") is None   # a study without the ladder
+
+
+def test_rows_judged_over_seeds_show_the_iqm_intervals_and_a_weak_verdict():
+    from amptrain.compare import summarise
+    from amptrain.report.tables import columns, seed_warning
+    from amptrain.tasks import RegressionTask
+
+    class IqmRegression(RegressionTask):
+        seed_statistic = "iqm"
+
+    # RMSE of three seeds per precision: lower is better, relative change.
+    runs = [{"precision": p, "seed": s, "val_rmse": v, "final_loss": 0.1, "skipped_steps": 0,
+             "halted": None}
+            for p, vs in {"32-true": [2.0, 2.0, 2.0], "bf16-mixed": [2.2, 2.2, 2.2]}.items()
+            for s, v in enumerate(vs)]
+    rows = summarise("32-true", ["32-true", "bf16-mixed"], runs, {}, 0.02, IqmRegression())
+    assert columns(rows)[-2:] == ["RMSE IQM [95 % CI]", "Δ RMSE IQM [95 % CI]"]
+    base, bf16 = (re.split(r"\s{2,}", line) for line in format_table(rows, "32-true")
+                  .splitlines()[2:])
+    assert base[1] == "ok (weak)" and base[-2:] == ["2 [2, 2]", "baseline"]
+    assert bf16[1] == "worse (weak)"
+    assert bf16[-2:] == ["2.2 [2.2, 2.2]", "+10.00 % [+10.00 %, +10.00 %]"]
+    assert "❌ worse (weak)" in markdown_table(rows, "32-true")
+    assert seed_warning(rows) == rows[0]["seed_note"] and "3 seeds" in seed_warning(rows)
+
+
+def test_rows_judged_by_the_mean_have_no_seed_columns(summary):
+    from amptrain.report.tables import columns, seed_warning
+
+    assert columns(summary) == _COLUMNS and seed_warning(summary) is None
