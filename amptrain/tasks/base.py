@@ -132,6 +132,12 @@ class Task(ABC):
         terms (an LM names --seq-len or --tokenizer); None: the generic message."""
         return None
 
+    def run_options(self, config: Any, data: Any) -> dict[str, Any]:
+        """Options (flat names) this task sets for a run of ``config`` on ``data`` (a
+        ``DataBundle``): a task that makes its own samples (PPO's rollouts) sets the run's
+        length and batch from them. None by default."""
+        return {}
+
     def describe(self) -> str:
         """The task's words in the Trainer's first line ("" for classification, the
         default task; else ``task <name>``)."""
