@@ -180,8 +180,12 @@ def _train(config: RunConfig, strategy: Any, trainer_options: dict[str, Any]) ->
 
 def run_evaluation(*, checkpoint_path: str, data: str | None, precision: str, out: str,
                    batch_size: int = 256, device: str = "auto",
-                   progress: bool = True) -> tuple[EvalResult, str]:
-    """Evaluate a checkpoint as ``amptrain eval`` does; returns (result, trained precision)."""
+                   progress: bool = True, episodes: int | None = None
+                   ) -> tuple[EvalResult, str]:
+    """Evaluate a checkpoint as ``amptrain eval`` does; returns (result, trained precision);
+    ``episodes``: how many evaluation episodes a ``gym:`` run's policy plays."""
+    if episodes is not None and episodes < 1:
+        raise UserError(f"--episodes must be >= 1 (got {episodes})")
     outdir.claim(out, outdir.EVAL_OUTPUTS)  # before anything is read: one line, no report lost
     checkpoint_path = str(checkpoint_file(checkpoint_path))
     state, run = load_run(checkpoint_path)
@@ -193,9 +197,12 @@ def run_evaluation(*, checkpoint_path: str, data: str | None, precision: str, ou
     # training data was.
     bundle = build_data(data_spec,
                         DataOptions(val_fraction=state["config"].get("val_fraction", 0.2),
-                                    fitted=fitted, task=task_name,
+                                    fitted=fitted, task=task_name, eval_episodes=episodes,
                                     text_encoder=text_encoder(run["model"],
                                                               fitted.get("tokenizer"))))
+    if episodes is not None and getattr(bundle.val, "env", None) is None:
+        raise UserError(f"--episodes applies to checkpoints of gym: runs (environments); "
+                        f"--data {data_spec} holds samples")
     inputs = saved_inputs(run)
     if bundle.num_classes != inputs.num_classes or tuple(bundle.input_shape) != inputs.input_shape:
         outputs = TASKS[task_name].output_noun if task_name in TASKS else "outputs"

@@ -140,7 +140,6 @@ class PpoTask(Task):
         self.env: Any = None
         self.stepper: Any = None
         self.rollout: Rollout | None = None
-        self.rollouts_done = 0
         self.collected_at: int | None = None   # the step whose rollout is held (redo: kept)
         self.log_std_of: nn.Module | None = None
 
@@ -242,14 +241,16 @@ class PpoTask(Task):
             else None
 
     # -------------------------------------------------------------- the step
-    def collect(self, ctx: Any) -> None:
-        """One rollout with the current policy (no gradients, under the autocast)."""
+    def collect(self, ctx: Any, update: int = 0) -> None:
+        """One rollout with the current policy (no gradients, under the autocast).
+        ``update``: the run's update it starts (the first of a resumed run seeds the
+        environments afresh from it)."""
         env, s = self.env, self.settings
         model = ctx.model()
         device = next(unwrap(model).parameters()).device
         if self.stepper is None:
             rank, world = _world()
-            self.stepper = env.stepper(rank, world, restart=self.rollouts_done)
+            self.stepper = env.stepper(rank, world, restart=update)
         stepper = self.stepper
         rollout = Rollout(env.rollout_steps, env.num_envs, env.obs_shape, env.actions,
                           discrete=env.discrete, device=device)
@@ -282,7 +283,6 @@ class PpoTask(Task):
                            s["gae_lambda"])
         model.train(was_training)
         self.rollout = rollout
-        self.rollouts_done += 1
         finished = stepper.take_finished()
         count = len(finished)
         returns = torch.tensor(sum(r for r, _ in finished) / max(count, 1), device=device)
@@ -300,7 +300,7 @@ class PpoTask(Task):
         step = getattr(ctx, "step_number", None)
         starts = step is None or (step - 1) % per_update == 0
         if self.rollout is None or (starts and self.collected_at != step):
-            self.collect(ctx)
+            self.collect(ctx, (step - 1) // per_update if step else 0)
             self.collected_at = step
         rollout = self.rollout
         assert rollout is not None
