@@ -34,7 +34,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from ..errors import UserError, flag
+from ..errors import UserError
 from .core import DataBundle, DataOptions, TensorData, register
 
 #: Seed of evaluation episode k: EVAL_SEED + k (fixed, not --seed, like the split seed).
@@ -54,7 +54,7 @@ def import_gymnasium(spec: str) -> Any:
     try:
         import gymnasium
     except ImportError:
-        raise UserError(f"{flag('data')} {spec} needs Gymnasium, which is not installed: "
+        raise UserError(f"--data {spec} needs Gymnasium, which is not installed: "
                         f"{INSTALL}") from None
     return gymnasium
 
@@ -71,13 +71,13 @@ def parse_spec(argument: str, spec: str) -> tuple[str, dict[str, Any]]:
     """``ENV_ID[,key=value,...]`` -> (environment id, keyword arguments of ``gym.make``)."""
     env_id, *items = argument.split(",")
     if not env_id:
-        raise UserError(f"{flag('data')} {spec}: name an environment, e.g. "
-                        f"{flag('data')} gym:CartPole-v1")
+        raise UserError(f"--data {spec}: name an environment, e.g. "
+                        f"--data gym:CartPole-v1")
     kwargs = {}
     for item in items:
         key, eq, raw = item.partition("=")
         if not eq or not key.isidentifier():
-            raise UserError(f"{flag('data')} {spec}: {item!r} is not key=value (keyword "
+            raise UserError(f"--data {spec}: {item!r} is not key=value (keyword "
                             f"arguments of the environment)")
         kwargs[key] = _value(raw)
     return env_id, kwargs
@@ -251,7 +251,7 @@ def describe_spaces(env: Any, spec: str) -> dict[str, Any]:
 
     obs, act = env.observation_space, env.action_space
     if not isinstance(obs, spaces.Box):
-        raise UserError(f"{flag('data')} {spec}: the observation space is "
+        raise UserError(f"--data {spec}: the observation space is "
                         f"{type(obs).__name__}; amptrain's ppo takes Box observations only "
                         f"(flatten Dict/Tuple observations, e.g. with a wrapper, in your own "
                         f"registered environment)")
@@ -261,7 +261,7 @@ def describe_spaces(env: Any, spec: str) -> dict[str, Any]:
         return {"discrete": False, "actions": int(act.shape[0]), "obs_shape": tuple(obs.shape),
                 "low": np.asarray(act.low, dtype=np.float64),
                 "high": np.asarray(act.high, dtype=np.float64)}
-    raise UserError(f"{flag('data')} {spec}: the action space is {type(act).__name__} "
+    raise UserError(f"--data {spec}: the action space is {type(act).__name__} "
                     f"{getattr(act, 'shape', '')}; amptrain's ppo acts in Discrete or 1-d "
                     f"Box action spaces")
 
@@ -283,16 +283,16 @@ def gym_data(argument: str, options: DataOptions) -> DataBundle:
     try:
         env = gym.make(env_id, **kwargs)
     except gym.error.Error as exc:
-        raise UserError(f"{flag('data')} {spec}: {exc}") from None
+        raise UserError(f"--data {spec}: {exc}") from None
     except TypeError as exc:  # a keyword the environment does not take
-        raise UserError(f"{flag('data')} {spec}: {exc}") from None
+        raise UserError(f"--data {spec}: {exc}") from None
     try:
         space = describe_spaces(env, spec)
         kind = "discrete" if space["discrete"] else "continuous"
         num_envs, steps = DEFAULT_ROLLOUT[kind]
         vector = options.vector_env or "sync"
         if vector not in VECTOR_MODES:
-            raise UserError(f"{flag('vector_env')} must be one of {', '.join(VECTOR_MODES)} "
+            raise UserError(f"--vector-env must be one of {', '.join(VECTOR_MODES)} "
                             f"(got {vector!r})")
         envs = GymEnvs(spec, env_id, kwargs, num_envs=options.num_envs or num_envs,
                        rollout_steps=options.rollout_steps or steps, vector=vector,
