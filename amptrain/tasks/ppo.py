@@ -154,7 +154,8 @@ class PpoTask(Task):
         recipe for their action space; statistics a checkpoint kept are restored."""
         env = getattr(train_data, "env", None)
         if env is None:
-            raise UserError(f"{flag('task')} ppo trains on environments: {self.data_needs}")
+            raise UserError(f"{flag('task')} ppo trains on environments: the data must be "
+                            f"gym: data's ({flag('data')} gym:ENV_ID)")
         self.env = env
         self.settings = self.recipe(env)
         env.gamma = self.settings["gamma"]
@@ -331,7 +332,8 @@ class PpoTask(Task):
     def check_data(self, data: Any, keyword: str) -> None:
         if getattr(data, "env", None) is None:
             raise UserError(f"{flag('task')} ppo trains on environments: {keyword} must be "
-                            f"{self.data_needs[len('ppo needs '):]}")
+                            f"the rollout of gym: data ({flag('data')} gym:ENV_ID, or "
+                            f"amptrain.data.build_data('gym:ENV_ID').train)")
 
     def check_outputs(self, outputs: torch.Tensor | None, targets: Any, *,
                       model_name: str | None, all_targets: torch.Tensor | None) -> None:
