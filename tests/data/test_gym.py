@@ -58,7 +58,7 @@ def test_environments_are_seeded_from_the_seed_the_index_and_the_rank():
 def test_truncated_episodes_hand_back_their_final_observation():
     envs = build_data("gym:CartPole-v1,max_episode_steps=3", DataOptions(num_envs=2)).train.env
     stepper = envs.stepper(0, 1)
-    for t in range(3):
+    for _ in range(3):
         obs, reward, ended, finals = stepper.step(np.array([0, 1]))
     assert ended.tolist() == [True, True] and sorted(finals) == [0, 1]
     assert reward.tolist() == [1.0, 1.0]
