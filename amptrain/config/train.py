@@ -335,6 +335,10 @@ class RunConfig(TrainConfig):
     text_glob: str | None = option(None, "text: data: which files of a directory are read "
                                          "(e.g. '*.py'; default: every text file)", kind=str,
                                    group="run")
+    augment: str = option("none", "image data: training-batch augmentation on the device: "
+                                  "flip, crop-flip (pad + random crop + flip, CIFAR), rrc-flip "
+                                  "(random resized crop + flip, ImageNet)", group="run",
+                          choices=AUGMENTATIONS)
     # --- reinforcement learning (gym: data, the ppo task; defaults: CleanRL's ppo.py for
     # discrete actions, ppo_continuous_action.py for continuous ones)
     env_steps: int | None = option(None, "gym: data: environment steps to train (all "
@@ -363,10 +367,6 @@ class RunConfig(TrainConfig):
                                           "continuous)", kind=float, group="rl")
     vf_coef: float | None = option(None, "ppo: value-loss weight (CleanRL: 0.5)", kind=float,
                                    group="rl")
-    augment: str = option("none", "image data: training-batch augmentation on the device: "
-                                  "flip, crop-flip (pad + random crop + flip, CIFAR), rrc-flip "
-                                  "(random resized crop + flip, ImageNet)", group="run",
-                          choices=AUGMENTATIONS)
 
     def __post_init__(self) -> None:
         super().__post_init__()
