@@ -101,6 +101,10 @@ class Task(ABC):
     data_needs: str = ""
     #: What the model's output count is called: "10 classes", "256 vocabulary entries".
     output_noun: str = "outputs"
+    #: Whether a training batch is ``(inputs, targets)`` the model's loss is computed on
+    #: (False: PPO's batches are rollout slots its own step reads; compare's fp32 re-check
+    #: of the first batch's loss does not apply).
+    batches_are_samples: bool = True
 
     # ------------------------------------------------------- learnt from data
     def fit(self, train_data: Any) -> None:  # noqa: B027  (optional hook)

@@ -130,6 +130,7 @@ class PpoTask(Task):
     data_needs = "ppo needs a Gymnasium environment (--data gym:ENV_ID)"
     output_noun = "actions"
     loss_names = {0: "loss"}
+    batches_are_samples = False
 
     def __init__(self, env_steps: int | None = None, obs_stats: dict[str, Any] | None = None,
                  reward_stats: dict[str, Any] | None = None, **settings: Any) -> None:
