@@ -582,9 +582,8 @@ ERROR_TABLE = [
      "--num-envs applies to reinforcement learning on gym: data"),
     ("ppo-max-steps", "train --data gym:CartPole-v1 --model actor-critic --max-steps 5",
      "--max-steps does not apply to --task ppo: --env-steps sets the run's length"),
-    ("ppo-eval-episodes-on-a-classifier",
-     "eval --checkpoint {checkpoint} --out {root}/ppo-ev --episodes 3",
-     "--episodes applies to checkpoints of gym: runs"),
+    ("ppo-eval-episodes-zero", "eval --checkpoint {checkpoint} --out {root}/ppo-ev --episodes 0",
+     "--episodes must be >= 1 (got 0)"),
     # (end of ppo)
     # --- rlstats ---
     # (end of rlstats)

@@ -259,7 +259,6 @@ class PpoTask(Task):
         rewards = np.zeros((env.rollout_steps, env.num_envs), dtype=np.float32)
         ended = np.zeros((env.rollout_steps, env.num_envs), dtype=np.float32)
         log_std = self._log_std()
-        was_training = model.training
         with torch.no_grad():
             for t in range(env.rollout_steps):
                 obs = torch.as_tensor(stepper.obs, dtype=torch.float32, device=device)
@@ -283,7 +282,6 @@ class PpoTask(Task):
                            torch.from_numpy(ended).to(device),
                            next_value.float().reshape(env.num_envs), s["gamma"],
                            s["gae_lambda"])
-        model.train(was_training)
         self.rollout = rollout
         finished = stepper.take_finished()
         count = len(finished)

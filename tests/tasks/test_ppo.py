@@ -134,6 +134,17 @@ def test_evaluation_plays_deterministic_episodes(tmp_path):
             "env_steps_per_s", "val_return", "val_return_iqm"} <= keys
 
 
+def test_eval_episodes_refused_for_a_checkpoint_of_samples(tmp_path):
+    from amptrain.runner import run_evaluation, run_training
+
+    run_training(RunConfig.from_options(model="mlp", data="digits", max_steps=1,
+                                        batch_size=16, no_progress=True, logger="none",
+                                        out=str(tmp_path / "cls")))
+    with pytest.raises(UserError, match="--episodes applies to checkpoints of gym: runs"):
+        run_evaluation(checkpoint_path=str(tmp_path / "cls"), data="digits",
+                       precision="32-true", out=str(tmp_path / "ev"), episodes=3)
+
+
 def test_iqm_is_the_mean_of_the_middle_half():
     assert iqm([1, 2, 3, 4, 100, -100, 5, 6]) == pytest.approx(3.5)
     assert iqm([7.0]) == 7.0
