@@ -22,7 +22,7 @@ PRECISION_NAMES = MODE_NAMES + ("auto",)
 WEIGHT_UPDATES = ("plain", "kahan", "stochastic")
 
 #: The tasks (their classes: :data:`amptrain.tasks.TASKS`).
-TASK_NAMES = ("classification", "regression", "lm", "gan")
+TASK_NAMES = ("classification", "regression", "lm", "gan", "ppo")
 #: What ``--task`` takes: a task, or auto (the data decides).
 TASK_CHOICES = ("auto", *TASK_NAMES)
 #: Regression losses (``--loss``).

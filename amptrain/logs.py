@@ -34,9 +34,10 @@ def _fmt(value: Any) -> str:
 def shown_key(key: str) -> bool:
     """Whether the console line and the bar show a record field: every loss the step
     logged (``loss``, a GAN's ``d_loss``/``g_loss``: any ``*_loss``), the learning rate of
-    a one-part run, every loss scale (``loss_scale``, ``loss_scale/<id>``) and every
-    evaluation metric (``val_*``)."""
-    return (key in ("loss", "lr", "loss_scale") or key.endswith("_loss")
+    a one-part run, every loss scale (``loss_scale``, ``loss_scale/<id>``), every
+    evaluation metric (``val_*``) and the training episodes' return of a reinforcement-
+    learning run (``episode_return``)."""
+    return (key in ("loss", "lr", "loss_scale", "episode_return") or key.endswith("_loss")
             or key.startswith("loss_scale/") or key.startswith("val_"))
 
 
@@ -146,6 +147,8 @@ class RunLogger:
             tokens = record.get("tokens_per_s")
             speed_text = f"  {speed:.0f} samples/s" if speed else ""
             speed_text += f"  {tokens:.0f} tokens/s" if tokens else ""
+            env_steps = record.get("env_steps_per_s")
+            speed_text += f"  {env_steps:.0f} env steps/s" if env_steps else ""
             print(f"epoch {record.get('epoch')} step {record['step']}  {text}{speed_text}",
                   file=self.stream, flush=True)
 

@@ -118,7 +118,7 @@ def adamw8bit_class(model: nn.Module) -> Callable[..., torch.optim.Optimizer]:
 
 def build_scheduler(config: TrainConfig, optimizer: torch.optim.Optimizer,
                     total_steps: int) -> LRScheduler:
-    """The per-optimizer-step schedule: linear warm-up, then none/cosine/onecycle.
+    """The per-optimizer-step schedule: linear warm-up, then none/cosine/onecycle/linear.
 
     The Trainer advances it only after steps that really updated the weights.
     """
@@ -128,14 +128,16 @@ def build_scheduler(config: TrainConfig, optimizer: torch.optim.Optimizer,
         pct = warmup / total_steps if warmup else 0.3
         return OneCycleLR(optimizer, max_lr=[g["lr"] for g in optimizer.param_groups],
                           total_steps=total_steps, pct_start=min(max(pct, 1e-3), 0.999))
-    decay = config.schedule.scheduler == "cosine"
+    shape = config.schedule.scheduler
 
     def factor(step: int) -> float:
         if step < warmup:
             return (step + 1) / warmup
-        if not decay:
+        if shape not in ("cosine", "linear"):
             return 1.0
         progress = min(1.0, (step - warmup) / max(1, total_steps - warmup))
+        if shape == "linear":  # to 0 at the end of the run (PPO's annealing)
+            return 1.0 - progress
         return 0.5 * (1.0 + math.cos(math.pi * progress))
 
     return LambdaLR(optimizer, factor)

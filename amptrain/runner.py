@@ -26,6 +26,10 @@ from .precision.support import resolve_name
 from .tasks import TASKS, ClassificationTask, EvalResult, Task, resolve_task
 from .trainer import FitResult, Trainer
 
+#: RunConfig options handed to the task as facts (the ppo task's hyper-parameters).
+RL_TASK_OPTIONS = ("env_steps", "minibatches", "update_epochs", "gamma", "gae_lambda",
+                   "clip_coef", "ent_coef", "vf_coef")
+
 
 def model_inputs(data: DataBundle) -> ModelInputs:
     """The data facts a model factory needs."""
@@ -66,7 +70,9 @@ def build_run_data(config: RunConfig) -> DataBundle:
     return build_data(config.data, DataOptions(
         seed=config.seed, val_fraction=config.val_fraction,
         text_encoder=text_encoder(config.model, config.tokenizer), seq_len=config.seq_len,
-        text_glob=config.text_glob, task=config.task, augment=config.augment))
+        text_glob=config.text_glob, task=config.task, augment=config.augment,
+        num_envs=config.num_envs, rollout_steps=config.rollout_steps,
+        vector_env=config.vector_env, eval_episodes=config.eval_episodes))
 
 
 def data_task(data: DataBundle) -> str:
@@ -86,8 +92,11 @@ def decide_task(config: RunConfig, data: DataBundle) -> Task:
         raise UserError(f"{chosen} does not fit --data {config.data}, which holds "
                         f"{TASKS[kind].data_holds}: {TASKS[name].data_needs} (or use "
                         f"--task {kind})")
+    # The RL flags (RunConfig refuses them for data other than gym:) are the ppo task's.
+    rl = {key: getattr(config, key) for key in RL_TASK_OPTIONS
+          if getattr(config, key) is not None}
     return resolve_task(name, data.train, loss=config.loss,
-                        class_names=data.class_names or None)
+                        class_names=data.class_names or None, **rl)
 
 
 def build_run_model(config: RunConfig, data: DataBundle) -> nn.Module:
@@ -103,6 +112,8 @@ class Assembled:
     data: DataBundle
     task: Task
     model: nn.Module
+    #: The run's config with what the task decides for it (PPO's length and minibatch).
+    config: RunConfig
 
 
 def assemble(config: RunConfig) -> Assembled:
@@ -110,7 +121,10 @@ def assemble(config: RunConfig) -> Assembled:
     runs are the same)."""
     data = build_run_data(config)
     task = decide_task(config, data)
-    return Assembled(data, task, build_run_model(config, data))
+    decided = task.run_options(config, data)
+    if decided:
+        config = config.with_options(**decided)
+    return Assembled(data, task, build_run_model(config, data), config)
 
 
 def prepare_run(config: RunConfig) -> tuple[DataBundle, nn.Module]:
@@ -146,6 +160,7 @@ def _train(config: RunConfig, strategy: Any, trainer_options: dict[str, Any]) ->
                              is_main=strategy.is_main, broadcast=strategy.broadcast_object,
                              outputs=outdir.train_outputs(config.logging.logger))
     run = assemble(config)
+    config = run.config
     trainer = Trainer(config, strategy=strategy, run_info=run_info(config, run.data, run.task),
                       **trainer_options)
     result = trainer.fit(run.model, run.data.train, run.data.val,
@@ -165,8 +180,12 @@ def _train(config: RunConfig, strategy: Any, trainer_options: dict[str, Any]) ->
 
 def run_evaluation(*, checkpoint_path: str, data: str | None, precision: str, out: str,
                    batch_size: int = 256, device: str = "auto",
-                   progress: bool = True) -> tuple[EvalResult, str]:
-    """Evaluate a checkpoint as ``amptrain eval`` does; returns (result, trained precision)."""
+                   progress: bool = True, episodes: int | None = None
+                   ) -> tuple[EvalResult, str]:
+    """Evaluate a checkpoint as ``amptrain eval`` does; returns (result, trained precision);
+    ``episodes``: how many evaluation episodes a ``gym:`` run's policy plays."""
+    if episodes is not None and episodes < 1:
+        raise UserError(f"--episodes must be >= 1 (got {episodes})")
     outdir.claim(out, outdir.EVAL_OUTPUTS)  # before anything is read: one line, no report lost
     checkpoint_path = str(checkpoint_file(checkpoint_path))
     state, run = load_run(checkpoint_path)
@@ -178,9 +197,12 @@ def run_evaluation(*, checkpoint_path: str, data: str | None, precision: str, ou
     # training data was.
     bundle = build_data(data_spec,
                         DataOptions(val_fraction=state["config"].get("val_fraction", 0.2),
-                                    fitted=fitted, task=task_name,
+                                    fitted=fitted, task=task_name, eval_episodes=episodes,
                                     text_encoder=text_encoder(run["model"],
                                                               fitted.get("tokenizer"))))
+    if episodes is not None and getattr(bundle.val, "env", None) is None:
+        raise UserError(f"--episodes applies to checkpoints of gym: runs (environments); "
+                        f"--data {data_spec} holds samples")
     inputs = saved_inputs(run)
     if bundle.num_classes != inputs.num_classes or tuple(bundle.input_shape) != inputs.input_shape:
         outputs = TASKS[task_name].output_noun if task_name in TASKS else "outputs"

@@ -561,6 +561,29 @@ ERROR_TABLE = [
      "--device cuda"),
     # (end of lowbit-formats)
     # --- ppo ---
+    ("ppo-unknown-env", "train --data gym:NoSuchEnv-v0 --model actor-critic",
+     "--data gym:NoSuchEnv-v0: Environment `NoSuchEnv` doesn't exist"),
+    ("ppo-tuple-observations", "train --data gym:Blackjack-v1 --model actor-critic",
+     "--data gym:Blackjack-v1: the observation space is Tuple"),
+    ("ppo-env-steps-zero", "train --data gym:CartPole-v1 --model actor-critic --env-steps 0",
+     "--env-steps must be"),
+    ("ppo-gym-with-a-supervised-task",
+     "train --data gym:CartPole-v1 --model actor-critic --task classification",
+     "--task classification does not fit --data gym:CartPole-v1, which holds environment "
+     "transitions"),
+    ("ppo-task-on-a-dataset", "train --model mlp --task ppo",
+     "--task ppo does not fit --data digits"),
+    ("ppo-model-not-an-actor-critic", "train --data gym:CartPole-v1 --model mlp",
+     "--task ppo needs an actor-critic"),
+    ("ppo-module-not-an-actor-critic",
+     "train --data gym:CartPole-v1 --model module:factories.three_outputs",
+     "--task ppo needs an actor-critic"),
+    ("ppo-rl-flag-on-a-dataset", "train --model mlp --num-envs 4",
+     "--num-envs applies to reinforcement learning on gym: data"),
+    ("ppo-max-steps", "train --data gym:CartPole-v1 --model actor-critic --max-steps 5",
+     "--max-steps does not apply to --task ppo: --env-steps sets the run's length"),
+    ("ppo-eval-episodes-zero", "eval --checkpoint {checkpoint} --out {root}/ppo-ev --episodes 0",
+     "--episodes must be >= 1 (got 0)"),
     # (end of ppo)
     # --- rlstats ---
     # (end of rlstats)

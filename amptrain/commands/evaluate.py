@@ -21,6 +21,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--batch-size", type=int, default=256, help="evaluation batch size")
     parser.add_argument("--device", default="auto", help="cpu, cuda, cuda:N or auto")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
+    parser.add_argument("--episodes", type=int, default=None,
+                        help="gym: runs: deterministic episodes to play (default 10)")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -29,7 +31,8 @@ def run(args: argparse.Namespace) -> int:
 
     result, trained_with = run_evaluation(
         checkpoint_path=args.checkpoint, data=args.data, precision=args.precision, out=args.out,
-        batch_size=args.batch_size, device=args.device, progress=not args.no_progress)
+        batch_size=args.batch_size, device=args.device, progress=not args.no_progress,
+        episodes=args.episodes)
     assert result.task is not None  # results of a pass carry their task
     bad = [name for name, value in (("loss", result.loss), *result.metrics.items())
            if isinstance(value, float) and not math.isfinite(value)]

@@ -83,6 +83,7 @@ def build_contender(config: RunConfig, precision: str, needed_windows: int) -> C
     run_config = replace_options(config, **row_options(precision), out=None, resume=None,
                                      no_progress=True)
     run = assemble(run_config)  # the run's task too (--model dcgan trains the gan task)
+    run_config = run.config     # with what the task decides (ppo: its minibatch, length)
     trainer = Trainer(run_config)
     trainer.setup(run.model, run.data.train, task=run.task)
     switches = MathSwitches()

@@ -22,7 +22,7 @@ from .options import (
 
 #: adamw8bit: AdamW with block-wise 8-bit moments (torchao; see amptrain/optim.py).
 OPTIMIZERS = ("sgd", "adamw", "adamw8bit")
-SCHEDULERS = ("none", "cosine", "onecycle")
+SCHEDULERS = ("none", "cosine", "onecycle", "linear")
 LR_SCALING = ("none", "linear", "sqrt")
 STRATEGIES = ("auto", "ddp", "fsdp", "dp")
 #: Passes over the data when neither --epochs nor --max-steps is given.
@@ -193,7 +193,8 @@ class ScheduleConfig:
                               kind=float)
     momentum: float = option(0.9, "SGD momentum")
     weight_decay: float = option(0.01, "weight decay")
-    scheduler: str = option("cosine", "learning-rate schedule over the run", choices=SCHEDULERS)
+    scheduler: str = option("cosine", "learning-rate schedule over the run (linear: decay to "
+                                      "0 at the end, PPO's annealing)", choices=SCHEDULERS)
     warmup_steps: int = option(0, "linear warm-up steps before the schedule")
     lr_scaling: str = option("none", "scale --lr with --batch-size / --base-batch-size",
                              choices=LR_SCALING)
@@ -273,8 +274,9 @@ class TrainConfig:
     """Everything the :class:`~amptrain.Trainer` loop needs; no model or data names."""
 
     device: str = option("auto", "cpu, cuda, cuda:N or auto (cuda when available)")
-    task: str = option("auto", "what is learnt: classification, regression (float targets) or "
-                               "lm (next-token prediction); auto asks the data",
+    task: str = option("auto", "what is learnt: classification, regression (float targets), "
+                               "lm (next-token prediction), gan or ppo (reinforcement "
+                               "learning on gym: data); auto asks the data",
                        choices=TASK_CHOICES)
     loss: str | None = option(None, "regression loss on standardised targets: mse (default), "
                                     "l1 or huber", kind=str, choices=LOSSES)
@@ -337,6 +339,34 @@ class RunConfig(TrainConfig):
                                   "flip, crop-flip (pad + random crop + flip, CIFAR), rrc-flip "
                                   "(random resized crop + flip, ImageNet)", group="run",
                           choices=AUGMENTATIONS)
+    # --- reinforcement learning (gym: data, the ppo task; defaults: CleanRL's ppo.py for
+    # discrete actions, ppo_continuous_action.py for continuous ones)
+    env_steps: int | None = option(None, "gym: data: environment steps to train (all "
+                                         "processes; sets the run's length; default 500000)",
+                                   kind=int, group="rl")
+    num_envs: int | None = option(None, "gym: data: environments per process (CleanRL: 4 "
+                                        "discrete, 1 continuous)", kind=int, group="rl")
+    rollout_steps: int | None = option(None, "gym: data: steps per environment in a rollout "
+                                             "(CleanRL: 128 discrete, 2048 continuous)",
+                                       kind=int, group="rl")
+    vector_env: str | None = option(None, "gym: data: sync (one process, the default) or "
+                                          "async (a subprocess per environment)", kind=str,
+                                    group="rl", choices=("sync", "async"))
+    eval_episodes: int | None = option(None, "gym: data: deterministic episodes per "
+                                             "evaluation (default 10)", kind=int, group="rl")
+    minibatches: int | None = option(None, "ppo: minibatches per rollout epoch (CleanRL: 4 "
+                                           "discrete, 32 continuous)", kind=int, group="rl")
+    update_epochs: int | None = option(None, "ppo: epochs over each rollout (CleanRL: 4 "
+                                             "discrete, 10 continuous)", kind=int, group="rl")
+    gamma: float | None = option(None, "ppo: discount (CleanRL: 0.99)", kind=float, group="rl")
+    gae_lambda: float | None = option(None, "ppo: GAE lambda (CleanRL: 0.95)", kind=float,
+                                      group="rl")
+    clip_coef: float | None = option(None, "ppo: surrogate and value clipping (CleanRL: 0.2)",
+                                     kind=float, group="rl")
+    ent_coef: float | None = option(None, "ppo: entropy bonus (CleanRL: 0.01 discrete, 0 "
+                                          "continuous)", kind=float, group="rl")
+    vf_coef: float | None = option(None, "ppo: value-loss weight (CleanRL: 0.5)", kind=float,
+                                   group="rl")
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -365,9 +395,35 @@ class RunConfig(TrainConfig):
             raise UserError(f"{flag('augment')} applies to image files decoded while training "
                             f"({', '.join(d + 'DIR' for d in AUGMENTED_DATA)}); "
                             f"{flag('data')} is {self.data}")
+        _check_rl(self)
         if not 0.0 < self.val_fraction < 1.0:
             raise UserError(f"{flag('val_fraction')} must be between 0 and 1 "
                             f"(got {self.val_fraction})")
+
+
+RL_OPTIONS = ("env_steps", "num_envs", "rollout_steps", "vector_env", "eval_episodes",
+              "minibatches", "update_epochs", "gamma", "gae_lambda", "clip_coef", "ent_coef",
+              "vf_coef")
+
+
+def _check_rl(config: RunConfig) -> None:
+    given = [name for name in RL_OPTIONS if getattr(config, name) is not None]
+    if not str(config.data).startswith("gym:"):
+        if given:
+            raise UserError(f"{flag(given[0])} applies to reinforcement learning on gym: "
+                            f"data; {flag('data')} is {config.data}")
+        return
+    for name in ("env_steps", "num_envs", "rollout_steps", "eval_episodes", "minibatches",
+                 "update_epochs"):
+        require_positive(config, name, optional=True)
+    for name in ("gamma", "gae_lambda"):
+        value = getattr(config, name)
+        if value is not None and not 0.0 <= value <= 1.0:
+            raise UserError(f"{flag(name)} must be between 0 and 1 (got {value})")
+    for name in ("clip_coef", "ent_coef", "vf_coef"):
+        value = getattr(config, name)
+        if value is not None and not (math.isfinite(value) and value >= 0):
+            raise UserError(f"{flag(name)} must be a number >= 0 (got {value})")
 
 
 def _some(values: list[int], limit: int = 8) -> str:

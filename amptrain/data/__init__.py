@@ -12,12 +12,13 @@ A spec is ``name`` or ``name:argument`` -- a path for file formats (``npz:FILE``
 * :mod:`.corpus` -- ``text:PATH`` (language modelling)
 * :mod:`.tokens` -- ``tokens:DIR`` (shards written by ``amptrain prepare``, read from disk)
 * :mod:`.module` -- ``module:pkg.mod.factory`` (the user's own Datasets)
+* :mod:`.gym` -- ``gym:ENV_ID`` (a Gymnasium environment's rollouts, for the ``ppo`` task)
 
 Every malformed input is a :class:`~amptrain.errors.UserError` naming ``--data``.
 """
 from __future__ import annotations
 
-from . import arrays, corpus, folders, generated, images, module, text, tokens  # noqa: F401
+from . import arrays, corpus, folders, generated, gym, images, module, text, tokens  # noqa: F401
 from .core import (DATASETS, SPLIT_SEED, DataBundle, DataFactory, DataOptions, TensorData,
                    TextEncoder, build_data, labels_to_classes, parse_options, register, split)
 from .corpus import ByteTokenizer, TokenBlocks

@@ -112,6 +112,13 @@ class DataOptions:
     task: str | None = None
     #: --augment for image data that is finished on the device (see data/augment.py).
     augment: str | None = None
+    #: ``gym:`` environments: environments per process (--num-envs), steps per environment
+    #: in a rollout (--rollout-steps), sync or async vector environments (--vector-env) and
+    #: evaluation episodes (--eval-episodes); None: the recipe's defaults (data/gym.py).
+    num_envs: int | None = None
+    rollout_steps: int | None = None
+    vector_env: str | None = None
+    eval_episodes: int | None = None
 
 
 DataFactory = Callable[[str, DataOptions], DataBundle]

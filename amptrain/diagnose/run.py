@@ -168,7 +168,8 @@ def diagnose(config: TrainConfig, steps: int = 20, *, data: DataBundle | None = 
         if not isinstance(config, RunConfig):
             raise UserError("diagnose needs a model and data, or a RunConfig naming them")
         run = assemble(config)
-        data, model, task = run.data, run.model, run.task
+        # run.config: with what the task decides (PPO's minibatch from its rollout).
+        config, data, model, task = run.config, run.data, run.model, run.task
     initial = copy.deepcopy(model)
 
     def record_ranges(trainer: Trainer) -> RangeRecorder:

@@ -9,6 +9,7 @@ works everywhere. A spec is ``name`` or ``name:options`` (``transformer:layers=4
 * :mod:`.resnet` -- ``resnet18``, ``resnet50``
 * :mod:`.sequence` -- ``lstm``, ``transformer``
 * :mod:`.gpt` -- ``gpt`` (a decoder-only language model; its output is ``head`` too)
+* :mod:`.actor_critic` -- ``actor-critic`` (policy and value MLPs for the ``ppo`` task)
 * :mod:`.dcgan` -- ``dcgan`` (a generator/discriminator pair for the ``gan`` task)
 * :mod:`.external` -- ``module:pkg.mod.factory``, ``timm:NAME``, ``hf:PATH`` (in
   :mod:`amptrain.models.hf`, imported when used)
@@ -18,7 +19,7 @@ works everywhere. A spec is ``name`` or ``name:options`` (``transformer:layers=4
 """
 from __future__ import annotations
 
-from . import basic, dcgan, external, gpt, keras, range_demos, resnet, sequence  # noqa: F401  (register)
+from . import actor_critic, basic, dcgan, external, gpt, keras, range_demos, resnet, sequence  # noqa: F401  (register)
 from .basic import MLP, SmallCNN
 from .core import (
                    EXPORT_FORMAT,

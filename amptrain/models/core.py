@@ -176,4 +176,4 @@ def sequence_vocab(inputs: ModelInputs, spec: str) -> int:
 
 #: Which built-in models fit a kind of data (for the errors above).
 _FITS = {"image": "cnn or resnet18", "features": "mlp", "sequence": "lstm or transformer",
-         "tokens": "gpt"}
+         "tokens": "gpt", "env-discrete": "actor-critic", "env-continuous": "actor-critic"}

@@ -13,13 +13,15 @@ from .base import EvalResult, EvalSums, Metric, Task, targets_of
 from .classification import ClassificationTask
 from .gan import GanTask
 from .lm import LanguageModelTask
+from .ppo import PpoTask
 from .regression import LOSSES, RegressionTask
 
 #: task name -> its class
 TASKS: dict[str, type[Task]] = {"classification": ClassificationTask,
                                 "regression": RegressionTask,
                                 "lm": LanguageModelTask,
-                                "gan": GanTask}
+                                "gan": GanTask,
+                                "ppo": PpoTask}
 # The names live in amptrain.choices (torch-free, for the CLI parser); --task auto: see
 # infer_task.
 check_table("tasks", TASKS, TASK_NAMES)
@@ -82,5 +84,6 @@ def resolve_task(name: str, train_data: Any, *, loss: str | None = None,
 
 __all__ = ["LOSSES", "TASKS", "TASK_CHOICES", "ClassificationTask", "EvalResult", "EvalSums",
            "GanTask",
-           "LanguageModelTask", "Metric", "RegressionTask", "Task", "build_task", "infer_task",
+           "LanguageModelTask", "Metric", "PpoTask", "RegressionTask", "Task", "build_task",
+           "infer_task",
            "resolve_task", "targets_of"]

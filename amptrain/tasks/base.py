@@ -107,6 +107,10 @@ class Task(ABC):
     data_needs: str = ""
     #: What the model's output count is called: "10 classes", "256 vocabulary entries".
     output_noun: str = "outputs"
+    #: Whether a training batch is ``(inputs, targets)`` the model's loss is computed on
+    #: (False: PPO's batches are rollout slots its own step reads; compare's fp32 re-check
+    #: of the first batch's loss does not apply).
+    batches_are_samples: bool = True
 
     # ------------------------------------------------------- learnt from data
     def fit(self, train_data: Any) -> None:  # noqa: B027  (optional hook)
@@ -137,6 +141,12 @@ class Task(ABC):
         (``num_classes`` or ``input_shape``) was ``then`` and is ``now``, in this task's
         terms (an LM names --seq-len or --tokenizer); None: the generic message."""
         return None
+
+    def run_options(self, config: Any, data: Any) -> dict[str, Any]:
+        """Options (flat names) this task sets for a run of ``config`` on ``data`` (a
+        ``DataBundle``): a task that makes its own samples (PPO's rollouts) sets the run's
+        length and batch from them. None by default."""
+        return {}
 
     def describe(self) -> str:
         """The task's words in the Trainer's first line ("" for classification, the

@@ -36,6 +36,9 @@ class StepContext(Protocol):
     micro_samples: list[int]
     #: Samples in the global batch (all ranks, all micro-batches).
     global_samples: int
+    #: The optimizer step being run, counting from 1 (a task that works in cycles of
+    #: steps, as PPO's rollouts, knows where a cycle starts; a resumed run goes on counting).
+    step_number: int
 
     def model(self, name: str = "model") -> nn.Module:
         """The callable (wrapped/compiled) part ``name``."""

@@ -77,7 +77,9 @@ class MetricsWindow:
             loss_sum = strategy.reduce_sum(total.detach().double())
             count = strategy.reduce_sum(torch.tensor(float(self.counts[key]),
                                                      device=self.device, dtype=torch.float64))
-            means[key] = float((loss_sum / count.clamp(min=1)).item())
+            if float(count.item()) == 0:  # logged in no step of this window (PPO's
+                continue                  # episodes end at rollouts only): no value, not 0
+            means[key] = float((loss_sum / count).item())
         elapsed = time.perf_counter() - self.started
         out = {"means": means,
                "samples_per_s": self.samples / elapsed if elapsed > 0 else None,

@@ -37,6 +37,7 @@ class TrainStep:
         self.micro_batches: list[Any] = []
         self.micro_samples: list[int] = []
         self.global_samples = 0
+        self.step_number = 0
         self.logged: list[tuple[str, torch.Tensor, int]] = []
         self.stepped: str | None = None   # a part stepped in this attempt (no redo after)
 
@@ -110,6 +111,7 @@ class StepRunner:
             self.steps.zero_grad()
         if self.start is not None:
             self.start.save()
+        self.context.step_number = step
         window, split = self.planner.run(window, self._attempt, plan=split, step=step,
                                          drop_gradients=self._drop_gradients,
                                          step_start=self.start)

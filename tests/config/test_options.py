@@ -138,7 +138,11 @@ def test_every_flat_name_is_unique_and_reaches_its_value():
 
 def test_run_config_adds_the_run_options():
     assert set(config_fields(RunConfig)) - set(config_fields(TrainConfig)) == \
-        {"model", "data", "val_fraction", "seq_len", "tokenizer", "text_glob", "augment"}
+        {"model", "data", "val_fraction", "seq_len", "tokenizer", "text_glob", "augment",
+         # gym: data and the ppo task
+         "env_steps", "num_envs", "rollout_steps", "vector_env", "eval_episodes",
+         "minibatches", "update_epochs", "gamma", "gae_lambda", "clip_coef", "ent_coef",
+         "vf_coef"}
 
 
 # ------------------------------------------------------------- build, to_dict, replace

@@ -269,6 +269,12 @@ LIBRARY_HOSTILE = [
     # --- lowbit-formats ---
     # (end of lowbit-formats)
     # --- ppo ---
+    ("ppo-task-on-a-dataset", dict(task="ppo"), lambda d, m: dict(model=m, train_data=d),
+     "task ppo trains on environments: train_data must be the rollout of gym: data"),
+    # gym: data says it is the ppo task's (task auto); the module here is no actor-critic.
+    ("ppo-model-not-an-actor-critic", {}, lambda d, m: dict(
+        model=m, train_data=__import__("amptrain.data").data.build_data("gym:CartPole-v1").train),
+     "task ppo needs an actor-critic: forward(obs) -> (logits_or_mean, value)"),
     # (end of ppo)
     # --- rlstats ---
     # (end of rlstats)

@@ -1,0 +1,415 @@
+"""The ``ppo`` task: proximal policy optimisation (Schulman et al. 2017) on ``gym:``
+environments (:mod:`amptrain.data.gym`), the recipe of CleanRL's single-file ``ppo.py``
+(discrete actions) and ``ppo_continuous_action.py`` (continuous actions).
+
+A step is one optimizer step, as everywhere in amptrain: one minibatch update. The task's
+:meth:`PpoTask.training_step` collects a rollout (``num_envs x rollout_steps`` transitions
+per process) with the policy under the precision's autocast and without gradients when an
+update begins, computes advantages (GAE) and returns in fp32, and then every step is one
+minibatch of it, through the step context (autocast, backward with loss scaling, clipping,
+the optimizer step). The Trainer's data order supplies the minibatches: the training split
+is the rollout's slot indices (data/gym.py), shuffled per epoch, so an update is
+``update_epochs`` Trainer epochs of ``minibatches`` steps each.
+
+The run's length is ``--env-steps``: ``env_steps // (rollout x processes)`` updates
+(:meth:`PpoTask.run_options` sets ``--max-steps`` and the minibatch as ``--batch-size``).
+Evaluation plays ``--eval-episodes`` deterministic episodes (the policy's most likely
+action, or the Gaussian's mean); ``val_return`` is their mean return (the primary metric,
+higher is better) and ``val_return_iqm`` their interquartile mean.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+
+from ..config.train import BatchingConfig
+from ..errors import UserError, flag
+from .base import EvalResult, EvalSums, Metric, Task
+from .gan import unwrap
+from .rollout import (LossSettings, Rollout, distribution, explained_variance,
+                      log_prob_entropy, ppo_loss)
+
+#: CleanRL's defaults: ppo.py (discrete) and ppo_continuous_action.py (continuous).
+RECIPES: dict[str, dict[str, Any]] = {
+    "discrete": {"lr": 2.5e-4, "minibatches": 4, "update_epochs": 4, "ent_coef": 0.01},
+    "continuous": {"lr": 3e-4, "minibatches": 32, "update_epochs": 10, "ent_coef": 0.0},
+}
+SHARED = {"gamma": 0.99, "gae_lambda": 0.95, "clip_coef": 0.2, "vf_coef": 0.5,
+          "clip_grad_norm": 0.5, "adam_eps": 1e-5}
+#: The hyper-parameters a run may set (RunConfig flags of the same names).
+SETTINGS = ("minibatches", "update_epochs", "gamma", "gae_lambda", "clip_coef", "ent_coef",
+            "vf_coef")
+#: The longest evaluation episode played (environments without a time limit).
+MAX_EPISODE_STEPS = 100_000
+#: Evaluations in a run when --eval-every is not given.
+EVALUATIONS = 20
+
+
+def iqm(values: np.ndarray) -> float:
+    """The interquartile mean: the mean of the middle 50 % (25 % trimmed from each end,
+    as ``scipy.stats.trim_mean(x, 0.25)`` and rliable compute it)."""
+    x = np.sort(np.asarray(values, dtype=np.float64))
+    cut = int(len(x) * 0.25)
+    middle = x[cut:len(x) - cut] if len(x) > 2 * cut else x
+    return float(middle.mean()) if len(middle) else float("nan")
+
+
+def _world() -> tuple[int, int]:
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_rank(), dist.get_world_size()
+    return 0, 1
+
+
+def actor_critic_of(model: nn.Module, env: Any) -> tuple[nn.Module, bool]:
+    """Check ``model`` keeps the actor-critic interface (models/actor_critic.py) for the
+    environment ``env``; (the module, whether it has ``log_std``)."""
+    module = unwrap(model)
+    name = type(module).__name__
+    needs = (f"{flag('task')} ppo needs an actor-critic: forward(obs) -> (logits_or_mean, "
+             f"value) with shapes (N, {env.actions}) and (N,)"
+             + ("" if env.discrete else f", and a log_std parameter of {env.actions} values")
+             + f" (e.g. {flag('model')} actor-critic)")
+    params = list(module.parameters())
+    if not params:
+        raise UserError(f"{needs}; the model {name} has no parameters")
+    probe = torch.zeros(2, *env.obs_shape, device=params[0].device)
+    try:
+        with torch.no_grad():
+            out = module(probe)
+    except Exception as exc:  # the model's own error on an observation batch
+        raise UserError(f"{needs}; the model {name} fails on a batch of observations of "
+                        f"shape {tuple(probe.shape)}: {type(exc).__name__}: {exc}") from None
+    if not (isinstance(out, (tuple, list)) and len(out) == 2
+            and all(isinstance(t, torch.Tensor) for t in out)):
+        raise UserError(f"{needs}; the model {name} returns {type(out).__name__}")
+    head, value = out
+    if tuple(head.shape) != (2, env.actions) or value.numel() != 2:
+        raise UserError(f"{needs}; the model {name} returns shapes {tuple(head.shape)} and "
+                        f"{tuple(value.shape)} for 2 observations")
+    log_std = getattr(module, "log_std", None)
+    if not env.discrete and not (isinstance(log_std, torch.Tensor)
+                                 and log_std.numel() == env.actions):
+        raise UserError(f"{needs}; the model {name} has no such log_std")
+    return module, not env.discrete
+
+
+class _Episodes(EvalSums):
+    """Deterministic evaluation episodes, played on the host, one per validation sample."""
+
+    def __init__(self, task: PpoTask, device: torch.device) -> None:
+        self.task, self.device = task, device
+        self.returns: list[float] = []
+        self.lengths: list[float] = []
+        self.value_errors: list[float] = []
+
+    def update(self, outputs: torch.Tensor | None, targets: Any) -> None:
+        return None  # the episodes are played in update_batch
+
+    def update_batch(self, model: Any, batch: Any) -> None:
+        for seed in batch[-1].tolist():
+            ret, length, error = self.task.play(model, int(seed), self.device)
+            self.returns.append(ret)
+            self.lengths.append(float(length))
+            self.value_errors.append(error)
+
+
+class PpoTask(Task):
+    """PPO on a ``gym:`` environment (module docstring)."""
+
+    name = "ppo"
+    metrics = (Metric("return", "episode return", higher_is_better=True),
+               Metric("return_iqm", "episode return IQM", higher_is_better=True))
+    delta_unit = "rel"
+    tolerance_option = "tolerance_rel"
+    data_holds = "environment transitions"
+    data_needs = "ppo needs a Gymnasium environment (--data gym:ENV_ID)"
+    output_noun = "actions"
+    loss_names = {0: "loss"}
+    batches_are_samples = False
+
+    def __init__(self, env_steps: int | None = None, obs_stats: dict[str, Any] | None = None,
+                 reward_stats: dict[str, Any] | None = None, **settings: Any) -> None:
+        self.env_steps = env_steps
+        self.given = {k: settings[k] for k in SETTINGS if settings.get(k) is not None}
+        self.settings: dict[str, Any] = {}
+        self.saved_stats = (obs_stats, reward_stats)
+        self.env: Any = None
+        self.stepper: Any = None
+        self.rollout: Rollout | None = None
+        self.collected_at: int | None = None   # the step whose rollout is held (redo: kept)
+        self.log_std_of: nn.Module | None = None
+
+    # ------------------------------------------------------- learnt from data
+    def recipe(self, env: Any) -> dict[str, Any]:
+        """The settings for ``env``: CleanRL's recipe for its action space, then the given."""
+        kind = "discrete" if env.discrete else "continuous"
+        return {**SHARED, **RECIPES[kind], **self.given}
+
+    def fit(self, train_data: Any) -> None:
+        """Take the environments of ``gym:`` data (training or evaluation split) and the
+        recipe for their action space; statistics a checkpoint kept are restored."""
+        env = getattr(train_data, "env", None)
+        if env is None:
+            raise UserError(f"{flag('task')} ppo trains on environments: the data must be "
+                            f"gym: data's ({flag('data')} gym:ENV_ID)")
+        self.env = env
+        self.settings = self.recipe(env)
+        env.gamma = self.settings["gamma"]
+        obs_stats, reward_stats = self.saved_stats
+        if obs_stats:
+            env.obs_stats.load(obs_stats)
+        if reward_stats:
+            env.reward_stats.load(reward_stats)
+
+    def state(self) -> dict[str, Any]:
+        state: dict[str, Any] = {"env_steps": self.env_steps, **self.given}
+        if self.env is not None and self.env.normalise:
+            state["obs_stats"] = self.env.obs_stats.state()
+            state["reward_stats"] = self.env.reward_stats.state()
+        return state
+
+    def run_options(self, config: Any, data: Any) -> dict[str, Any]:
+        """The run's length and minibatch from ``--env-steps`` and the rollout, and the
+        recipe's optimizer settings where the run left amptrain's defaults."""
+        decided = [name for name in ("epochs", "max_steps")
+                   if getattr(config.schedule, name) is not None]
+        if decided:
+            raise UserError(f"{flag(decided[0])} does not apply to {flag('task')} ppo: "
+                            f"{flag('env_steps')} sets the run's length")
+        if config.batching.batch_size != BatchingConfig.batch_size:
+            raise UserError(f"{flag('batch_size')} does not apply to {flag('task')} ppo: a "
+                            f"step's minibatch is the rollout ({flag('num_envs')} x "
+                            f"{flag('rollout_steps')}) over {flag('minibatches')}")
+        env = data.train.env
+        s = self.recipe(env)
+        _, world = _world()
+        rollout = env.rollout_size * world
+        minibatches = s["minibatches"]
+        if rollout % minibatches:
+            raise UserError(f"{flag('minibatches')} {minibatches} does not divide the rollout "
+                            f"of {rollout} transitions ({flag('num_envs')} {env.num_envs} x "
+                            f"{flag('rollout_steps')} {env.rollout_steps}"
+                            + (f" x {world} processes" if world > 1 else "") + ")")
+        env_steps = self.env_steps if self.env_steps is not None else 500_000
+        updates = max(1, env_steps // rollout)
+        per_update = minibatches * s["update_epochs"]
+        options: dict[str, Any] = {"batch_size": rollout // minibatches,
+                                   "max_steps": updates * per_update}
+        sched = config.schedule
+        if sched.lr is None:
+            options["lr"] = s["lr"]
+        if sched.scheduler == "cosine":  # amptrain's default: the recipe anneals linearly
+            options["scheduler"] = "linear"
+        if sched.weight_decay == 0.01 and sched.optimizer == "adamw":  # the default: Adam
+            options["weight_decay"] = 0.0
+        if sched.clip_grad_norm is None:
+            options["clip_grad_norm"] = s["clip_grad_norm"]
+        if config.logging.eval_every is None:
+            options["eval_every"] = per_update * max(1, updates // EVALUATIONS)
+        return options
+
+    def throughput(self, samples_per_s: float | None) -> dict[str, float]:
+        """Environment steps per second: each transition is trained ``update_epochs``
+        times, so the rollout's steps are the samples over the epochs."""
+        if samples_per_s is None or not self.settings:
+            return {}
+        return {"env_steps_per_s": samples_per_s / self.settings["update_epochs"]}
+
+    # ------------------------------------------------------------------ parts
+    def models(self, model: nn.Module) -> dict[str, nn.Module]:
+        if self.env is None:
+            raise UserError("the ppo task's fit(train_data) was not called before models()")
+        module, continuous = actor_critic_of(model, self.env)
+        self.log_std_of = module if continuous else None
+        return {"model": model}
+
+    def build_optimizers(self, parts: dict[str, nn.Module], build: Any
+                         ) -> dict[str, torch.optim.Optimizer]:
+        """The run's optimizer with the recipe's Adam epsilon (1e-5)."""
+        optimizers = super().build_optimizers(parts, build)
+        for optimizer in optimizers.values():
+            for group in optimizer.param_groups:
+                if "eps" in group:
+                    group["eps"] = self.settings.get("adam_eps", SHARED["adam_eps"])
+        return optimizers
+
+    def _log_std(self) -> torch.Tensor | None:
+        return getattr(self.log_std_of, "log_std", None) if self.log_std_of is not None \
+            else None
+
+    # -------------------------------------------------------------- the step
+    def collect(self, ctx: Any, update: int = 0) -> None:
+        """One rollout with the current policy (no gradients, under the autocast).
+        ``update``: the run's update it starts (the first of a resumed run seeds the
+        environments afresh from it)."""
+        env, s = self.env, self.settings
+        model = ctx.model()
+        device = next(unwrap(model).parameters()).device
+        if self.stepper is None:
+            rank, world = _world()
+            self.stepper = env.stepper(rank, world, restart=update)
+        stepper = self.stepper
+        rollout = Rollout(env.rollout_steps, env.num_envs, env.obs_shape, env.actions,
+                          discrete=env.discrete, device=device)
+        rewards = np.zeros((env.rollout_steps, env.num_envs), dtype=np.float32)
+        ended = np.zeros((env.rollout_steps, env.num_envs), dtype=np.float32)
+        log_std = self._log_std()
+        with torch.no_grad():
+            for t in range(env.rollout_steps):
+                obs = torch.as_tensor(stepper.obs, dtype=torch.float32, device=device)
+                with ctx.autocast():
+                    out, value = model(obs)
+                dist = distribution(out, log_std)
+                action = dist.sample()
+                logp, _ = log_prob_entropy(dist, action)
+                rollout.put(t, obs, action, logp, value)
+                _, reward, done, finals = stepper.step(action.cpu().numpy())
+                for i, final in finals.items():  # truncated: bootstrap the final value
+                    with ctx.autocast():
+                        _, v = model(torch.as_tensor(final[None], dtype=torch.float32,
+                                                     device=device))
+                    reward[i] += s["gamma"] * float(v.float().reshape(-1)[0])
+                rewards[t], ended[t] = reward, done
+            obs = torch.as_tensor(stepper.obs, dtype=torch.float32, device=device)
+            with ctx.autocast():
+                _, next_value = model(obs)
+            rollout.finish(torch.from_numpy(rewards).to(device),
+                           torch.from_numpy(ended).to(device),
+                           next_value.float().reshape(env.num_envs), s["gamma"],
+                           s["gae_lambda"])
+        self.rollout = rollout
+        finished = stepper.take_finished()
+        count = len(finished)
+        returns = torch.tensor(sum(r for r, _ in finished) / max(count, 1), device=device)
+        lengths = torch.tensor(sum(n for _, n in finished) / max(count, 1), device=device)
+        ctx.log("episode_return", returns, count)
+        ctx.log("episode_length", lengths, count)
+        assert rollout.returns is not None
+        ctx.log("explained_variance",
+                explained_variance(rollout.values.flatten(), rollout.returns.flatten()), 1)
+
+    def training_step(self, ctx: Any) -> None:
+        """A rollout when an update begins, then one minibatch update (module docstring)."""
+        s = self.settings
+        per_update = s["minibatches"] * s["update_epochs"]
+        step = getattr(ctx, "step_number", None)
+        starts = step is None or (step - 1) % per_update == 0
+        if self.rollout is None or (starts and self.collected_at != step):
+            self.collect(ctx, (step - 1) // per_update if step else 0)
+            self.collected_at = step
+        rollout = self.rollout
+        assert rollout is not None
+        model, log_std = ctx.model(), self._log_std()
+        settings = LossSettings(clip_coef=s["clip_coef"], ent_coef=s["ent_coef"],
+                                vf_coef=s["vf_coef"])
+        for batch, n, share in ctx.micro():
+            mb = rollout.minibatch(batch[0] % len(rollout))
+            with ctx.autocast():
+                out, value = model(mb["obs"])
+            logp, entropy = log_prob_entropy(distribution(out, log_std), mb["actions"])
+            loss, stats = ppo_loss(logp, entropy, value, old_logp=mb["logp"],
+                                   advantages=mb["advantages"], old_value=mb["values"],
+                                   returns=mb["returns"], settings=settings)
+            ctx.backward(loss if share == 1 else loss * share)
+            ctx.log("loss", loss.detach(), n)
+            for key, value_ in stats.items():
+                ctx.log(key, value_, n)
+        ctx.step()
+
+    def loss(self, outputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        """Nothing to learn from an evaluation episode's start alone: the generic pass's
+        loss is 0 and the evaluation's ``val_loss`` is the critic's error, measured while
+        the episodes are played (:meth:`play`)."""
+        return torch.zeros((), device=outputs.device)
+
+    # ------------------------------------------------------------------ checks
+    def check_data(self, data: Any, keyword: str) -> None:
+        if getattr(data, "env", None) is None:
+            raise UserError(f"{flag('task')} ppo trains on environments: {keyword} must be "
+                            f"the rollout of gym: data ({flag('data')} gym:ENV_ID, or "
+                            f"amptrain.data.build_data('gym:ENV_ID').train)")
+
+    def check_outputs(self, outputs: torch.Tensor | None, targets: Any, *,
+                      model_name: str | None, all_targets: torch.Tensor | None) -> None:
+        return None  # models() checked the actor-critic interface on an observation batch
+
+    # -------------------------------------------------------------- evaluation
+    def play(self, model: Any, seed: int, device: torch.device) -> tuple[float, int, float]:
+        """One deterministic episode from ``seed``: (return, length, the squared error of
+        the critic's value of the start against the discounted return it learnt)."""
+        env, gamma = self.env, self.settings.get("gamma", SHARED["gamma"])
+        game = env.make()
+        try:
+            obs, _ = game.reset(seed=seed)
+            total, discounted, discount, start_value, length = 0.0, 0.0, 1.0, None, 0
+            while length < MAX_EPISODE_STEPS:
+                length += 1
+                seen = env.normalised(np.asarray(obs, dtype=np.float64)[None], update=False)
+                out, value = model(torch.as_tensor(seen, dtype=torch.float32, device=device))
+                if start_value is None:
+                    start_value = float(value.float().reshape(-1)[0])
+                out = out.float()[0]
+                action = out.argmax().item() if env.discrete else out.cpu().numpy()
+                obs, reward, terminated, truncated, _ = game.step(
+                    action if env.discrete else env.to_env(action))
+                total += float(reward)
+                discounted += discount * float(reward) / env.reward_scale()
+                discount *= gamma
+                if terminated or truncated:
+                    break
+        finally:
+            game.close()
+        return total, length, (float(start_value or 0.0) - discounted) ** 2
+
+    def start_eval(self, device: torch.device) -> EvalSums:
+        if self.env is None:
+            raise UserError("the ppo task plays episodes of its environment: call "
+                            "task.fit(data) before evaluating")
+        return _Episodes(self, device)
+
+    def finish_eval(self, sums: EvalSums, gather: Any, loss: float, samples: int) -> EvalResult:
+        assert isinstance(sums, _Episodes)
+        local = torch.tensor([sums.returns, sums.lengths, sums.value_errors],
+                             dtype=torch.float64, device=sums.device).reshape(3, -1)
+        rows = gather(local.t().contiguous()).reshape(-1, 3).cpu().numpy()
+        returns, lengths, errors = rows[:, 0], rows[:, 1], rows[:, 2]
+        if not len(returns):
+            raise UserError("the ppo task's evaluation played no episode (--eval-episodes)")
+        metrics = {"return": float(returns.mean()), "return_iqm": iqm(returns)}
+        return EvalResult(loss=float(errors.mean()), samples=len(returns), metrics=metrics,
+                          details={"returns": returns.tolist(), "lengths": lengths.tolist(),
+                                   "return_std": float(returns.std()),
+                                   "env": self.env.spec if self.env is not None else None},
+                          task=self)
+
+    def report(self, result: EvalResult) -> dict[str, Any]:
+        d = result.details
+        lengths = d.get("lengths") or []
+        return {"env": d.get("env"), "episodes": result.samples,
+                "return_mean": result.metrics["return"],
+                "return_std": d.get("return_std"), "return_iqm": result.metrics["return_iqm"],
+                "length_mean": float(np.mean(lengths)) if lengths else None,
+                "returns": d.get("returns"), "lengths": lengths,
+                "policy": "deterministic (most likely action / Gaussian mean)",
+                "value_loss": result.loss,
+                "value_loss_meaning": "squared error of the critic's value of each start "
+                                      "against the episode's discounted return (in the "
+                                      "reward scale it learnt)"}
+
+    def report_text(self, result: EvalResult) -> tuple[str, str]:
+        r = self.report(result)
+        lines = [f"PPO report: {r['episodes']} deterministic episodes of {r['env']}", "",
+                 f"  return mean  {r['return_mean']:.2f}",
+                 f"  return std   {r['return_std']:.2f}",
+                 f"  return IQM   {r['return_iqm']:.2f}",
+                 f"  length mean  {r['length_mean']:.1f}", "",
+                 "  returns: " + " ".join(f"{x:.1f}" for x in r["returns"])]
+        return "ppo_report.txt", "\n".join(lines + [""])
+
+
+__all__ = ["PpoTask", "RECIPES", "actor_critic_of", "iqm"]
