@@ -131,6 +131,9 @@ class PpoTask(Task):
     output_noun = "actions"
     loss_names = {0: "loss"}
     batches_are_samples = False
+    #: RL returns vary widely between seeds: compare judges the IQM over seeds with
+    #: stratified-bootstrap intervals (compare/seeds.py), not the mean of two runs.
+    seed_statistic = "iqm"
 
     def __init__(self, env_steps: int | None = None, obs_stats: dict[str, Any] | None = None,
                  reward_stats: dict[str, Any] | None = None, **settings: Any) -> None:
