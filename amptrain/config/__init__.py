@@ -43,4 +43,5 @@ __all__ = ["RESOLVED_ONLY_KEYS", "build_config", "cli_flag", "coerce", "config_f
            "to_dict",
            "with_options", "write_yaml", "DEFAULT_LR", "LR_SCALING", "MAX_SEED", "OPTIMIZERS",
            "SCHEDULERS", "STRATEGIES", "BatchingConfig", "CheckpointConfig", "DistributedConfig",
-           "LoggingConfig", "MicroBatchSplit", "PrecisionConfig", "RunConfig", "ScheduleConfig", "TrainConfig"]
+           "LoggingConfig", "MicroBatchSplit", "PrecisionConfig", "RunConfig", "ScheduleConfig",
+           "TrainConfig"]
