@@ -155,16 +155,23 @@ class MicroBatchPlanner:
         self.memory_budget_gb = memory_budget_gb
         self.agree = agree
         self.limit: int | None = None        # micro-batch cap after an out-of-memory error
-        #: The split the run uses now: set once at set-up (:meth:`use`), replaced only
-        #: where a smaller one takes effect after out-of-memory.
-        self.split: MicroBatchSplit | None = None
+        self._split: MicroBatchSplit | None = None
         self.search_report: dict[str, Any] | None = None
         self.oom_events: list[dict[str, Any]] = []
         self._events_told = 0
 
+    @property
+    def split(self) -> MicroBatchSplit:
+        """The split the run uses now: set once at set-up (:meth:`use`), replaced only
+        where a smaller one takes effect after out-of-memory; read by every step."""
+        if self._split is None:
+            raise UserError("set the Trainer up first (setup() or fit()): the batch split "
+                            "is decided there")
+        return self._split
+
     def use(self, split: MicroBatchSplit) -> MicroBatchSplit:
         """Make ``split`` the run's split (computed once, read by every step)."""
-        self.split = split
+        self._split = split
         return split
 
     # ------------------------------------------------------------- auto search

@@ -178,7 +178,7 @@ class Trainer:
         :class:`~amptrain.batches.StepBatch` on the device), without the loop's bookkeeping
         (logging, evaluation, checkpoints, step counter)."""
         runner, windows, _ = self._ready()
-        split = runner.run(window, self._split(), self.step + 1)
+        split = runner.run(window, self.planner.split, self.step + 1)
         if split.micro_batch != windows.micro_batch:
             self._use_batch_plan(split)
 
@@ -299,13 +299,7 @@ class Trainer:
     @property
     def accumulate(self) -> int:
         """Micro-batches per optimizer step on each device."""
-        return self._split().accumulate
-
-    def _split(self) -> MicroBatchSplit:
-        """The run's batch split, decided at set-up (the planner keeps it)."""
-        if self.planner.split is None:
-            raise UserError("set the Trainer up first (setup() or fit())")
-        return self.planner.split
+        return self.planner.split.accumulate  # decided at set-up (the planner keeps it)
 
     def _ready(self) -> tuple[StepRunner, Windows, RunLength]:
         if self.runner is None or self.train_windows is None or self.run_length is None:
