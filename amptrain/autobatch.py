@@ -46,6 +46,7 @@ import torch
 
 from . import nested
 from .batches import StepBatch
+from .config.train import MicroBatchSplit
 from .errors import TrainingHalted, UserError, flag
 from .memory import MemoryMeter, available_bytes, free_memory, rss_bytes
 from .precision.advice import less_memory
@@ -127,14 +128,6 @@ def largest_fitting(candidates: list[int], fits: Callable[[int], bool], *, start
     return sizes[lo] if lo >= 0 else None
 
 
-@dataclass(frozen=True)
-class MicroBatchSplit:
-    """How a per-device batch is cut: ``micro_batch`` samples x ``accumulate`` passes."""
-
-    micro_batch: int
-    accumulate: int
-
-
 @dataclass
 class Probe:
     """One tried micro-batch size."""
@@ -162,9 +155,24 @@ class MicroBatchPlanner:
         self.memory_budget_gb = memory_budget_gb
         self.agree = agree
         self.limit: int | None = None        # micro-batch cap after an out-of-memory error
+        self._split: MicroBatchSplit | None = None
         self.search_report: dict[str, Any] | None = None
         self.oom_events: list[dict[str, Any]] = []
         self._events_told = 0
+
+    @property
+    def split(self) -> MicroBatchSplit:
+        """The split the run uses now: set once at set-up (:meth:`use`), replaced only
+        where a smaller one takes effect after out-of-memory; read by every step."""
+        if self._split is None:
+            raise UserError("set the Trainer up first (setup() or fit()): the batch split "
+                            "is decided there")
+        return self._split
+
+    def use(self, split: MicroBatchSplit) -> MicroBatchSplit:
+        """Make ``split`` the run's split (computed once, read by every step)."""
+        self._split = split
+        return split
 
     # ------------------------------------------------------------- auto search
     def search(self, run_steps: Callable[[int], None],
@@ -192,7 +200,8 @@ class MicroBatchPlanner:
             restore()
             free_memory(self.device)
         self.search_report = {"micro_batch_size": micro,
-                              "accumulate": self.per_device // micro if micro else None,
+                              "accumulate": MicroBatchSplit.of(micro, self.per_device).accumulate
+                              if micro else None,
                               "memory_budget_bytes": budget, "measured_by": meter.source,
                               "probes": [asdict(p) for p in probes]}
         tried = ", ".join(f"{p.micro_batch_size}: {p.note}" +
@@ -206,7 +215,7 @@ class MicroBatchPlanner:
             raise UserError(f"{flag('micro_batch_size')} auto: even micro-batch 1 does not fit "
                             f"({first.note}, peak {_gb(first.peak_bytes)}"
                             f"{f' > budget {_gb(budget)}' if budget is not None else ''}); {hint}")
-        plan = MicroBatchSplit(micro, self.per_device // micro)
+        plan = MicroBatchSplit.of(micro, self.per_device)
         where = f"budget {_gb(budget)}, " if budget is not None else ""
         processes = f" x {self.world_size} processes" if self.world_size > 1 else ""
         self.search_report["summary"] = (
@@ -282,7 +291,7 @@ class MicroBatchPlanner:
     def _shrink(self, window: StepBatch, failure: str, plan: MicroBatchSplit,
                 step: int) -> MicroBatchSplit:
         failed = max(window.micro_samples)
-        per_device = plan.micro_batch * plan.accumulate
+        per_device = plan.per_device
         smaller = halve(failed, per_device)
         if smaller is None:
             raise OutOfMemoryHalt(
@@ -295,7 +304,7 @@ class MicroBatchPlanner:
                 f"out of memory at step {step} with micro-batch {failed} ({failure}); one of "
                 f"{self.world_size} processes cannot redo a step alone: restart with "
                 f"{flag('micro_batch_size')} {smaller} (or auto)")
-        new = MicroBatchSplit(smaller, math.ceil(per_device / smaller))
+        new = MicroBatchSplit.of(smaller, per_device)
         self.limit = smaller
         self.oom_events.append({"step": step, "micro_batch_size": [plan.micro_batch, smaller],
                                 "accumulate": [plan.accumulate, new.accumulate], "error": failure,

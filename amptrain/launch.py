@@ -97,11 +97,12 @@ def torchrun_args(args: argparse.Namespace, config: RunConfig) -> list[str]:
 
 
 def config_args(config: RunConfig) -> list[str]:
-    """Flags that rebuild ``config`` (fields that differ from their defaults, and --out)."""
+    """Flags that rebuild ``config`` (fields that differ from their defaults, --out, and
+    every option the user gave: each process carries the same ``config.given``)."""
     argv: list[str] = []
     defaults = to_dict(type(config)())
     for name, value in to_dict(config).items():
-        if value == defaults[name] and name != "out":
+        if value == defaults[name] and name != "out" and name not in config.given:
             continue
         if isinstance(value, bool):
             argv += [cli_flag(name)] if value else []

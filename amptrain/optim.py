@@ -24,7 +24,7 @@ from __future__ import annotations
 import math
 import shutil
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
@@ -65,11 +65,13 @@ def _fused_ok(model: nn.Module) -> bool:
     return bool(devices) and devices <= {"cuda", "cpu"} and len(devices) == 1
 
 
-def build_optimizer(config: TrainConfig, model: nn.Module, *, fused_allowed: bool = True
-                    ) -> torch.optim.Optimizer:
+def build_optimizer(config: TrainConfig, model: nn.Module, *, fused_allowed: bool = True,
+                    plan: LrPlan | None = None) -> torch.optim.Optimizer:
     """AdamW or SGD (momentum, Nesterov off), fused where the device supports it and the
-    precision allows it (``fused_allowed``: see :meth:`Precision.allows_fused`)."""
-    lr = scaled_lr(config)
+    precision allows it (``fused_allowed``: see :meth:`Precision.allows_fused`), at the
+    run's learning rate (``plan``'s: the Trainer builds its plan first; without one, the
+    plan of ``config``)."""
+    lr = (plan or LrPlan.for_batch(config)).lr
     groups = parameter_groups(model, config.schedule.weight_decay)
     fused = fused_allowed and _fused_ok(model)
     if config.schedule.optimizer == "sgd" \
@@ -117,13 +119,15 @@ def adamw8bit_class(model: nn.Module) -> Callable[..., torch.optim.Optimizer]:
 
 
 def build_scheduler(config: TrainConfig, optimizer: torch.optim.Optimizer,
-                    total_steps: int) -> LRScheduler:
-    """The per-optimizer-step schedule: linear warm-up, then none/cosine/onecycle/linear.
+                    total_steps: int, *, plan: LrPlan | None = None) -> LRScheduler:
+    """The per-optimizer-step schedule: linear warm-up (``plan``'s, else
+    ``--warmup-steps``), then none/cosine/onecycle/linear.
 
     The Trainer advances it only after steps that really updated the weights.
     """
     total_steps = max(1, total_steps)
-    warmup = min(config.schedule.warmup_steps, total_steps)
+    warmup = min(plan.warmup_steps if plan is not None else config.schedule.warmup_steps,
+                 total_steps)
     if config.schedule.scheduler == "onecycle":
         pct = warmup / total_steps if warmup else 0.3
         return OneCycleLR(optimizer, max_lr=[g["lr"] for g in optimizer.param_groups],
@@ -151,7 +155,12 @@ AUTO_WARMUP_FRACTION = 0.1
 
 @dataclass(frozen=True)
 class LrPlan:
-    """The learning rate and warm-up a run really uses, and where they came from."""
+    """The learning rate and warm-up a run really uses, and where they came from.
+
+    The one owner of a run's learning rate, built first: :meth:`for_batch` (from the
+    config alone) gives the optimizers their lr; :meth:`for_run`, once the run's length
+    is known, decides the warm-up the schedulers take. Nothing else applies the formula.
+    """
 
     base_lr: float          # --lr (or the optimizer's default), as tuned at --base-batch-size
     lr: float               # after --lr-scaling
@@ -160,8 +169,26 @@ class LrPlan:
     warmup_given: int       # --warmup-steps
     warmup_auto: int        # the automatic warm-up for a scaled-up lr (0 when not scaling up)
 
+    @classmethod
+    def for_batch(cls, config: TrainConfig) -> LrPlan:
+        """The lr for ``config``'s batch size (:func:`scaled_lr`), before the run's length
+        is known: the warm-up is ``--warmup-steps`` until :meth:`for_run` decides it."""
+        base = config.schedule.resolved_lr()
+        lr = scaled_lr(config)
+        given = config.schedule.warmup_steps
+        return cls(base_lr=base, lr=lr, factor=lr / base, warmup_steps=given,
+                   warmup_given=given, warmup_auto=0)
+
+    def for_run(self, steps_per_epoch: int, total_steps: int) -> LrPlan:
+        """This plan with the warm-up for a run of ``total_steps`` steps (see the module
+        docstring: an automatic warm-up when the lr is scaled up)."""
+        auto = auto_warmup_steps(steps_per_epoch, total_steps) if self.factor > 1.0 else 0
+        warmup = min(max(self.warmup_given, auto), max(1, total_steps))
+        return replace(self, warmup_steps=warmup, warmup_auto=auto)
+
     def scheduler_config(self, config: TrainConfig) -> TrainConfig:
-        """``config`` with the warm-up actually used (for ``build_scheduler``)."""
+        """``config`` with the warm-up actually used (for a caller's own
+        ``build_scheduler(config, ...)``; the Trainer passes the plan itself)."""
         return replace_options(config, warmup_steps=self.warmup_steps)
 
     def describe(self, config: TrainConfig) -> str | None:
@@ -193,10 +220,4 @@ def auto_warmup_steps(steps_per_epoch: int, total_steps: int) -> int:
 
 def plan_lr(config: TrainConfig, steps_per_epoch: int, total_steps: int) -> LrPlan:
     """The learning rate and warm-up for ``config``'s batch size (see the module docstring)."""
-    base = config.schedule.resolved_lr()
-    lr = scaled_lr(config)
-    factor = lr / base
-    auto = auto_warmup_steps(steps_per_epoch, total_steps) if factor > 1.0 else 0
-    warmup = min(max(config.schedule.warmup_steps, auto), max(1, total_steps))
-    return LrPlan(base_lr=base, lr=lr, factor=factor, warmup_steps=warmup,
-                  warmup_given=config.schedule.warmup_steps, warmup_auto=auto)
+    return LrPlan.for_batch(config).for_run(steps_per_epoch, total_steps)

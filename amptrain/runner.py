@@ -19,7 +19,7 @@ from .errors import UserError
 from .launch import resume_after_restart
 from .export import export_trained
 from .models import ModelInputs, build_model, task_of_model, text_encoder_for
-from .reproducibility import seed_everything
+from .reproducibility import MODEL_INIT, seed_phase
 from .saved_run import (build_saved_model, checkpoint_file, load_run, saved_inputs,
                         saved_task, saved_task_name)
 from .precision.support import resolve_name
@@ -101,7 +101,7 @@ def decide_task(config: RunConfig, data: DataBundle) -> Task:
 
 def build_run_model(config: RunConfig, data: DataBundle) -> nn.Module:
     """A freshly initialised model for ``data`` (seeded: same seed, same weights)."""
-    seed_everything(config.seed)
+    seed_phase(MODEL_INIT, config.seed)
     return build_model(config.model, model_inputs(data))
 
 
@@ -143,6 +143,8 @@ def run_training(config: RunConfig, **trainer_options: Any) -> FitResult:
     try:
         return _train(config, strategy, trainer_options)
     finally:
+        if config.out is not None:
+            outdir.forget(config.out)  # a run that failed before its Trainer checked
         # The Trainer (and the DDP wrapper it holds) is unreachable once _train() has
         # returned, so the teardown can free it before it destroys the process group.
         if owned:
@@ -158,7 +160,8 @@ def _train(config: RunConfig, strategy: Any, trainer_options: dict[str, Any]) ->
     if config.out is not None:  # without one nothing is written (as in the Trainer)
         outdir.check_on_main(config.out, resume=bool(config.checkpointing.resume),
                              is_main=strategy.is_main, broadcast=strategy.broadcast_object,
-                             outputs=outdir.train_outputs(config.logging.logger))
+                             outputs=outdir.train_outputs(config.logging.logger),
+                             remember=True)  # the Trainer's check: this verdict
     run = assemble(config)
     config = run.config
     trainer = Trainer(config, strategy=strategy, run_info=run_info(config, run.data, run.task),

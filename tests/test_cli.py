@@ -596,6 +596,9 @@ ERROR_TABLE = [
     # --- tasks ---
     # (end of tasks)
     # --- owners ---
+    # Issue 33: compare's YAML meets its flags where every command's do (merged_values).
+    ("compare-unknown-yaml-key", "compare --config {root}/typo.yaml",
+     "unknown option --epoch in --config"),
     # (end of owners)
 ]
 

@@ -110,3 +110,35 @@ def test_base_batch_size_without_lr_scaling_is_warned_on_the_command_line(tmp_pa
     assert done.returncode == 0, done.stderr
     assert "amptrain: warning: --base-batch-size is the batch size --lr was tuned for" \
         in done.stderr
+
+
+# Issue 33: the options a user gave are carried with the config, never guessed.
+def test_a_config_built_from_options_carries_them_to_the_warning(caplog):
+    from amptrain.config import TrainConfig
+
+    config = TrainConfig.from_options(optimizer="adamw", momentum=0.9)  # 0.9: the default
+    with caplog.at_level(logging.WARNING, logger="amptrain"):
+        Trainer(config, device="cpu", no_progress=True, max_steps=1,
+                batch_size=32).fit(tiny_mlp(), tiny_classification(n=64))
+    assert any("momentum applies to optimizer sgd only" in r.getMessage()
+               for r in caplog.records)
+
+
+def test_a_value_nobody_gave_is_not_guessed_to_be_given(caplog):
+    from amptrain.config import ScheduleConfig, TrainConfig
+
+    config = TrainConfig(schedule=ScheduleConfig(optimizer="adamw", momentum=0.5))
+    with caplog.at_level(logging.WARNING, logger="amptrain"):
+        Trainer(config, device="cpu", no_progress=True, max_steps=1,
+                batch_size=32).fit(tiny_mlp(), tiny_classification(n=64))
+    assert not any("momentum" in r.getMessage() for r in caplog.records)
+
+
+def test_a_flag_typed_at_its_default_value_is_given_too(capsys, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    code = cli.main(["train", "--model", "mlp", "--momentum", "0.9", "--max-steps", "1",
+                     "--no-progress", "--out", str(tmp_path / "run")])
+    assert code == 0
+    lines = [line for line in capsys.readouterr().err.splitlines() if "warning:" in line]
+    assert lines == ["amptrain: warning: --momentum applies to --optimizer sgd only; "
+                     "--optimizer adamw ignores it"]

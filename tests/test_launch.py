@@ -177,3 +177,12 @@ def test_resume_is_left_alone_outside_torchrun_and_when_given(monkeypatch):
     monkeypatch.setenv("RANK", "0")
     monkeypatch.setenv("TORCHELASTIC_RESTART_COUNT", "2")
     assert resume_after_restart(given).checkpointing.resume == "runs/old/last.pt"
+
+
+def test_config_args_carry_the_given_options_to_every_process():
+    config = build_config(RunConfig, {"momentum": 0.9, "lr": 0.5, "out": "runs/x"})
+    argv = config_args(config)
+    assert "--momentum=0.9" in argv and "--lr=0.5" in argv  # momentum: given at its default
+    rebuilt = build_config(RunConfig, merged_values(build_parser().parse_args(["train",
+                                                                               *argv])))
+    assert rebuilt == config and config.given <= rebuilt.given

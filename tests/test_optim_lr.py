@@ -142,3 +142,37 @@ def test_report_and_scheduler_config():
     assert scheduled.schedule.warmup_steps == 50 and config.schedule.warmup_steps == 5
     assert scheduled.schedule.lr == config.schedule.lr and \
         scheduled.batching == config.batching
+
+
+# ------------------------------------------------- the plan built first (issue 33)
+def test_the_plan_is_built_from_the_config_first_and_its_warm_up_once_the_run_is_known():
+    config = _config(lr_scaling="linear", warmup_steps=2)
+    first = LrPlan.for_batch(config)
+    assert (first.base_lr, first.lr, first.factor) == (0.1, pytest.approx(0.4), pytest.approx(4))
+    assert (first.warmup_steps, first.warmup_auto) == (2, 0)  # before the run's length
+    assert first.for_run(10, 1000) == plan_lr(config, 10, 1000)
+    assert first.for_run(10, 1000).warmup_steps == 50  # the automatic warm-up decided
+
+
+def test_the_optimizer_and_the_scheduler_take_the_plan():
+    import torch
+
+    from amptrain.optim import build_optimizer, build_scheduler
+
+    config = _config(lr_scaling="linear", scheduler="none")
+    plan = LrPlan.for_batch(config).for_run(10, 40)  # warm-up: 10% of 40 steps = 4
+    model = torch.nn.Linear(2, 2)
+    optimizer = build_optimizer(config, model, plan=plan)
+    assert [g["lr"] for g in optimizer.param_groups] == [pytest.approx(0.4)] * 2
+    scheduler = build_scheduler(config, optimizer, 40, plan=plan)
+    assert optimizer.param_groups[0]["lr"] == pytest.approx(0.4 / 4)  # step 0 of 4 warm-up
+    lrs = []
+    for _ in range(5):
+        optimizer.step()
+        scheduler.step()
+        lrs.append(optimizer.param_groups[0]["lr"])
+    assert lrs == pytest.approx([0.2, 0.3, 0.4, 0.4, 0.4])
+    # Without a plan: the config's own --warmup-steps (0 here) and lr.
+    plain = build_optimizer(config, model)
+    build_scheduler(config, plain, 40)
+    assert plain.param_groups[0]["lr"] == pytest.approx(0.4)

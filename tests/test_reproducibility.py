@@ -71,3 +71,33 @@ def test_cudnn_benchmark_is_on_for_cuda_training_unless_deterministic():
         assert torch.backends.cudnn.benchmark is False
     finally:
         torch.backends.cudnn.benchmark = saved
+
+
+# Issue 33: the seed has one owner, which names the two moments a run applies it.
+def test_both_phases_start_the_same_stream_from_the_seed():
+    from amptrain.reproducibility import MODEL_INIT, SEED_PHASES, TRAINING, seed_phase
+
+    assert SEED_PHASES == (MODEL_INIT, TRAINING)
+    seed_everything(9)
+    expected = _draws()
+    for phase in SEED_PHASES:
+        torch.rand(3)  # whatever ran before the phase
+        seed_phase(phase, 9)
+        assert _draws() == expected
+
+
+def test_deterministic_kernels_come_with_the_training_phase_only():
+    from amptrain.reproducibility import MODEL_INIT, TRAINING, seed_phase
+
+    torch.use_deterministic_algorithms(False)
+    seed_phase(MODEL_INIT, 1, deterministic=True)
+    assert not torch.are_deterministic_algorithms_enabled()
+    seed_phase(TRAINING, 1, deterministic=True)
+    assert torch.are_deterministic_algorithms_enabled()
+
+
+def test_an_unknown_phase_is_refused():
+    from amptrain.reproducibility import seed_phase
+
+    with pytest.raises(ValueError, match="unknown seed phase 'eval'"):
+        seed_phase("eval", 1)

@@ -12,7 +12,9 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from ..config import RunConfig, build_config, cli_flag, config_fields, load_yaml
+from ..config import (RESOLVED_ONLY_KEYS, RunConfig, build_config, cli_flag, config_fields,
+                      load_yaml)
+from ..config.options import is_default
 
 
 def add_config_flags(parser: argparse.ArgumentParser, cls: type = RunConfig,
@@ -49,9 +51,23 @@ def add_config_flags(parser: argparse.ArgumentParser, cls: type = RunConfig,
 
 def merged_values(args: argparse.Namespace, *classes: type) -> dict[str, Any]:
     """YAML from --config, overridden by the flags that were given: the one place where
-    the two meet. ``classes`` (default :class:`RunConfig`) say which flags are options."""
-    values: dict[str, Any] = load_yaml(args.config) if getattr(args, "config", None) else {}
-    names = {name for cls in classes or (RunConfig,) for name in config_fields(cls)}
+    the two meet. ``classes`` (default :class:`RunConfig`) say which flags are options.
+
+    The keys of the result are exactly the options the user gave (flags are parsed with
+    their defaults suppressed): :func:`~amptrain.config.options.build_config` carries
+    them on the config as ``config.given``. A YAML key no class knows is kept for the
+    caller to refuse by name.
+
+    A run's own config.yaml read back (it holds the :data:`RESOLVED_ONLY_KEYS`) names
+    every option, as amptrain wrote it: its options at their defaults are left out, so
+    they build the same config without counting as given."""
+    classes = classes or (RunConfig,)
+    values: dict[str, Any] = load_yaml(args.config, keep_resolved=True) \
+        if getattr(args, "config", None) else {}
+    if RESOLVED_ONLY_KEYS & set(values):
+        values = {k: v for k, v in values.items() if k not in RESOLVED_ONLY_KEYS
+                  and not any(is_default(cls, k, v) for cls in classes)}
+    names = {name for cls in classes for name in config_fields(cls)}
     for name, value in vars(args).items():
         if name in names:
             values[name] = value

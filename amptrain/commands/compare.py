@@ -5,9 +5,9 @@ import argparse
 import logging
 from typing import Any
 
-from ..config import RunConfig, build_config, config_fields, load_yaml, replace_options
+from ..config import RunConfig, build_config, config_fields, replace_options
 from ..errors import UserError, flag
-from .common import add_config_flags, command_line, default_out
+from .common import add_config_flags, command_line, default_out, merged_values
 
 HELP = "A/B study: train in several precisions, compare speed, memory and accuracy"
 
@@ -33,24 +33,20 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def split_values(args: argparse.Namespace) -> tuple[dict[str, Any], dict[str, Any]]:
-    """(train values, compare values) from --config YAML overridden by the given flags."""
+    """(train values, compare values) from --config YAML overridden by the given flags
+    (met in :func:`~amptrain.commands.common.merged_values`, as every command's are)."""
     from ..compare import CompareOptions
 
-    from_yaml = load_yaml(args.config) if getattr(args, "config", None) else {}
     train_names, compare_names = set(config_fields(RunConfig)), set(config_fields(CompareOptions))
-    unknown = sorted(set(from_yaml) - train_names - compare_names)
-    if unknown:
+    values = merged_values(args, RunConfig, CompareOptions)
+    unknown = sorted(set(values) - train_names - compare_names)
+    if unknown:  # only a --config YAML key can be unknown: the flags are the parser's
         raise UserError(f"unknown option {flag(unknown[0])} in --config {args.config}")
-    if "precision" in from_yaml:
+    if "precision" in values:  # no --precision flag here: from the YAML
         log.info("compare: ignoring precision from --config; each of --precisions is trained")
-        from_yaml.pop("precision")
-    train = {k: v for k, v in from_yaml.items() if k in train_names}
-    compare = {k: v for k, v in from_yaml.items() if k in compare_names}
-    for name, value in vars(args).items():
-        if name in compare_names:
-            compare[name] = value
-        elif name in train_names:
-            train[name] = value
+        values.pop("precision")
+    train = {k: v for k, v in values.items() if k in train_names}
+    compare = {k: v for k, v in values.items() if k in compare_names}
     return train, compare
 
 
@@ -76,8 +72,7 @@ def run(args: argparse.Namespace) -> int:
     options = build_config(CompareOptions, compare_values, source="option")
     if not config.out:
         config = replace_options(config, out=default_out(config, prefix="compare-"))
-    result = run_compare(config, options, command=command_line(),
-                         pick_log_every="log_every" not in train_values)
+    result = run_compare(config, options, command=command_line())
     emulated = emulated_here(config.device)
     given = as_given([*str(options.precisions).split(","), options.baseline])  # Keras names
     print(format_table(result["summary"], result["baseline"], emulated, given))

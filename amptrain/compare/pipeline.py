@@ -32,16 +32,19 @@ def check_out(out: Path) -> None:
 
 
 def run_compare(config: RunConfig, options: CompareOptions, *, command: str | None = None,
-                pick_log_every: bool = True) -> dict[str, Any]:
+                pick_log_every: bool | None = None) -> dict[str, Any]:
     """Run the whole study into ``config.out``; returns compare.json's content.
 
     ``config`` holds the training options shared by every run (its ``precision`` and
     ``seed`` are set per run: seeds ``config.seed`` .. ``config.seed + seeds - 1``).
-    With ``pick_log_every`` --log-every is chosen for smooth loss curves. Each
+    With ``pick_log_every`` (default: unless the user gave --log-every, ``config.given``)
+    --log-every is chosen for smooth loss curves. Each
     precision's first line ("amptrain: precision ...") is shown once.
     """
     with banners_once():
-        return _study(config, options, command=command, pick_log_every=pick_log_every)
+        return _study(config, options, command=command,
+                      pick_log_every="log_every" not in config.given
+                      if pick_log_every is None else pick_log_every)
 
 
 def _study(config: RunConfig, options: CompareOptions, *, command: str | None,

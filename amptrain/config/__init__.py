@@ -10,6 +10,7 @@ from .options import (
                       cli_flag,
                       coerce,
                       config_fields,
+                      given_options,
                       load_yaml,
                       option,
                       option_paths,
@@ -30,6 +31,7 @@ from .train import (
                       CheckpointConfig,
                       DistributedConfig,
                       LoggingConfig,
+                      MicroBatchSplit,
                       PrecisionConfig,
                       RunConfig,
                       ScheduleConfig,
@@ -37,7 +39,9 @@ from .train import (
 )
 
 __all__ = ["RESOLVED_ONLY_KEYS", "build_config", "cli_flag", "coerce", "config_fields",
-           "load_yaml", "option", "option_paths", "replace_options", "section", "to_dict",
+           "given_options", "load_yaml", "option", "option_paths", "replace_options", "section",
+           "to_dict",
            "with_options", "write_yaml", "DEFAULT_LR", "LR_SCALING", "MAX_SEED", "OPTIMIZERS",
            "SCHEDULERS", "STRATEGIES", "BatchingConfig", "CheckpointConfig", "DistributedConfig",
-           "LoggingConfig", "PrecisionConfig", "RunConfig", "ScheduleConfig", "TrainConfig"]
+           "LoggingConfig", "MicroBatchSplit", "PrecisionConfig", "RunConfig", "ScheduleConfig",
+           "TrainConfig"]

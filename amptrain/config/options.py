@@ -48,6 +48,17 @@ def section(cls: type) -> Any:
     return field(default_factory=cls, metadata={"section": True})
 
 
+#: The attribute a config carries the options its user gave in (see :func:`given_options`).
+_GIVEN = "_given_options"
+
+
+def _carrying(config: Any, given: Iterable[str]) -> Any:
+    # An attribute beside the fields, not a field: it is no option (no flag, no YAML key,
+    # no part of to_dict or of equality); with_options carries it to each copy.
+    object.__setattr__(config, _GIVEN, frozenset(given))
+    return config
+
+
 def cli_flag(name: str) -> str:
     """The command-line spelling of an option: ``micro_batch_size`` -> ``--micro-batch-size``.
 
@@ -91,14 +102,15 @@ def build_config(cls: type, values: dict[str, Any], source: str = "option") -> A
     """A validated ``cls`` from flat values, rejecting unknown names by name.
 
     Every value is first converted as its flag would convert it (:func:`coerce`); each
-    section validates itself when it is built.
+    section validates itself when it is built. The config carries ``values``' names as
+    the options its user gave (:func:`given_options`).
     """
     known = config_fields(cls)
     unknown = sorted(set(values) - set(known))
     if unknown:
         raise UserError(_unknown_message(cls, unknown[0], source, known))
     typed = {name: coerce(known[name], value) for name, value in values.items()}
-    return _build(cls, typed)
+    return _carrying(_build(cls, typed), values)
 
 
 def _build(cls: type, flat: dict[str, Any]) -> Any:
@@ -129,7 +141,9 @@ def with_options(config: Any, **changes: Any) -> Any:
     Typed, without a round trip through the flat dict: each value is converted as its
     flag would convert it (:func:`coerce`), the sections it lands in are rebuilt by
     :func:`dataclasses.replace` (so they and the config validate again), the other
-    sections are kept as they are.
+    sections are kept as they are. The options the user gave are kept as they were:
+    a change made by amptrain (a default ``--out``) is not the user's choice
+    (:func:`with_given_options` is).
     """
     if not changes:
         return config
@@ -139,8 +153,9 @@ def with_options(config: Any, **changes: Any) -> Any:
     if unknown:
         raise UserError(_unknown_message(cls, unknown[0], "option", known))
     paths = option_paths(cls)
-    return _replace(config, {paths[name]: coerce(known[name], value)
-                             for name, value in changes.items()})
+    return _carrying(_replace(config, {paths[name]: coerce(known[name], value)
+                                       for name, value in changes.items()}),
+                     given_options(config))
 
 
 def _replace(obj: Any, changes: dict[tuple[str, ...], Any]) -> Any:
@@ -153,6 +168,21 @@ def _replace(obj: Any, changes: dict[tuple[str, ...], Any]) -> Any:
     for name, inner in nested.items():
         direct[name] = _replace(getattr(obj, name), inner)
     return dataclasses.replace(obj, **direct)
+
+
+def given_options(config: Any) -> frozenset[str]:
+    """The flat names of the options ``config``'s user gave: the keys it was built from
+    (:func:`build_config`: flags typed and ``--config`` keys, met in
+    ``commands/common.merged_values``) and a library call's keywords
+    (:func:`with_given_options`); never guessed from the values. Empty for a config built
+    from its sections by hand."""
+    return getattr(config, _GIVEN, frozenset())
+
+
+def with_given_options(config: Any, **options: Any) -> Any:
+    """:func:`with_options` for options a user gave (a library call's keywords): changed,
+    and added to the options the config carries as given."""
+    return _carrying(with_options(config, **options), given_options(config) | set(options))
 
 
 #: The older name of :func:`with_options`.
@@ -280,8 +310,9 @@ def require_choices(section: Any) -> None:
 RESOLVED_ONLY_KEYS = frozenset({"world_size", "lr_schedule", "micro_batch_search", "oom_events"})
 
 
-def load_yaml(path: str | Path) -> dict[str, Any]:
-    """Read a --config YAML file into a dict with underscore keys."""
+def load_yaml(path: str | Path, *, keep_resolved: bool = False) -> dict[str, Any]:
+    """Read a --config YAML file into a dict with underscore keys (``keep_resolved``: with
+    the :data:`RESOLVED_ONLY_KEYS` of a run's config.yaml, which are not options)."""
     path = Path(path)
     special = not_regular_reason(path)
     if special:  # reading a FIFO blocks, /dev/zero never ends
@@ -317,7 +348,18 @@ def load_yaml(path: str | Path) -> dict[str, Any]:
     values = {str(k).replace("-", "_"): v for k, v in raw.items()}
     # A run's resolved config.yaml also records facts that are not options; reading it
     # back as --config must work, so those are dropped here.
-    return {k: v for k, v in values.items() if k not in RESOLVED_ONLY_KEYS}
+    return values if keep_resolved else \
+        {k: v for k, v in values.items() if k not in RESOLVED_ONLY_KEYS}
+
+
+def is_default(cls: type, name: str, value: Any) -> bool:
+    """True when option ``name`` of ``cls`` holds its default ``value``."""
+    f = config_fields(cls).get(name)
+    if f is None:
+        return False
+    default = f.default if f.default is not dataclasses.MISSING \
+        else f.default_factory()  # type: ignore[operator]
+    return bool(value == default and type(value) is type(default))
 
 
 #: A --config file is a few option lines: larger files and YAML whose aliases expand to

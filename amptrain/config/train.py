@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 from ..choices import AUGMENTATIONS, LOSSES, PRECISION_NAMES, TASK_CHOICES, WEIGHT_UPDATES
 from ..errors import UserError, flag
@@ -12,11 +12,13 @@ from ..scaler_settings import SCALER_HELP, SCALER_SETTINGS, ScalerSettings, chec
 from ..loggers import parse_names as parse_logger_names
 from .options import (
     build_config,
+    given_options,
     option,
     require_choices,
     require_non_negative,
     require_positive,
     section,
+    with_given_options,
     with_options,
 )
 
@@ -85,6 +87,34 @@ class PrecisionConfig:
                             f"{flag('init_scale')} ({self.init_scale})")
 
 
+class MicroBatchSplit(NamedTuple):
+    """How a per-device batch is cut: ``micro_batch`` samples x ``accumulate`` passes.
+
+    The one owner of the batch split: :meth:`BatchingConfig.split` derives the run's from
+    the options, the ``auto`` search and the out-of-memory recovery pick a divisor of the
+    per-device batch, and each goes through :meth:`of`, the one rounding rule.
+    """
+
+    micro_batch: int
+    accumulate: int
+
+    @classmethod
+    def of(cls, micro_batch: int, per_device: int) -> MicroBatchSplit:
+        """The split of ``per_device`` samples into micro-batches of ``micro_batch``.
+
+        One rule: the micro-batch divides the per-device batch exactly (every global batch
+        is met exactly, never rounded up or down); callers pick a divisor."""
+        if micro_batch < 1 or per_device % micro_batch:
+            raise ValueError(f"micro-batch {micro_batch} does not divide the per-device "
+                             f"batch {per_device}")
+        return cls(micro_batch, per_device // micro_batch)
+
+    @property
+    def per_device(self) -> int:
+        """Samples per optimizer step on each device."""
+        return self.micro_batch * self.accumulate
+
+
 @dataclass
 class BatchingConfig:
     """How many samples make a step, and how they are cut into micro-batches."""
@@ -129,7 +159,7 @@ class BatchingConfig:
         """True when the micro-batch size is to be found by probing (``auto``)."""
         return self.micro_batch_size == "auto"
 
-    def split(self, world_size: int = 1) -> tuple[int, int]:
+    def split(self, world_size: int = 1) -> MicroBatchSplit:
         """(micro_batch_size, accumulate) such that micro x accumulate x world_size == batch_size.
 
         Any two of --batch-size, --micro-batch-size and --accumulate determine the third;
@@ -155,7 +185,7 @@ class BatchingConfig:
                     f"{mbs} {micro} x {acc} {self.accumulate} x "
                     f"{world_size} process(es) = {micro * self.accumulate * world_size}, not "
                     f"{bs} {self.batch_size}; drop one of the three")
-            return micro, self.accumulate
+            return MicroBatchSplit.of(micro, per_device)
         if micro is not None:
             if per_device % micro:
                 valid = [d for d in range(1, per_device + 1) if per_device % d == 0]
@@ -167,13 +197,13 @@ class BatchingConfig:
                                 f"batch {per_device}; valid values: {_some(valid)} (nearest: "
                                 f"{' or '.join(map(str, near))}), or keep it with {bs} "
                                 f"{' or '.join(map(str, batches))}")
-            return micro, per_device // micro
+            return MicroBatchSplit.of(micro, per_device)
         accumulate = self.accumulate or 1
         if per_device % accumulate:
             valid = [d for d in range(1, per_device + 1) if per_device % d == 0]
             raise UserError(f"{acc} {accumulate} does not divide the per-device batch "
                             f"{per_device}; valid values: {_some(valid)}")
-        return per_device // accumulate, accumulate
+        return MicroBatchSplit.of(per_device // accumulate, per_device)
 
 
 @dataclass
@@ -304,6 +334,17 @@ class TrainConfig:
         (``config.with_options(out="runs/x", lr=0.1)``; see :func:`.options.with_options`)."""
         return with_options(self, **changes)
 
+    def with_given_options(self, **options: Any) -> Any:
+        """A copy with ``options`` changed as the user's own choices (a library call's
+        keywords): they join :attr:`given` (see :func:`.options.with_given_options`)."""
+        return with_given_options(self, **options)
+
+    @property
+    def given(self) -> frozenset[str]:
+        """The options the user gave (flat names): carried from the command line (flags
+        and --config keys) or the library call (keywords), never guessed from the values
+        (see :func:`.options.given_options`)."""
+        return given_options(self)
     def __post_init__(self) -> None:
         require_non_negative(self, "seed")
         require_choices(self)

@@ -17,8 +17,8 @@ from ..errors import UserError, flag
 from ..forward import LossFn
 from ..inapplicable import warn_inapplicable
 from ..models import is_conv_net
-from ..optim import build_optimizer, build_scheduler, plan_lr
-from ..reproducibility import seed_everything, tune_backends
+from ..optim import LrPlan, build_optimizer, build_scheduler
+from ..reproducibility import TRAINING, seed_phase, tune_backends
 from ..streams import StreamWindows, as_dataset
 from ..tasks import Task, resolve_task
 from .batching import search_micro_batch
@@ -58,14 +58,15 @@ def assemble_parts(trainer: Trainer, model: nn.Module, train_data: Any, val_data
                              is_main=trainer.strategy.is_main,
                              broadcast=trainer.strategy.broadcast_object,
                              outputs=outdir.train_outputs(c.logging.logger))
-    warn_inapplicable(c, trainer.given_options,
+    warn_inapplicable(c, c.given,
                       loss_scaling=trainer.precision.spec.loss_scaling,
                       precision=trainer.precision.name, own_optimizer=optimizer is not None)
-    seed_everything(c.seed, c.deterministic)
+    seed_phase(TRAINING, c.seed, deterministic=c.deterministic)
     tune_backends(trainer.device, c.deterministic)
-    steps = prepare_parts(trainer, model, task, optimizer, scheduler)
+    lr_plan = LrPlan.for_batch(c)  # first: the optimizers take its lr
+    steps = prepare_parts(trainer, model, task, optimizer, scheduler, lr_plan)
     first = next(iter(steps.parts.values()))
-    micro, accumulate = c.batching.split(trainer.strategy.world_size)
+    split = c.batching.split(trainer.strategy.world_size)
     loss = loss_fn or task.loss
     if c.batching.auto:
         if not steps.single:
@@ -75,9 +76,9 @@ def assemble_parts(trainer: Trainer, model: nn.Module, train_data: Any, val_data
             train_data, planner=trainer.planner, config=c, strategy=trainer.strategy,
             model=first.module, optimizer=first.optimizer, precision=trainer.precision,
             loss_fn=loss)
-        micro, accumulate = split.micro_batch, split.accumulate
-    trainer.train_windows = windows = windows_of(train_data, micro=micro,
-                                                 accumulate=accumulate, shuffle=True,
+    trainer.planner.use(split)  # the run's split, decided once: each step reads it
+    trainer.train_windows = windows = windows_of(train_data, micro=split.micro_batch,
+                                                 accumulate=split.accumulate, shuffle=True,
                                                  config=c, strategy=trainer.strategy)
     if len(windows) == 0:
         raise UserError("train_data gives no batch for this process: it is empty or "
@@ -88,15 +89,15 @@ def assemble_parts(trainer: Trainer, model: nn.Module, train_data: Any, val_data
         c.schedule.epochs, c.schedule.max_steps,
         None if isinstance(windows, StreamWindows) else len(windows))
     trainer.total_steps = trainer.run_length.total_steps
-    trainer.lr_plan = plan_lr(c, len(windows), trainer.total_steps)
+    trainer.lr_plan = lr_plan = lr_plan.for_run(len(windows), trainer.total_steps)
     # The caller's own optimizer keeps the learning rate it was built with unless a
     # schedule is asked for: a default cosine decay to 0 would be a surprise.
     trainer.constant_lr = optimizer is not None and scheduler is None \
-        and "scheduler" not in trainer.given_options
+        and "scheduler" not in c.given
     for part in steps.parts.values():
         part.scheduler = scheduler if scheduler is not None else None \
-            if trainer.constant_lr else build_scheduler(trainer.lr_plan.scheduler_config(c),
-                                                        part.optimizer, trainer.total_steps)
+            if trainer.constant_lr else build_scheduler(c, part.optimizer, trainer.total_steps,
+                                                        plan=lr_plan)
     assert trainer.model is not None
     # The caller's loss and the one-time output check belong to the supervised step;
     # a task's own step (or the caller's) is called as it is.
@@ -133,9 +134,10 @@ def assemble_parts(trainer: Trainer, model: nn.Module, train_data: Any, val_data
 
 
 def prepare_parts(trainer: Trainer, model: nn.Module, task: Task,
-                  optimizer: torch.optim.Optimizer | None, scheduler: Any) -> OptimizerSteps:
-    """The task's parts of ``model``, each with its optimizer, set up for the precision
-    and wrapped for the strategy (and compiled when asked)."""
+                  optimizer: torch.optim.Optimizer | None, scheduler: Any,
+                  lr_plan: LrPlan) -> OptimizerSteps:
+    """The task's parts of ``model``, each with its optimizer (at ``lr_plan``'s lr), set
+    up for the precision and wrapped for the strategy (and compiled when asked)."""
     c = trainer.config
     model = trainer.strategy.prepare_model(placed(model, trainer.device, c), trainer.precision,
                                            optimizer)
@@ -149,7 +151,7 @@ def prepare_parts(trainer: Trainer, model: nn.Module, task: Task,
     else:
         fused = trainer.precision.allows_fused(c.schedule.optimizer)
         optimizers = task.build_optimizers(
-            modules, lambda part: build_optimizer(c, part, fused_allowed=fused))
+            modules, lambda part: build_optimizer(c, part, fused_allowed=fused, plan=lr_plan))
         check_optimizers(task, modules, optimizers)
     trainer.steps = steps = OptimizerSteps(trainer.precision, trainer.position,
                                            clip=c.schedule.clip_grad_norm,

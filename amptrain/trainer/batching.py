@@ -42,8 +42,9 @@ def search_micro_batch(train_data: Any, *, planner: MicroBatchPlanner, config: T
     per_device = planner.per_device
 
     def windows(data: Any, micro: int) -> Any:
-        return windows_of(data, micro=micro, accumulate=per_device // micro, shuffle=True,
-                          config=config, strategy=strategy)
+        return windows_of(data, micro=micro,
+                          accumulate=MicroBatchSplit.of(micro, per_device).accumulate,
+                          shuffle=True, config=config, strategy=strategy)
 
     first = windows(train_data, 1)
     if not isinstance(first, DatasetWindows):

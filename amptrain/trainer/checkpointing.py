@@ -15,7 +15,7 @@ from ..version import __version__
 from ..config import TrainConfig, to_dict
 from ..distributed import Strategy
 from ..errors import UserError, flag
-from ..optim import LrPlan, scaled_lr
+from ..optim import LrPlan
 
 if TYPE_CHECKING:
     from .core import Trainer
@@ -232,7 +232,7 @@ def resolved_config(config: TrainConfig, *, precision: str, device: Any, world_s
     # config.yaml is a recipe: fed back with --config it must rerun the same maths,
     # so it holds the lr and warm-up actually used (scaling already applied) and
     # keeps how they were derived in the informational lr_schedule block.
-    resolved["lr"] = scaled_lr(config)
+    resolved["lr"] = (lr_plan or LrPlan.for_batch(config)).lr
     resolved["lr_scaling"] = "none"
     if lr_plan is not None:
         resolved["warmup_steps"] = lr_plan.warmup_steps

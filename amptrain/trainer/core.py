@@ -26,7 +26,7 @@ from .. import checkpoint
 from . import datacheck, outdir, preemption
 from ..autobatch import MicroBatchPlanner, MicroBatchSplit
 from ..batches import Windows
-from ..config import TrainConfig, to_dict, write_yaml
+from ..config import TrainConfig, write_yaml
 from ..distributed import Strategy, build_strategy
 from ..errors import UserError, flag
 from ..forward import LossFn
@@ -45,7 +45,7 @@ from .optimizers import OptimizerSteps, Part
 from .position import LoopPosition, RunLength
 from .reporting import Reporter
 from .result import FitResult
-from .stepping import StepFn, StepRunner, split_of
+from .stepping import StepFn, StepRunner
 
 log = logging.getLogger("amptrain")
 
@@ -62,11 +62,8 @@ class Trainer:
     def __init__(self, config: TrainConfig | None = None, *, strategy: Strategy | None = None,
                  callbacks: Iterable[Any] = (), run_info: dict[str, Any] | None = None,
                  print_every: int | None = None, **options: Any) -> None:
-        self.config: TrainConfig = (config or TrainConfig()).with_options(**options)
-        defaults = to_dict(TrainConfig())
-        #: Options the caller chose (keywords, and config values other than the defaults).
-        self.given_options = set(options) | {k for k, v in to_dict(self.config).items()
-                                             if k in defaults and v != defaults[k]}
+        # The keywords join the options the config carries as given (config.given).
+        self.config: TrainConfig = (config or TrainConfig()).with_given_options(**options)
         c = self.config
         self.strategy = strategy or build_strategy(c.distributed.strategy, c.device)
         self.reporter = Reporter(self.device, callbacks, print_every)
@@ -182,8 +179,7 @@ class Trainer:
         :class:`~amptrain.batches.StepBatch` on the device), without the loop's bookkeeping
         (logging, evaluation, checkpoints, step counter)."""
         runner, windows, _ = self._ready()
-        split = runner.run(window, split_of(windows.micro_batch, self.planner.per_device),
-                           self.step + 1)
+        split = runner.run(window, self.planner.split, self.step + 1)
         if split.micro_batch != windows.micro_batch:
             self._use_batch_plan(split)
 
@@ -306,7 +302,7 @@ class Trainer:
     @property
     def accumulate(self) -> int:
         """Micro-batches per optimizer step on each device."""
-        return split_of(self.micro_batch_size, self.planner.per_device).accumulate
+        return self.planner.split.accumulate  # decided at set-up (the planner keeps it)
 
     def _ready(self) -> tuple[StepRunner, Windows, RunLength]:
         if self.runner is None or self.train_windows is None or self.run_length is None:
@@ -397,6 +393,7 @@ class Trainer:
     def _use_batch_plan(self, split: MicroBatchSplit) -> None:
         """The one place a smaller micro-batch takes effect (after out-of-memory)."""
         assert self.train_windows is not None
+        self.planner.use(split)
         self.train_windows.resize(split.micro_batch)  # later epochs are cut the new way
         for event in self.planner.new_events():
             self.logger.message(f"amptrain: {event['message']}")

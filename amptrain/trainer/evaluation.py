@@ -67,10 +67,10 @@ class Evaluator:
                  write_dir: str | Path | None = None, full: bool = False) -> EvalResult:
         """The loss and the task's metrics on ``data`` (``--eval-batches`` of it unless
         ``full``); the task's reports go to ``write_dir`` (rank 0)."""
-        micro, accumulate = self.config.batching.split(self.strategy.world_size)
+        per_device = self.config.batching.split(self.strategy.world_size).per_device
         # No gradients to hold: one pass per per-device batch.
         sample = None if full else self.config.logging.eval_batches
-        windows = windows_of(data, micro=micro * accumulate, accumulate=1, shuffle=False,
+        windows = windows_of(data, micro=per_device, accumulate=1, shuffle=False,
                              config=self.config, strategy=self.strategy,
                              sample_batches=sample)
         with self.precision.installed() if self.patches_removed else contextlib.nullcontext():

@@ -172,6 +172,7 @@ def prepare_run(out: str | os.PathLike[str], *, resume: bool,
     """:func:`prepare` for a training run, which then locks the directory for this process
     (:func:`lock`, until :func:`release`) and checks again under the lock: of two runs
     started together on one ``--out``, the second is refused before it writes anything."""
+    forget(out)  # from here on the directory holds what this run writes
     path = prepare(out, resume=resume, outputs=outputs)
     lock(path)
     try:
@@ -261,15 +262,33 @@ def make(path: Path) -> Path:
     return path
 
 
+#: A training run's ``--out`` passed by :func:`check_on_main` (``remember=True``) before
+#: its command loaded the data and the model: resolved path -> (resume, outputs). The
+#: Trainer's own check of that directory is this verdict (used once); nothing was
+#: written there in between. :func:`prepare_run` (the first write) and :func:`forget`
+#: drop it.
+_VERDICTS: dict[str, tuple[bool, tuple[str, ...]]] = {}
+
+
+def _verdict_key(out: str | os.PathLike[str]) -> str:
+    return os.path.abspath(os.fspath(out))
+
+
 def check_on_main(out: str | os.PathLike[str], *, resume: bool, is_main: bool,
                   broadcast: Callable[[Any], Any],
-                  outputs: tuple[str, ...] = TRAIN_OUTPUTS) -> None:
+                  outputs: tuple[str, ...] = TRAIN_OUTPUTS, remember: bool = False) -> None:
     """:func:`check` on the main process, whose verdict every process follows.
 
     Each process checking for itself would race: rank 0 may already have written
     metrics.jsonl into ``out`` when a slower rank looks, and that rank would then refuse
     the very run it belongs to.
+
+    The check is made once per run: ``remember`` keeps a passing verdict (a command
+    checks before it loads anything) for the run's Trainer, whose own check of the same
+    directory, resume and outputs then takes it instead of looking again.
     """
+    if _VERDICTS.pop(_verdict_key(out), None) == (resume, tuple(outputs)):
+        return
     problem = None
     if is_main:
         try:
@@ -279,6 +298,13 @@ def check_on_main(out: str | os.PathLike[str], *, resume: bool, is_main: bool,
     problem = broadcast(problem)
     if problem:
         raise UserError(problem)
+    if remember:
+        _VERDICTS[_verdict_key(out)] = (resume, tuple(outputs))
+
+
+def forget(out: str | os.PathLike[str]) -> None:
+    """Drop a remembered verdict on ``out`` (the command's run is over)."""
+    _VERDICTS.pop(_verdict_key(out), None)
 
 
 def write_bytes(path: str | os.PathLike[str], data: bytes, *, replace: bool,

@@ -5,7 +5,6 @@ saved, a step that ran out of memory redone in smaller micro-batches (through
 values counted once."""
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Iterator
 from typing import Any, ContextManager
 
@@ -139,8 +138,3 @@ class StepRunner:
 
     def _drop_gradients(self) -> None:
         self.steps.zero_grad(optimizers=True)
-
-
-def split_of(micro: int, per_device: int) -> MicroBatchSplit:
-    """The split of a per-device batch into micro-batches of ``micro``."""
-    return MicroBatchSplit(micro, math.ceil(per_device / micro))

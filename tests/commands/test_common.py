@@ -127,3 +127,27 @@ def test_command_modules_import_nothing_heavy():
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                           check=True)
     assert done.stdout.strip() == "[]"
+
+
+def test_the_config_carries_exactly_the_flags_typed_and_the_yaml_keys(tmp_path):
+    from amptrain.commands.common import config_from_args
+
+    (tmp_path / "c.yaml").write_text("momentum: 0.9\nepochs: 7\n")
+    args = _parser().parse_args(["--config", str(tmp_path / "c.yaml"), "--lr", "0.001",
+                                 "--batch-size", "64"])
+    config = config_from_args(args)
+    # --batch-size 64 and momentum 0.9 are the defaults: given all the same.
+    assert config.given == {"momentum", "epochs", "lr", "batch_size"}
+    assert config_from_args(_parser().parse_args([])).given == frozenset()
+
+
+def test_a_runs_own_config_yaml_read_back_gives_only_what_differs_from_the_defaults(tmp_path):
+    from amptrain.commands.common import config_from_args
+
+    resolved = {"lr": 0.01, "momentum": 0.9, "init_scale": 65536.0, "keep_fp32": [],
+                "model": "mlp", "world_size": 1, "lr_schedule": {"lr_scaling": "none"}}
+    (tmp_path / "config.yaml").write_text(yaml.safe_dump(resolved))
+    args = _parser().parse_args(["--config", str(tmp_path / "config.yaml"), "--seed", "0"])
+    config = config_from_args(args)
+    assert config.given == {"lr", "model", "seed"}  # amptrain wrote the rest, at defaults
+    assert (config.schedule.lr, config.schedule.momentum, config.model) == (0.01, 0.9, "mlp")

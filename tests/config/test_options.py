@@ -362,3 +362,36 @@ def test_an_echoed_value_is_bounded(value):
     message = str(error.value)
     assert message.startswith("--lr must be a number (got ") and len(message) < 300
     assert "characters in all)" in message
+
+
+# ------------------------------------------------ the options a user gave (issue 33)
+def test_a_config_carries_the_names_it_was_built_from_never_its_defaults():
+    from amptrain.config import TrainConfig, given_options, to_dict
+
+    config = build_config(TrainConfig, {"momentum": 0.9, "lr": "0.1"})
+    assert config.given == {"momentum", "lr"} == given_options(config)
+    assert "momentum" in config.given and config.schedule.momentum == 0.9  # the default value
+    assert TrainConfig().given == frozenset()  # built from its sections: nothing given
+    assert "given" not in to_dict(config) and config == build_config(TrainConfig, {"lr": 0.1})
+
+
+def test_amptrain_changes_keep_the_given_set_and_keywords_join_it():
+    from amptrain.config import TrainConfig
+
+    config = TrainConfig.from_options(lr=0.1)
+    changed = config.with_options(out="runs/x", log_every=3)  # amptrain's own changes
+    assert changed.given == {"lr"} and changed.out == "runs/x"
+    chosen = changed.with_given_options(scheduler="none")  # a library call's keywords
+    assert chosen.given == {"lr", "scheduler"} and chosen.schedule.scheduler == "none"
+    assert changed.with_given_options() is changed
+
+
+def test_the_given_set_survives_a_copy_and_a_pickle():
+    import copy
+    import pickle
+
+    from amptrain.config import RunConfig
+
+    config = RunConfig.from_options(model="mlp", seed=3)
+    assert pickle.loads(pickle.dumps(config)).given == {"model", "seed"}
+    assert copy.deepcopy(config).given == {"model", "seed"}

@@ -265,3 +265,16 @@ def test_task_options_are_checked_when_built():
                              ({"text_glob": "*.py"}, "text_glob applies to text: data")]:
         with pytest.raises(UserError, match=fragment):
             build_config(RunConfig, values)
+
+
+# Issue 33: one owner of the batch split, one rounding rule.
+def test_the_split_is_one_object_with_one_rule():
+    from amptrain.config import MicroBatchSplit
+
+    assert MicroBatchSplit.of(16, 64) == MicroBatchSplit(16, 4) == (16, 4)
+    assert MicroBatchSplit.of(16, 64).per_device == 64
+    for micro, per_device in ((16, 50), (0, 8), (9, 8)):
+        with pytest.raises(ValueError, match="does not divide"):
+            MicroBatchSplit.of(micro, per_device)  # never rounded up nor down
+    split = BatchingConfig(batch_size=64, accumulate=4).split(2)
+    assert isinstance(split, MicroBatchSplit) and split == (8, 4) and split.per_device == 32

@@ -38,3 +38,19 @@ def test_a_new_plan_takes_effect_in_one_place(tmp_path, capsys):
                                        "accumulate": [1, 4]}]
     trainer._use_batch_plan(MicroBatchSplit(8, 4))  # an event is told once
     assert capsys.readouterr().err.count("amptrain: out of memory: 32 -> 8") == 1
+
+
+def test_the_split_is_decided_once_at_set_up_and_every_step_reads_it():
+    from amptrain.config import MicroBatchSplit
+
+    trainer = Trainer(precision="32-true", device="cpu", no_progress=True, batch_size=32,
+                      micro_batch_size=8, max_steps=2)
+    with pytest.raises(UserError, match="set the Trainer up first"):
+        trainer.accumulate
+    trainer.setup(tiny_mlp(), tiny_classification(n=200))
+    decided = trainer.planner.split
+    assert decided == MicroBatchSplit(8, 4) and trainer.accumulate == 4
+    trainer.fit(tiny_mlp(), tiny_classification(n=200))
+    assert trainer.planner.split == decided  # no step derived another
+    trainer._use_batch_plan(MicroBatchSplit.of(4, 32))  # after out-of-memory: re-derived
+    assert (trainer.micro_batch_size, trainer.accumulate) == (4, 8)

@@ -186,3 +186,46 @@ def test_write_bytes_replaces_only_a_regular_file(tmp_path):
     with pytest.raises(UserError, match="exists already"):
         outdir.write_bytes(target, b"three", replace=False)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["pipe.png", "samples.png"]
+
+
+# Issue 33: a run's --out is checked once: the command's verdict is the Trainer's.
+def _check(out, **options):
+    outdir.check_on_main(out, resume=False, is_main=True, broadcast=lambda x: x, **options)
+
+
+def test_a_remembered_verdict_answers_the_next_check_once(tmp_path):
+    out = tmp_path / "run"
+    _check(out, remember=True)
+    out.mkdir()
+    (out / "metrics.jsonl").write_text("{}\n")  # what the verdict did not see
+    _check(out)  # the run's Trainer: the command's verdict, not a second look
+    with pytest.raises(UserError, match="already holds a run"):
+        _check(out)  # used once: the next check looks again
+
+
+def test_a_verdict_for_another_setting_is_not_taken(tmp_path):
+    out = tmp_path / "run"
+    _check(out, remember=True)
+    out.mkdir()
+    (out / "metrics.jsonl").write_text("{}\n")
+    with pytest.raises(UserError, match="already holds a run"):
+        _check(out, outputs=outdir.train_outputs("csv"))  # other outputs: checked again
+
+
+def test_writing_the_run_or_forgetting_drops_the_verdict(tmp_path):
+    out = tmp_path / "run"
+    _check(out, remember=True)
+    outdir.forget(out)
+    out.mkdir()
+    (out / "metrics.jsonl").write_text("{}\n")
+    with pytest.raises(UserError, match="already holds a run"):
+        _check(out)
+    other = tmp_path / "other"
+    _check(other, remember=True)
+    outdir.prepare_run(other, resume=False)
+    try:
+        (other / "metrics.jsonl").write_text("{}\n")
+        with pytest.raises(UserError, match="already holds a run"):
+            _check(other)
+    finally:
+        outdir.release(other)
