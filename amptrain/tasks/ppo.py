@@ -25,7 +25,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from ..config.train import BatchingConfig
+from ..config import given_options
 from ..errors import UserError, flag
 from .base import EvalResult, EvalSums, Metric, Task
 from .gan import unwrap
@@ -178,13 +178,14 @@ class PpoTask(Task):
 
     def run_options(self, config: Any, data: Any) -> dict[str, Any]:
         """The run's length and minibatch from ``--env-steps`` and the rollout, and the
-        recipe's optimizer settings where the run left amptrain's defaults."""
+        recipe's optimizer settings for those the user did not give."""
+        given = given_options(config)
         decided = [name for name in ("epochs", "max_steps")
                    if getattr(config.schedule, name) is not None]
         if decided:
             raise UserError(f"{flag(decided[0])} does not apply to {flag('task')} ppo: "
                             f"{flag('env_steps')} sets the run's length")
-        if config.batching.batch_size != BatchingConfig.batch_size:
+        if "batch_size" in given:
             raise UserError(f"{flag('batch_size')} does not apply to {flag('task')} ppo: a "
                             f"step's minibatch is the rollout ({flag('num_envs')} x "
                             f"{flag('rollout_steps')}) over {flag('minibatches')}")
@@ -203,16 +204,12 @@ class PpoTask(Task):
         per_update = minibatches * s["update_epochs"]
         options: dict[str, Any] = {"batch_size": rollout // minibatches,
                                    "max_steps": updates * per_update}
-        sched = config.schedule
-        if sched.lr is None:
-            options["lr"] = s["lr"]
-        if sched.scheduler == "cosine":  # amptrain's default: the recipe anneals linearly
-            options["scheduler"] = "linear"
-        if sched.weight_decay == 0.01 and sched.optimizer == "adamw":  # the default: Adam
-            options["weight_decay"] = 0.0
-        if sched.clip_grad_norm is None:
-            options["clip_grad_norm"] = s["clip_grad_norm"]
-        if config.logging.eval_every is None:
+        # The recipe's lr, linear annealing, Adam without weight decay and clipping,
+        # unless the user gave their own.
+        recipe = {"lr": s["lr"], "scheduler": "linear", "weight_decay": 0.0,
+                  "clip_grad_norm": s["clip_grad_norm"]}
+        options.update({k: v for k, v in recipe.items() if k not in given})
+        if "eval_every" not in given:
             options["eval_every"] = per_update * max(1, updates // EVALUATIONS)
         return options
 
