@@ -199,16 +199,17 @@ def export_checkpoint(checkpoint: str | Path, format: str, out: str | Path | Non
     """Export a checkpoint written by ``amptrain train`` (or a run directory's last one)
     as ``format``; returns (output directory, files written)."""
     from .trainer import outdir
-    from .saved_run import build_saved_model, checkpoint_file, load_run
+    from .saved_run import checkpoint_file, open_run
 
     if dtype not in DTYPES:
         raise UserError(f"{flag('dtype')} {dtype}: choose one of {', '.join(DTYPES)}")
     path = checkpoint_file(checkpoint)
     if not path.is_file():
         raise UserError(f"{flag('checkpoint')} {checkpoint}: no such file")
-    state, run = load_run(str(path))
+    saved = open_run(path)
+    state, run = saved.state, saved.run
     try:
-        model = build_saved_model(run)
+        model = saved.build_model()
     except UserError as exc:
         raise UserError(f"cannot rebuild the model of {path} ({run['model']}) to export it: "
                         f"{exc}") from None

@@ -22,9 +22,8 @@ from .config.train import MAX_SEED
 from .data import ByteTokenizer
 from .errors import UserError
 from .runner import text_encoder
-from .saved_run import build_saved_model, checkpoint_file, load_run, saved_task
+from .saved_run import SavedRun, open_run
 from .forward import split_outputs
-from .trainer import Trainer
 
 
 #: The most tokens one ``generate`` call draws: each token is a forward pass, and a
@@ -92,29 +91,35 @@ def generate_text(checkpoint_path: str, prompt: str, sampling: Sampling | None =
     """The continuation of ``prompt`` by the language model in ``checkpoint_path`` (a file
     or a run directory)."""
     sampling = sampling or Sampling()
-    path = str(checkpoint_file(checkpoint_path))
-    state, run = load_run(path)
-    task = saved_task(state, None)
-    if task.name == "gan":
-        raise UserError(f"--checkpoint {checkpoint_path} holds a GAN: generate images with "
-                        f"--samples N --out DIR")
-    if task.name != "lm":
-        raise UserError(f"--checkpoint {checkpoint_path} holds a {task.name} model; generate "
-                        f"needs a language model (train one with --data text:PATH)")
-    fitted = run.get("data_fitted") or {}
-    tokenizer = text_encoder(run["model"], fitted.get("tokenizer")) or ByteTokenizer()
-    model = build_saved_model(run)
-    trainer = Trainer(precision=precision, device=device, no_progress=True)
-    trainer.prepare(model, task=task)
-    trainer.load_weights(state["model"])
-    assert trainer.model is not None  # set by prepare()
-    context = int(getattr(model, "context", None) or run["inputs"]["input_shape"][0])
+    saved = open_run(checkpoint_path)
+    _check_generates(saved, "text", checkpoint_path)
+    fitted = saved.fitted
+    tokenizer = text_encoder(saved.run["model"], fitted.get("tokenizer")) or ByteTokenizer()
+    loaded = saved.load_model(precision=precision, device=device)
+    context = int(getattr(loaded.model, "context", None)
+                  or saved.run["inputs"]["input_shape"][0])
     ids = tokenizer.encode_stream(prompt) if prompt else tokenizer.encode_stream("\n")
     if not ids:
         raise UserError("--prompt encodes to no tokens; give some text")
-    new = sample(trainer.model, ids, sampling, context=context, device=trainer.device,
-                 autocast=trainer.precision.autocast)
+    new = sample(loaded.model, ids, sampling, context=context, device=loaded.device,
+                 autocast=loaded.precision.autocast)
     return str(tokenizer.decode(new))
+
+
+def _check_generates(saved: SavedRun, wanted: str, checkpoint_path: str) -> None:
+    """Refuse a checkpoint whose task cannot generate ``wanted`` ("text" or "images"),
+    saying what it can generate instead (the task declares it: ``Task.generates``)."""
+    task = saved.task()
+    if task.generates == wanted:
+        return
+    if wanted == "images":
+        raise UserError(f"--samples draws images from a GAN; --checkpoint {checkpoint_path} "
+                        f"holds a {task.name} model")
+    if task.generates == "images":
+        raise UserError(f"--checkpoint {checkpoint_path} holds a GAN: generate images with "
+                        f"--samples N --out DIR")
+    raise UserError(f"--checkpoint {checkpoint_path} holds a {task.name} model; generate "
+                    f"needs a language model (train one with --data text:PATH)")
 
 
 #: The most images one ``generate --samples`` call draws (each is a PNG file).
@@ -148,29 +153,22 @@ def generate_images(checkpoint_path: str, samples: int, out: str, *, seed: int =
     check_image_request(samples, out, seed)
     # Before the checkpoint is read: never a user's grid.png or sample_00000.png replaced.
     outdir.claim(out, image_outputs(samples))
-    path = str(checkpoint_file(checkpoint_path))
-    state, run = load_run(path)
-    task = saved_task(state, None)
-    if task.name != "gan":
-        raise UserError(f"--samples draws images from a GAN; --checkpoint {checkpoint_path} "
-                        f"holds a {task.name} model")
+    saved = open_run(checkpoint_path)
+    _check_generates(saved, "images", checkpoint_path)
     from .tasks.gan import unwrap
 
-    trainer = Trainer(precision=precision, device=device, no_progress=True)
-    trainer.prepare(build_saved_model(run), task=task)
-    trainer.load_weights(state["model"])
-    assert trainer.model is not None  # set by prepare()
-    model: Any = unwrap(trainer.model)  # a GAN: .sample(n, generator)
+    loaded = saved.load_model(precision=precision, device=device)
+    model: Any = unwrap(loaded.model)  # a generator: .sample(n, generator)
     # The data's value range (restored with the weights); else each image's own.
     low, high = model.output_range() if hasattr(model, "output_range") else (None, None)
-    generator = torch.Generator(device=trainer.device).manual_seed(seed)
+    generator = torch.Generator(device=loaded.device).manual_seed(seed)
     directory = outdir.make(Path(out))
     written: list[Path] = []
     first: list[torch.Tensor] = []
     model.eval()
     with torch.no_grad():
         for start in range(0, samples, 256):
-            with trainer.precision.autocast():
+            with loaded.precision.autocast():
                 images = model.sample(min(256, samples - start), generator).float()
             if not bool(torch.isfinite(images).all()):
                 raise UserError("the generator's outputs are not finite (NaN or infinity, e.g. "

@@ -20,11 +20,12 @@ from .launch import resume_after_restart
 from .export import export_trained
 from .models import ModelInputs, build_model, task_of_model, text_encoder_for
 from .reproducibility import MODEL_INIT, seed_phase
-from .saved_run import (build_saved_model, checkpoint_file, load_run, saved_inputs,
-                        saved_task, saved_task_name)
+from .logs import RunLogger
+from .saved_run import open_run, saved_inputs
 from .precision.support import resolve_name
-from .tasks import TASKS, ClassificationTask, EvalResult, Task, resolve_task
+from .tasks import EvalResult, Task, data_task, decide_task as choose_task, output_noun
 from .trainer import FitResult, Trainer
+from .trainer.evaluation import Evaluator
 
 #: RunConfig options handed to the task as facts (the ppo task's hyper-parameters).
 RL_TASK_OPTIONS = ("env_steps", "minibatches", "update_epochs", "gamma", "gae_lambda",
@@ -42,7 +43,7 @@ def run_info(config: RunConfig, data: DataBundle, task: Task | None = None) -> d
     (``task``: the run's decided task; without it, the task the data says it is)."""
     return {"model": config.model, "data": config.data, "class_names": data.class_names,
             "inputs": asdict(model_inputs(data)), "data_fitted": data.fitted,
-            "task": task.name if task is not None else data_task(data)}
+            "task": task.name if task is not None else data_task(data.task)}
 
 
 def text_encoder(model: str, tokenizer: str | None) -> Any:
@@ -75,28 +76,20 @@ def build_run_data(config: RunConfig) -> DataBundle:
         vector_env=config.vector_env, eval_episodes=config.eval_episodes))
 
 
-def data_task(data: DataBundle) -> str:
-    """The task the data says it is for (a bundle that does not say holds class labels)."""
-    return data.task or ClassificationTask.name
+def rl_facts(config: RunConfig) -> dict[str, Any]:
+    """The RL flags given (RunConfig refuses them for data other than gym:): the ppo task's."""
+    return {key: getattr(config, key) for key in RL_TASK_OPTIONS
+            if getattr(config, key) is not None}
 
 
 def decide_task(config: RunConfig, data: DataBundle) -> Task:
-    """The run's task, decided once: ``--task``, which must fit the data, or (auto) what
-    the data is; ``--loss`` and integer labels that are not classes are checked here."""
-    kind = data_task(data)
-    by_model = task_of_model(config.model) if config.task == "auto" else None
-    name = by_model or config.task
-    if name != "auto" and not TASKS[name].fits(kind):
-        chosen = f"--model {config.model} trains {name}, which" if by_model \
-            else f"--task {name}"
-        raise UserError(f"{chosen} does not fit --data {config.data}, which holds "
-                        f"{TASKS[kind].data_holds}: {TASKS[name].data_needs} (or use "
-                        f"--task {kind})")
-    # The RL flags (RunConfig refuses them for data other than gym:) are the ppo task's.
-    rl = {key: getattr(config, key) for key in RL_TASK_OPTIONS
-          if getattr(config, key) is not None}
-    return resolve_task(name, data.train, loss=config.loss,
-                        class_names=data.class_names or None, **rl)
+    """The run's task, decided once (:func:`amptrain.tasks.decide_task`): ``--task``, which
+    must fit the data, or (auto) the model's task, else what the data is."""
+    return choose_task(config.task, data_hint=data.task,
+                       model_task=task_of_model(config.model) if config.task == "auto" else None,
+                       train_data=data.train, loss=config.loss, model=config.model,
+                       data=config.data, class_names=data.class_names or None,
+                       **rl_facts(config))
 
 
 def build_run_model(config: RunConfig, data: DataBundle) -> nn.Module:
@@ -185,22 +178,23 @@ def run_evaluation(*, checkpoint_path: str, data: str | None, precision: str, ou
                    batch_size: int = 256, device: str = "auto",
                    progress: bool = True, episodes: int | None = None
                    ) -> tuple[EvalResult, str]:
-    """Evaluate a checkpoint as ``amptrain eval`` does; returns (result, trained precision);
-    ``episodes``: how many evaluation episodes a ``gym:`` run's policy plays."""
+    """Evaluate a checkpoint as ``amptrain eval`` does; returns (result, trained precision).
+    No Trainer: the saved run's model (:mod:`.saved_run`) and one evaluation pass.
+    ``episodes``: how many evaluation episodes a ``gym:`` run's policy plays;
+    ``progress`` is kept for callers; an evaluation outside training shows no bar."""
     if episodes is not None and episodes < 1:
         raise UserError(f"--episodes must be >= 1 (got {episodes})")
     outdir.claim(out, outdir.EVAL_OUTPUTS)  # before anything is read: one line, no report lost
-    checkpoint_path = str(checkpoint_file(checkpoint_path))
-    state, run = load_run(checkpoint_path)
+    saved = open_run(checkpoint_path)
+    run = saved.run
     data_spec: str = data or run["data"]  # "data" is written with "model" (run_info)
-    fitted = run.get("data_fitted") or {}
-    task_name = saved_task_name(state)
+    fitted = saved.fitted
     # The training split's preprocessing (normalisation, vocabulary, class order,
     # tokenizer, block size) is reused, so other data is fed to the model exactly as the
     # training data was.
     bundle = build_data(data_spec,
-                        DataOptions(val_fraction=state["config"].get("val_fraction", 0.2),
-                                    fitted=fitted, task=task_name, eval_episodes=episodes,
+                        DataOptions(val_fraction=saved.state["config"].get("val_fraction", 0.2),
+                                    fitted=fitted, task=saved.task_name, eval_episodes=episodes,
                                     text_encoder=text_encoder(run["model"],
                                                               fitted.get("tokenizer"))))
     if episodes is not None and getattr(bundle.val, "env", None) is None:
@@ -208,21 +202,19 @@ def run_evaluation(*, checkpoint_path: str, data: str | None, precision: str, ou
                         f"--data {data_spec} holds samples")
     inputs = saved_inputs(run)
     if bundle.num_classes != inputs.num_classes or tuple(bundle.input_shape) != inputs.input_shape:
-        outputs = TASKS[task_name].output_noun if task_name in TASKS else "outputs"
+        outputs = output_noun(saved.task_name)
         raise UserError(f"--data {data_spec} has {bundle.num_classes} {outputs} and inputs "
                         f"{tuple(bundle.input_shape)}, but the checkpoint's model expects "
                         f"{inputs.num_classes} {outputs} and {inputs.input_shape}")
-    model = build_saved_model(run)
-    trainer = Trainer(precision=precision, device=device, batch_size=batch_size, out=out,
-                      no_progress=not progress)
-    class_names = run.get("class_names") or bundle.class_names or None
-    task = saved_task(state, class_names)
+    if bundle.val is None:
+        raise UserError(f"--data {data_spec} has no validation split to evaluate")
+    loaded = saved.load_model(precision=precision, device=device, batch_size=batch_size)
+    task = saved.task(run.get("class_names") or bundle.class_names or None)
     # Facts of this data (an LM's bytes per token); learnt ones are kept. A task that
-    # measures against the training split (a GAN's feature network: eval_fit_split
-    # "train") is fitted on that split of the data, as in training.
-    fit_split = getattr(task, "eval_fit_split", "val")
-    task.fit(bundle.train if fit_split == "train" else bundle.val)
-    trainer.prepare(model, task=task)
-    trainer.load_weights(state["model"])
-    result = trainer.evaluate(trainer.model, bundle.val, write_dir=Path(out) / "eval")
-    return result, state.get("precision_name", "unknown")
+    # measures against the training split (a GAN's feature network) is fitted on that
+    # split of the data, as in training.
+    task.fit(bundle.train if task.eval_fit_split == "train" else bundle.val)
+    evaluator = Evaluator(loaded.config, loaded.strategy, loaded.precision, task, task.loss)
+    result = evaluator.evaluate(loaded.model, bundle.val, logger=RunLogger(None, enabled=False),
+                                write_dir=Path(out) / "eval")
+    return result, saved.state.get("precision_name", "unknown")

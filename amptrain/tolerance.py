@@ -33,7 +33,7 @@ def tolerance_for(task: Any, given: float | None) -> Tolerance:
     name = task.tolerance_option
     if given is not None and given != SHARED_TOLERANCES[name]:
         return Tolerance(float(given), name, "given", f"{flag(name)} {given:g} as given")
-    own = getattr(task, f"default_{name}", None)
+    own = task.default_tolerance()
     if own is not None and given is None:
         return Tolerance(float(own), name, "task",
                          f"the {task.name} task's default {flag(name)} {own:g}: its metric "

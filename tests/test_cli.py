@@ -594,6 +594,14 @@ ERROR_TABLE = [
     # --- parts ---
     # (end of parts)
     # --- tasks ---
+    ("tasks-generate-text-from-a-classifier", "generate --checkpoint {cls_ckpt} --prompt hi",
+     "holds a classification model; generate needs a language model"),
+    ("tasks-generate-images-from-an-lm",
+     "generate --checkpoint {lm_ckpt} --samples 2 --out {root}/tasks-images",
+     "--samples draws images from a GAN; --checkpoint"),
+    ("tasks-eval-on-data-of-another-task",
+     "eval --checkpoint {cls_ckpt} --data text:{long_txt} --out {root}/tasks-eval",
+     "classes and inputs (128,), but the checkpoint's model expects"),
     # (end of tasks)
     # --- owners ---
     # Issue 33: compare's YAML meets its flags where every command's do (merged_values).

@@ -264,3 +264,25 @@ def test_a_damaged_safetensors_file_is_one_line(tmp_path, content, fragment):
     with pytest.raises(UserError, match="damaged") as error:
         load_safetensors(path)
     assert fragment in str(error.value)
+
+
+def test_an_existing_checkpoint_exports_without_a_trainer(tmp_path, monkeypatch):
+    """`amptrain export` reads the run through saved_run's loader: no Trainer is built, and
+    the file holds the checkpoint's weights (bf16 on request)."""
+    from amptrain.trainer import core
+    from tests.test_saved_run import _mlp_checkpoint
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("a Trainer was built")
+
+    monkeypatch.setattr(core.Trainer, "__init__", refuse)
+    path, model = _mlp_checkpoint(tmp_path)
+    out, written = export_checkpoint(path, "safetensors", tmp_path / "fp32")
+    assert written == [out / SAFETENSORS_NAME, out / INFO_NAME]
+    _assert_same(load_safetensors(out / SAFETENSORS_NAME), model.state_dict())
+    info = json.loads((out / INFO_NAME).read_text())
+    assert (info["model"], info["task"], info["source"]) == ("mlp", "classification", path)
+    out, _ = export_checkpoint(path, "safetensors", tmp_path / "bf16", dtype="bf16")
+    exported = load_safetensors(out / SAFETENSORS_NAME)
+    assert all(exported[k].dtype == torch.bfloat16 and torch.equal(exported[k], v.bfloat16())
+               for k, v in model.state_dict().items())

@@ -136,6 +136,31 @@ def test_generate_writes_a_gans_samples_and_grid(tmp_path):
     assert again[0].read_bytes() == files[0].read_bytes() != other[0].read_bytes()
 
 
+def test_generate_loads_the_run_without_a_trainer_and_asks_the_task(tmp_path, monkeypatch):
+    """generate reads the run through saved_run's loader (no Trainer) and asks the task
+    what it generates (Task.generates): a GAN draws images, and refuses a prompt."""
+    from amptrain.generate import generate_images
+    from amptrain.tasks import GanTask
+    from amptrain.trainer import core
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("a Trainer was built")
+
+    monkeypatch.setattr(core.Trainer, "__init__", refuse)
+    path, _ = _gan_checkpoint(tmp_path)
+    files = generate_images(path, 2, str(tmp_path / "out"), device="cpu", precision="bf16-mixed")
+    assert [f.name for f in files] == ["sample_00000.png", "sample_00001.png", "grid.png"]
+    with pytest.raises(UserError, match="holds a GAN: generate images with --samples N"):
+        generate_text(path, "x", device="cpu")
+    # What the refusal says follows the task's declaration, not its name.
+    monkeypatch.setattr(GanTask, "generates", None)
+    with pytest.raises(UserError, match="holds a gan model; generate needs a language model"):
+        generate_text(path, "x", device="cpu")
+    with pytest.raises(UserError, match="--samples draws images from a GAN; --checkpoint .* "
+                                        "holds a gan model"):
+        generate_images(path, 2, str(tmp_path / "none"), device="cpu")
+
+
 def test_generate_samples_from_the_command_line_and_its_refusals(tmp_path, capsys):
     from amptrain.cli import main
     from amptrain.models import ModelInputs, build_model

@@ -108,7 +108,7 @@ def check_compatible(state: dict[str, Any], config: dict[str, Any], run_info: di
     _check_same_task(state, config, run_info, path)
     saved_inputs = (state.get("run") or {}).get("inputs") or {}
     inputs = run_info.get("inputs") or {}
-    task = run_info.get("task") or "classification"
+    task = run_info.get("task") or _default_task()
     for key in ("num_classes", "input_shape"):
         if key not in saved_inputs or key not in inputs:
             continue
@@ -143,17 +143,25 @@ def _length_spelt_out(config: dict[str, Any]) -> dict[str, Any]:
 
 def _task_class(name: Any) -> Any:
     """The Task class called ``name`` (its wording), or None for an unknown name."""
-    from ..tasks import TASKS
+    from ..tasks import task_class
 
-    return TASKS.get(name) if isinstance(name, str) else None
+    return task_class(name)
+
+
+def _default_task() -> str:
+    """The task of a run that names none (older than tasks: a classifier)."""
+    from ..tasks import DEFAULT_TASK
+
+    return DEFAULT_TASK
 
 
 def _check_same_task(state: dict[str, Any], config: dict[str, Any], run_info: dict[str, Any],
                      path: str | Path) -> None:
     """A checkpoint continues only the task it trained (checkpoints older than tasks were
     classifiers)."""
-    then = (state.get("task") or {}).get("name") or (state.get("run") or {}).get("task") \
-        or "classification"
+    from ..tasks import saved_task_name
+
+    then = saved_task_name(state)
     now = run_info.get("task") or config.get("task")
     current = _task_class(now)
     if current is not None and _task_class(then) is not None and now != then:

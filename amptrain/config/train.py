@@ -6,7 +6,8 @@ import math
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
-from ..choices import AUGMENTATIONS, LOSSES, PRECISION_NAMES, TASK_CHOICES, WEIGHT_UPDATES
+from ..choices import (AUGMENTATIONS, LOSSES, PRECISION_NAMES, TASK_CHOICES, TASK_NAMES,
+                       WEIGHT_UPDATES)
 from ..errors import UserError, flag
 from ..scaler_settings import SCALER_HELP, SCALER_SETTINGS, ScalerSettings, check_scaler_settings
 from ..loggers import parse_names as parse_logger_names
@@ -304,9 +305,8 @@ class TrainConfig:
     """Everything the :class:`~amptrain.Trainer` loop needs; no model or data names."""
 
     device: str = option("auto", "cpu, cuda, cuda:N or auto (cuda when available)")
-    task: str = option("auto", "what is learnt: classification, regression (float targets), "
-                               "lm (next-token prediction), gan or ppo (reinforcement "
-                               "learning on gym: data); auto asks the data",
+    task: str = option("auto", f"what is learnt: {', '.join(TASK_NAMES)} (docs/tasks.md); "
+                               f"auto asks the model, then the data",
                        choices=TASK_CHOICES)
     loss: str | None = option(None, "regression loss on standardised targets: mse (default), "
                                     "l1 or huber", kind=str, choices=LOSSES)

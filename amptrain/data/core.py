@@ -83,11 +83,12 @@ class DataBundle:
     #: ``amptrain eval`` is preprocessed the same way (see :attr:`DataOptions.fitted`).
     fitted: dict[str, Any] = field(default_factory=dict)
     #: What the data is for, when it knows ("lm" for text corpora, "regression" for float
-    #: targets); ``--task auto`` follows it, None means classification.
+    #: targets); ``--task auto`` follows it. None: the data holds class labels (the task is
+    #: decided in tasks/: ``amptrain.tasks.data_task``), named "0".."C-1" unless given.
     task: str | None = None
 
     def __post_init__(self) -> None:
-        if not self.class_names and self.task in (None, "classification"):
+        if not self.class_names and self.task is None:
             self.class_names = [str(i) for i in range(self.num_classes)]
 
 

@@ -140,7 +140,7 @@ def loss_name(task: Task | None, loss_id: int | None) -> str | None:
     ``g_loss``), else ``loss`` for a one-loss task's ``loss_id`` 0."""
     if loss_id is None:
         return None
-    names = getattr(task, "loss_names", None) or {0: "loss"}
+    names = (task or Task).loss_names
     return names.get(loss_id, f"loss {loss_id}")
 
 

@@ -14,7 +14,7 @@ from typing import Any
 
 from ..precision.advice import base_mode
 from ..precision.modes import as_given
-from ..tasks import TASKS, ClassificationTask, Task
+from ..tasks import TASKS, Task, task_of_summary
 from ..tolerance import tolerance_for
 
 #: Stable colours for the usual precisions; others take the next free one.
@@ -107,16 +107,9 @@ class Study:
 
 
 def task_of(summary: list[dict[str, Any]] | dict[str, Any]) -> Task:
-    """The task whose metric a summary (or one row) carries, told by its ``delta_*`` field
-    (``delta_acc_pp``: classification; ``delta_perplexity_rel``: lm; ...)."""
-    row = summary if isinstance(summary, dict) else (summary[0] if summary else {})
-    for cls in TASKS.values():
-        task = cls()
-        if task.delta_field in row:
-            return task
-    # A summary without any task's field (an empty one, or one older than tasks, when
-    # every study was of classifiers) is read as classification's.
-    return ClassificationTask()
+    """The task whose metric a summary (or one row) carries
+    (:func:`amptrain.tasks.task_of_summary`: told by its ``delta_*`` field)."""
+    return task_of_summary(summary)
 
 
 def metric_cell(row: dict[str, Any], task: Task | None = None) -> str:

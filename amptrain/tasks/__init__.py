@@ -1,7 +1,12 @@
 """Tasks: what differs between kinds of learning problem (see :mod:`.base`).
 
 A new task is one module with a :class:`~amptrain.tasks.base.Task` subclass plus its line
-in :data:`TASKS`.
+in :data:`TASKS` (and its name in :data:`amptrain.choices.TASK_NAMES`, for the CLI).
+
+This module is also the one place that decides which task something is: a run's data and
+model (:func:`decide_task`, :func:`resolve_task`, :func:`infer_task`), a checkpoint
+(:func:`saved_task_name`), a compare summary (:func:`task_of_summary`). Nothing outside
+tasks/ falls back to a task of its own.
 """
 from __future__ import annotations
 
@@ -27,6 +32,47 @@ TASKS: dict[str, type[Task]] = {"classification": ClassificationTask,
 check_table("tasks", TASKS, TASK_NAMES)
 
 
+#: The task of data that does not say what it is for (class labels) and of checkpoints
+#: and compare summaries older than tasks (every run then trained a classifier).
+DEFAULT_TASK = ClassificationTask.name
+
+
+def task_class(name: object) -> type[Task] | None:
+    """The registered Task class called ``name`` (for its wording), or None."""
+    return TASKS.get(name) if isinstance(name, str) else None
+
+
+def output_noun(name: object) -> str:
+    """What task ``name`` calls a model's output count ("classes"); "outputs" for a name
+    no task has."""
+    return (task_class(name) or Task).output_noun
+
+
+def data_task(hint: str | None) -> str:
+    """The task data is for: its own ``hint`` (``DataBundle.task``), else the default."""
+    return hint or DEFAULT_TASK
+
+
+def saved_task_name(state: dict[str, Any]) -> str:
+    """The name of the task a checkpoint trained (checkpoints older than tasks were
+    classifiers: they carry no task)."""
+    return str((state.get("task") or {}).get("name") or (state.get("run") or {}).get("task")
+               or DEFAULT_TASK)
+
+
+def task_of_summary(summary: list[dict[str, Any]] | dict[str, Any]) -> Task:
+    """The task whose metric a compare summary (or one row) carries, told by its
+    ``delta_*`` field (``delta_acc_pp``: classification; ``delta_perplexity_rel``: lm)."""
+    row = summary if isinstance(summary, dict) else (summary[0] if summary else {})
+    for cls in TASKS.values():
+        task = cls()
+        if task.delta_field in row:
+            return task
+    # A summary without any task's field (an empty one, or one older than tasks, when
+    # every study was of classifiers) is read as the default task's.
+    return TASKS[DEFAULT_TASK]()
+
+
 def build_task(name: str, **facts: Any) -> Task:
     """The task called ``name``, told what it needs to know about the data (``facts``:
     ``class_names``, ``loss``, or the ``state()`` a checkpoint kept)."""
@@ -44,8 +90,8 @@ def infer_task(data: Any) -> str:
         return str(hint)
     targets = targets_of(data)
     if targets is not None and targets.is_floating_point():
-        return "regression"
-    return "classification"
+        return RegressionTask.name
+    return DEFAULT_TASK
 
 
 #: From this many samples up, integer targets that are all different are not classes.
@@ -72,9 +118,9 @@ def resolve_task(name: str, train_data: Any, *, loss: str | None = None,
                  **facts: Any) -> Task:
     """The task a run trains: ``name`` (``auto`` asks the data), with ``--loss`` checked."""
     chosen = infer_task(train_data) if name == "auto" else name
-    if name == "auto" and chosen == "classification":
+    if name == "auto" and chosen == DEFAULT_TASK:
         _check_labels_are_classes(train_data)
-    if loss is not None and chosen != "regression":
+    if loss is not None and chosen != RegressionTask.name:
         raise UserError(f"{flag('loss')} {loss} applies to regression; this run's task is "
                         f"{chosen} ({flag('task')} {name})")
     if loss is not None:
@@ -82,8 +128,26 @@ def resolve_task(name: str, train_data: Any, *, loss: str | None = None,
     return build_task(chosen, **facts)
 
 
-__all__ = ["LOSSES", "TASKS", "TASK_CHOICES", "ClassificationTask", "EvalResult", "EvalSums",
-           "GanTask",
-           "LanguageModelTask", "Metric", "PpoTask", "RegressionTask", "Task", "build_task",
-           "infer_task",
-           "resolve_task", "targets_of"]
+def decide_task(requested: str, *, data_hint: str | None, model_task: str | None,
+                train_data: Any, loss: str | None, model: str, data: str,
+                class_names: list[str] | None, **facts: Any) -> Task:
+    """A run's task, decided once: ``requested`` (``--task``), which must fit the data
+    (its ``data_hint``), or under ``auto`` the task the model trains (``model_task``),
+    else what the data is; ``--loss`` and integer labels that are not classes are checked
+    here. ``model`` and ``data`` are the specs the messages name; ``facts`` go to the task
+    (the ppo task's hyper-parameters)."""
+    kind = data_task(data_hint)
+    by_model = model_task if requested == "auto" else None
+    name = by_model or requested
+    if name != "auto" and not TASKS[name].fits(kind):
+        chosen = f"--model {model} trains {name}, which" if by_model else f"--task {name}"
+        raise UserError(f"{chosen} does not fit --data {data}, which holds "
+                        f"{TASKS[kind].data_holds}: {TASKS[name].data_needs} (or use "
+                        f"--task {kind})")
+    return resolve_task(name, train_data, loss=loss, class_names=class_names, **facts)
+
+
+__all__ = ["DEFAULT_TASK", "LOSSES", "TASKS", "TASK_CHOICES", "ClassificationTask", "EvalResult",
+           "EvalSums", "GanTask", "LanguageModelTask", "Metric", "PpoTask", "RegressionTask",
+           "Task", "build_task", "data_task", "decide_task", "infer_task", "output_noun",
+           "resolve_task", "saved_task_name", "targets_of", "task_class", "task_of_summary"]

@@ -10,8 +10,9 @@ from __future__ import annotations
 import json
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
+from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -86,11 +87,22 @@ class EvalSums:
 
 
 class Task(ABC):
-    """One kind of learning problem (see the module docstring)."""
+    """One kind of learning problem (see the module docstring).
 
+    A subclass implements three methods: :meth:`loss`, :meth:`start_eval` and
+    :meth:`finish_eval`. Everything else is a declared hook with a default, grouped below:
+    what the task is called and reports (``name``, ``metrics``), how compare judges it, its
+    wording in messages, what ``generate`` and ``diagnose`` may ask of it, the checks of data
+    and outputs, the reports, what it learns from the data, and the training step.
+    """
+
+    # ------------------------------------------------------- identity and metrics
+    #: The name ``--task`` takes and checkpoints keep (its line in ``tasks.TASKS``).
     name: str
     #: Every metric the task reports, the primary one first.
     metrics: tuple[Metric, ...]
+
+    # ------------------------------------------------------- compare's verdict
     #: How compare's difference to the baseline is measured: "pp" (percentage points of
     #: a fraction) or "rel" (relative change); it names compare's ``delta_*`` field.
     delta_unit: str = "pp"
@@ -100,17 +112,41 @@ class Task(ABC):
     #: tolerance) or "iqm" (deep RL: the interquartile mean with a stratified-bootstrap
     #: interval, and its difference to the baseline; see amptrain/compare/seeds.py).
     seed_statistic: str = "mean"
-    # Wording for messages about data and checkpoints (the runner's and resume's errors).
+    #: The task's own default for that option when its metric varies more between seeds
+    #: than the shared default allows (the GAN's Fréchet distance); None: the shared one
+    #: (:func:`amptrain.tolerance.tolerance_for`).
+    default_tolerance_pp: float | None = None
+    default_tolerance_rel: float | None = None
+
+    # ------------------------------------------------------- wording
+    # Messages about data and checkpoints (the runner's, eval's and resume's errors) use
+    # these; no module outside tasks/ words a task itself.
     #: What data of this task holds: "--data X, which holds class labels".
     data_holds: str = "targets"
     #: What the task needs when ``--task`` names it for data that does not fit.
     data_needs: str = ""
     #: What the model's output count is called: "10 classes", "256 vocabulary entries".
     output_noun: str = "outputs"
+    #: Each loss's name by its ``loss_id`` (``diagnose`` names the loss that overflows).
+    loss_names: Mapping[int, str] = MappingProxyType({0: "loss"})
+
+    # ------------------------------------------------------- capabilities
     #: Whether a training batch is ``(inputs, targets)`` the model's loss is computed on
     #: (False: PPO's batches are rollout slots its own step reads; compare's fp32 re-check
     #: of the first batch's loss does not apply).
     batches_are_samples: bool = True
+    #: What ``amptrain generate`` draws from a trained model of this task: "text" (a
+    #: language model's continuation), "images" (a generator's samples), or None.
+    generates: str | None = None
+    #: The split ``amptrain eval`` fits the task on (:meth:`fit`): "val" (the data it
+    #: evaluates) or "train" (a task that measures against the training split, as the
+    #: GAN's feature network).
+    eval_fit_split: str = "val"
+
+    def default_tolerance(self) -> float | None:
+        """The task's own default for :attr:`tolerance_option` (None: the shared one)."""
+        return self.default_tolerance_pp if self.tolerance_option == "tolerance_pp" \
+            else self.default_tolerance_rel
 
     # ------------------------------------------------------- learnt from data
     def fit(self, train_data: Any) -> None:  # noqa: B027  (optional hook)
@@ -205,15 +241,6 @@ class Task(ABC):
         """The mean training loss of a batch."""
 
     @abstractmethod
-    def check_data(self, data: Any, keyword: str) -> None:
-        """Refuse data this task cannot train on (once, at set-up), naming ``keyword``."""
-
-    @abstractmethod
-    def check_outputs(self, outputs: torch.Tensor | None, targets: Any, *,
-                      model_name: str | None, all_targets: torch.Tensor | None) -> None:
-        """Refuse a model whose outputs do not fit the targets (once, before the first loss)."""
-
-    @abstractmethod
     def start_eval(self, device: torch.device) -> EvalSums:
         """A fresh accumulator for one evaluation pass on ``device``."""
 
@@ -221,13 +248,29 @@ class Task(ABC):
     def finish_eval(self, sums: EvalSums, gather: Any, loss: float, samples: int) -> EvalResult:
         """The pass's result; ``gather(tensor)`` concatenates a tensor over all processes."""
 
-    @abstractmethod
-    def report(self, result: EvalResult) -> dict[str, Any]:
-        """eval/report.json's content."""
+    # ------------------------------------------------------- checks (optional)
+    def check_data(self, data: Any, keyword: str) -> None:  # noqa: B027  (optional hook)
+        """Refuse data this task cannot train on (once, at set-up), naming ``keyword``.
+        Every built-in task refuses what it cannot learn from; the default takes any data."""
 
-    @abstractmethod
+    def check_outputs(self, outputs: torch.Tensor | None, targets: Any, *,  # noqa: B027
+                      model_name: str | None, all_targets: torch.Tensor | None) -> None:
+        """Refuse a model whose outputs do not fit the targets (once, before the first
+        loss). The default takes any outputs its :meth:`loss` accepts."""
+
+    # ------------------------------------------------------- eval/ reports
+    def report(self, result: EvalResult) -> dict[str, Any]:
+        """eval/report.json's content: by default the loss, the samples and the metrics."""
+        return {"loss": result.loss, "samples": result.samples, **result.metrics}
+
     def report_text(self, result: EvalResult) -> tuple[str, str]:
-        """(file name, text) of the readable report in eval/."""
+        """(file name, text) of the readable report in eval/: by default
+        ``<name>_report.txt`` with each metric as :meth:`Metric.format` shows it."""
+        lines = [f"{self.name} report ({result.samples} samples)", "",
+                 f"  loss  {result.loss:.4f}"]
+        lines += [f"  {metric.label}  {metric.format(result.metrics.get(metric.key))}"
+                  for metric in self.metrics]
+        return f"{self.name}_report.txt", "\n".join(lines + [""])
 
     def learning_note(self, result: EvalResult) -> str | None:
         """One line for the end of a run whose final validation metrics show the model

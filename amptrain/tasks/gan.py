@@ -103,6 +103,7 @@ class GanTask(Task):
     data_holds = "images"
     data_needs = "gan needs images (--data digits, idx:, cifar10: or imagefolder:)"
     output_noun = "discriminator logits per image"
+    generates = "images"  # amptrain generate --samples N: the generator's images
     #: compare's default --tolerance-rel for GANs. The FD of a GAN varies far more between
     #: seeds than a classifier's accuracy. Measured with tests/tasks/test_gan.py's loop
     #: (dcgan on digits, 32-true, batch 64, Adam 2e-4; one core of a Xeon with AMX): seeds

@@ -40,6 +40,7 @@ class LanguageModelTask(Task):
     data_holds = "text for language modelling"
     data_needs = "language modelling needs --data text:PATH"
     output_noun = "vocabulary entries"
+    generates = "text"  # amptrain generate --prompt TEXT: a continuation
 
     def __init__(self, bytes_per_token: float | None = None, seq_len: int | None = None,
                  **_: Any) -> None:

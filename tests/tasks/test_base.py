@@ -84,3 +84,67 @@ def test_verdict_boundaries_and_missing_values():
     assert task.verdict(0.5 + 1e-6, 0.5) == "worse" and task.verdict(-0.5 - 1e-6, 0.5) == "better"
     assert task.verdict(None, 0.5) is None
     assert task.judge(None, 0.9, 0.5) == (None, None) and task.judge(0.9, None, 0.5) == (None, None)
+
+
+# ------------------------------------------------------------ the declared contract
+class _Minimal(Task):
+    """A task written against the declared contract: three methods, a name, metrics."""
+
+    name = "minimal"
+    metrics = (Metric("mae", "mean absolute error", higher_is_better=False),)
+
+    def loss(self, outputs, targets):
+        return (outputs - targets).abs().mean()
+
+    def start_eval(self, device):
+        return EvalSums()
+
+    def finish_eval(self, sums, gather, loss, samples):
+        return EvalResult(loss, samples, {"mae": loss}, task=self)
+
+
+def test_three_methods_make_a_task_and_every_other_hook_has_a_default(tmp_path):
+    task = _Minimal()
+    # Optional checks take anything (built-in tasks override them).
+    assert task.check_data(object(), "train_data") is None
+    assert task.check_outputs(torch.zeros(2), torch.zeros(2), model_name=None,
+                              all_targets=None) is None
+    assert (task.delta_unit, task.tolerance_option) == ("pp", "tolerance_pp")
+    assert task.default_tolerance() is None
+    assert dict(task.loss_names) == {0: "loss"} and task.generates is None
+    assert task.eval_fit_split == "val"
+    assert (task.data_holds, task.output_noun) == ("targets", "outputs")
+    # The default reports: the loss, the samples and every metric, in the metric's format.
+    result = task.finish_eval(task.start_eval(torch.device("cpu")), None, 0.25, 8)
+    assert task.report(result) == {"loss": 0.25, "samples": 8, "mae": 0.25}
+    assert task.report_text(result) == (
+        "minimal_report.txt",
+        "minimal report (8 samples)\n\n  loss  0.2500\n  mean absolute error  0.25\n")
+    result.write(tmp_path)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["minimal_report.txt", "report.json"]
+
+
+@pytest.mark.parametrize("missing", ["loss", "start_eval", "finish_eval"])
+def test_a_task_without_one_of_its_three_methods_cannot_be_made(missing):
+    body = {name: getattr(_Minimal, name) for name in ("loss", "start_eval", "finish_eval")
+            if name != missing}
+    incomplete = type("Incomplete", (Task,), {"name": "x", "metrics": (), **body})
+    with pytest.raises(TypeError, match=missing):
+        incomplete()
+
+
+def test_the_built_in_tasks_declare_what_they_differ_in():
+    from amptrain.tasks import TASKS, GanTask, LanguageModelTask, RegressionTask
+
+    assert {name: cls.generates for name, cls in TASKS.items()} == {
+        "classification": None, "regression": None, "lm": "text", "gan": "images"}
+    assert {name: cls.eval_fit_split for name, cls in TASKS.items()} == {
+        "classification": "val", "regression": "val", "lm": "val", "gan": "train"}
+    assert GanTask().default_tolerance() == GanTask.default_tolerance_rel == 0.25
+    assert LanguageModelTask().default_tolerance() is None
+    assert RegressionTask().default_tolerance() is None
+    assert dict(GanTask.loss_names) == {0: "d_loss", 1: "g_loss"}
+    # Every task words its data and outputs itself (the runner's and resume's messages).
+    for cls in TASKS.values():
+        assert cls.data_holds != Task.data_holds and cls.data_needs, cls
+        assert cls.output_noun != Task.output_noun, cls
