@@ -137,9 +137,11 @@ def test_the_built_in_tasks_declare_what_they_differ_in():
     from amptrain.tasks import TASKS, GanTask, LanguageModelTask, RegressionTask
 
     assert {name: cls.generates for name, cls in TASKS.items()} == {
-        "classification": None, "regression": None, "lm": "text", "gan": "images"}
+        "classification": None, "regression": None, "lm": "text", "gan": "images",
+        "ppo": None}
     assert {name: cls.eval_fit_split for name, cls in TASKS.items()} == {
-        "classification": "val", "regression": "val", "lm": "val", "gan": "train"}
+        "classification": "val", "regression": "val", "lm": "val", "gan": "train",
+        "ppo": "val"}
     assert GanTask().default_tolerance() == GanTask.default_tolerance_rel == 0.25
     assert LanguageModelTask().default_tolerance() is None
     assert RegressionTask().default_tolerance() is None
