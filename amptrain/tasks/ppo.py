@@ -25,12 +25,16 @@ import numpy as np
 import torch
 from torch import nn
 
-from ..config.train import BatchingConfig
+from ..config.train import BatchingConfig, RunConfig
 from ..errors import UserError, flag
 from .base import EvalResult, EvalSums, Metric, Task
 from .gan import unwrap
 from .rollout import (LossSettings, Rollout, distribution, explained_variance,
                       log_prob_entropy, ppo_loss)
+
+#: The model a ppo run trains when ``--model`` is left at its default (the image default,
+#: cnn, cannot act): the built-in policy and value MLPs (models/actor_critic.py).
+DEFAULT_MODEL = "actor-critic"
 
 #: CleanRL's defaults: ppo.py (discrete) and ppo_continuous_action.py (continuous).
 RECIPES: dict[str, dict[str, Any]] = {
@@ -204,6 +208,8 @@ class PpoTask(Task):
         options: dict[str, Any] = {"batch_size": rollout // minibatches,
                                    "max_steps": updates * per_update}
         sched = config.schedule
+        if getattr(config, "model", None) == RunConfig.model:  # --model left at its default
+            options["model"] = DEFAULT_MODEL  # (cnn, for images) -> the built-in actor-critic
         if sched.lr is None:
             options["lr"] = s["lr"]
         if sched.scheduler == "cosine":  # amptrain's default: the recipe anneals linearly
@@ -215,6 +221,10 @@ class PpoTask(Task):
         if config.logging.eval_every is None:
             options["eval_every"] = per_update * max(1, updates // EVALUATIONS)
         return options
+
+    def timed_unit(self) -> int:
+        """A whole update: its rollout and its ``minibatches x update_epochs`` steps."""
+        return int(self.settings["minibatches"] * self.settings["update_epochs"])
 
     def throughput(self, samples_per_s: float | None) -> dict[str, float]:
         """Environment steps per second: each transition is trained ``update_epochs``
