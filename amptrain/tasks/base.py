@@ -148,6 +148,11 @@ class Task(ABC):
         length and batch from them. None by default."""
         return {}
 
+    def timed_unit(self) -> int:
+        """Optimizer steps compare times as one unit: 1, or for a task that acts between
+        updates (PPO's rollouts) a whole update, so its acting is timed too."""
+        return 1
+
     def describe(self) -> str:
         """The task's words in the Trainer's first line ("" for classification, the
         default task; else ``task <name>``)."""
