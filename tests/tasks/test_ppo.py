@@ -63,6 +63,17 @@ def test_env_steps_set_the_runs_length_and_the_recipe_its_optimizer():
         assemble(config.with_options(minibatches=3))
 
 
+def test_gym_data_without_a_model_trains_the_built_in_actor_critic():
+    # What `amptrain train|compare|diagnose --data gym:CartPole-v1` assemble (no --model).
+    run = assemble(RunConfig.from_options(data="gym:CartPole-v1", env_steps=512))
+    assert run.task.name == "ppo" and run.config.model == "actor-critic"
+    assert isinstance(run.model, ActorCritic)
+    # A model the user named is theirs (cnn cannot act: refused, naming the fit).
+    with pytest.raises(UserError, match="try --model actor-critic"):
+        assemble(RunConfig.from_options(data="gym:CartPole-v1", env_steps=512,
+                                        model="cnn:width=8"))
+
+
 def test_a_model_that_is_not_an_actor_critic_is_refused():
     trainer, _, data, task = _run()
     mlp = nn.Sequential(nn.Linear(4, 2))
