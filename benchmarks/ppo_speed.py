@@ -35,7 +35,6 @@ from typing import Any
 
 import benchlib as bl
 import ppo_reference
-import torch
 
 from amptrain.config import RunConfig
 from amptrain.runner import assemble
