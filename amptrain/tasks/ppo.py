@@ -36,6 +36,10 @@ from .rollout import (LossSettings, Rollout, distribution, explained_variance,
 #: cnn, cannot act): the built-in policy and value MLPs (models/actor_critic.py).
 DEFAULT_MODEL = "actor-critic"
 
+#: The built-in actor-critic's value path (models/actor_critic.py), trained by the value
+#: loss alone: diagnose names a gradient overflow there as the value loss's.
+VALUE_PATH = "critic"
+
 #: CleanRL's defaults: ppo.py (discrete) and ppo_continuous_action.py (continuous).
 RECIPES: dict[str, dict[str, Any]] = {
     "discrete": {"lr": 2.5e-4, "minibatches": 4, "update_epochs": 4, "ent_coef": 0.01},
@@ -221,6 +225,16 @@ class PpoTask(Task):
         if config.logging.eval_every is None:
             options["eval_every"] = per_update * max(1, updates // EVALUATIONS)
         return options
+
+    def loss_paths(self) -> dict[str, str]:
+        """The critic carries the value loss, whose gradient grows with the returns."""
+        held = self.rollout
+        largest = float(held.returns.abs().max()) if held is not None else None
+        size = f", returns up to |{largest:.3g}|" if largest is not None else ""
+        scaled = "normalised rewards" if self.env is not None and self.env.normalise \
+            else "unnormalised rewards"
+        return {VALUE_PATH: f"the value loss ({scaled}{size}; its gradient grows with the "
+                            f"returns)"}
 
     def timed_unit(self) -> int:
         """A whole update: its rollout and its ``minibatches x update_epochs`` steps."""
