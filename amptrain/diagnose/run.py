@@ -231,12 +231,12 @@ def diagnose(config: TrainConfig, steps: int = 20, *, data: DataBundle | None = 
         s["fp32_with_recommendations"] = island
         s["risk"], s["reasons"] = module_risks(name, s, first, scale["log2"], island, casts,
                                                _in_island(name, list(config.precision.keep_fp32)))
-        for o in (o for o in overflow if o["module"] == name):
-            s["risk"] += 30 + math.log2(o["scaled"] / FP16_MAX)
-            s["reasons"].insert(0, f"{o['kind']} x the loss scale "
-                                   f"{config.precision.init_scale:g} reach {o['scaled']:.3g} > "
-                                   f"fp16 max" + (f" ({o['loss'].split(' (')[0]})"
-                                                  if o["loss"] else ""))
+        over_here = [o for o in overflow if o["module"] == name]  # largest first
+        s["risk"] += sum(30 + math.log2(o["scaled"] / FP16_MAX) for o in over_here)
+        s["reasons"][:0] = [f"{o['kind']} x the loss scale {config.precision.init_scale:g} "
+                            f"reach {o['scaled']:.3g} > fp16 max"
+                            + (f" ({o['loss'].split(' (')[0]})" if o["loss"] else "")
+                            for o in over_here]
         if s["gradient"] is not None and scale["log2"] is not None:
             s["gradient"]["fp16_at_recommended_scale"] = fractions(
                 s["_hist"]["gradient"], FP16, scale["log2"])
