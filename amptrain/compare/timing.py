@@ -102,7 +102,7 @@ def build_contender(config: RunConfig, precision: str, needed_windows: int) -> C
         list(itertools.islice(epochs.epoch(0), 1))
     return Contender(precision, trainer, switches, itertools.cycle(windows[:needed_windows]),
                      total_steps=trainer.total_steps, task=trainer.task,
-                     unit=trainer.task.timed_unit())
+                     unit=trainer.task.timed_unit() if trainer.task is not None else 1)
 
 
 def release(contender: Contender) -> None:

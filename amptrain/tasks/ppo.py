@@ -228,8 +228,8 @@ class PpoTask(Task):
 
     def loss_paths(self) -> dict[str, str]:
         """The critic carries the value loss, whose gradient grows with the returns."""
-        held = self.rollout
-        largest = float(held.returns.abs().max()) if held is not None else None
+        returns = self.rollout.returns if self.rollout is not None else None
+        largest = float(returns.abs().max()) if returns is not None else None
         size = f", returns up to |{largest:.3g}|" if largest is not None else ""
         scaled = "normalised rewards" if self.env is not None and self.env.normalise \
             else "unnormalised rewards"
