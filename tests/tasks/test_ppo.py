@@ -198,15 +198,16 @@ def test_ddp_ranks_use_disjoint_environment_seeds(tmp_path):
 def test_cli_train_then_eval_on_cartpole(tmp_path):
     run = tmp_path / "run"
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    train = subprocess.run(
-        [sys.executable, "-m", "amptrain", "train", "--data", "gym:CartPole-v1", "--model",
-         "actor-critic", "--env-steps", "2048", "--num-envs", "2", "--rollout-steps", "64",
+    train = subprocess.run(  # no --model: gym: data trains the built-in actor-critic
+        [sys.executable, "-m", "amptrain", "train", "--data", "gym:CartPole-v1",
+         "--env-steps", "2048", "--num-envs", "2", "--rollout-steps", "64",
          "--eval-episodes", "3", "--precision", "bf16-mixed", "--out", str(run),
          "--no-progress", "--logger", "none"],
         capture_output=True, text=True, env=env, timeout=600)
     assert train.returncode == 0, train.stderr
     done = [line for line in train.stdout.splitlines() if line.startswith("done:")]
     assert done and "val_return" in done[0]
+    assert json.loads((run / "model.json").read_text())["model"] == "actor-critic"
     evaluated = subprocess.run(
         [sys.executable, "-m", "amptrain", "eval", "--checkpoint", str(run), "--out",
          str(tmp_path / "eval"), "--episodes", "4", "--no-progress"],
