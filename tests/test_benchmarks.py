@@ -231,3 +231,31 @@ def test_reference_gae_against_a_hand_computation(ppo):
     adv, ret = ppo.gae(rewards, values, dones, torch.tensor([4.0]), torch.tensor([0.0]), g, lam)
     assert adv.flatten().tolist() == pytest.approx([a0, a1, a2])
     assert ret.flatten().tolist() == pytest.approx([a0 + 0.5, a1 + 1.0, a2 + 1.5])
+
+
+# ------------------------------------- amptrain's PPO against the reference (issue 34)
+def test_ppo_speed_steps_amptrain_one_update_at_a_time(ppo):
+    import ppo_speed
+
+    # 2 environments x 16 steps; CleanRL's 4 minibatches x 4 epochs: 16 steps an update.
+    lane = ppo_speed.AmptrainPpo("CartPole-v1", 2, 16, updates=3, precision="32-true", seed=0)
+    assert lane.unit == 16 and lane.transitions == 32
+    seen = []
+    for _ in range(3):
+        lane.update()
+        seen.append((lane.trainer.step, lane.clock["env"], lane.clock["rollout"]))
+    # Every update collects its own rollout: the environments' clock moves each time.
+    assert [s for s, _, _ in seen] == [16, 32, 48]
+    assert 0 < seen[0][1] < seen[1][1] < seen[2][1]
+    assert all(env < rollout for _, env, rollout in seen)
+
+
+def test_ppo_speed_measures_every_lane_without_timing_assertions(ppo):
+    import ppo_speed
+
+    m = ppo_speed.measure("CartPole-v1", 2, 16, "32-true", rounds=2, warmup=1)
+    assert m["amptrain_sps"] > 0 and m["reference_sps"] > 0
+    assert m["ratio"] > 0 and m["control"] > 0
+    for shares in (m["amptrain_shares"], m["reference_shares"]):
+        assert set(shares) == {"env", "act", "update"} and all(v > 0 for v in shares.values())
+        assert sum(shares.values()) == pytest.approx(1.0)

@@ -60,7 +60,8 @@ class CompareOptions:
     interleave: bool = option(True, "alternate the timed steps between precisions "
                               "(--no-interleave times one precision after the other and holds "
                               "one model at a time)", group="compare")
-    timing_steps: int = option(30, "timed optimizer steps per precision", group="compare")
+    timing_steps: int = option(30, "timed optimizer steps per precision (ppo: whole "
+                                   "updates, the rollout included)", group="compare")
     timing_warmup: int = option(5, "untimed warm-up steps per precision before timing",
                                 group="compare")
     bench_steps: int | None = option(None, "speed only: time this many steps per precision "

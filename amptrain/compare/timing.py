@@ -55,26 +55,33 @@ class Contender:
     #: The A/A control lane's step times (the baseline only: set up twice, timed in the
     #: same rounds), which show how far apart two identical lanes measure.
     control_times_s: list[float] = dataclasses.field(default_factory=list)
+    #: Optimizer steps timed as one (the task's timed_unit: PPO's whole update, rollout
+    #: included); a step time is the unit's time over its steps.
+    unit: int = 1
 
     def step(self, timed: bool) -> None:
-        """One optimizer step, timed between device syncs."""
+        """One timed unit of optimizer steps, between device syncs."""
         if self.halted:
             return
         self.switches.apply()
-        window = next(self.windows)
         device = self.trainer.device
         sync(device)
         started = time.perf_counter()
         try:
-            self.trainer.train_step(window)
-            self.trainer.finish_step()
+            for _ in range(self.unit):
+                window = next(self.windows)
+                self.trainer.train_step(window)
+                self.trainer.finish_step()
+                # The step number the task sees (train_step leaves the loop's counter
+                # alone): a task acting between updates acts when the next one begins.
+                self.trainer.position.step += 1
         except TrainingHalted as exc:
             self.halted = str(exc)
             log.info("compare: timing of %s stopped: %s", self.precision, exc)
             return
         sync(device)
         if timed:
-            self.step_times_s.append(time.perf_counter() - started)
+            self.step_times_s.append((time.perf_counter() - started) / self.unit)
             self.batch_samples = window.global_samples
 
 
@@ -94,7 +101,8 @@ def build_contender(config: RunConfig, precision: str, needed_windows: int) -> C
                if w.global_samples == run_config.batching.batch_size] or \
         list(itertools.islice(epochs.epoch(0), 1))
     return Contender(precision, trainer, switches, itertools.cycle(windows[:needed_windows]),
-                     total_steps=trainer.total_steps, task=trainer.task)
+                     total_steps=trainer.total_steps, task=trainer.task,
+                     unit=trainer.task.timed_unit() if trainer.task is not None else 1)
 
 
 def release(contender: Contender) -> None:
@@ -207,7 +215,7 @@ def speed_figures(contender: Contender) -> dict[str, Any]:
             "step_times_ms": [round(t * 1e3, 4) for t in times],
             **({"control_step_times_ms": [round(t * 1e3, 4) for t in contender.control_times_s]}
                if contender.control_times_s else {}),
-            "batch_samples": contender.batch_samples,
+            "batch_samples": contender.batch_samples, "timed_unit_steps": contender.unit,
             "peak_mem_bytes": contender.peak_mem_bytes, "halted": contender.halted,
             **(contender.ladder or {})}
 

@@ -193,6 +193,28 @@ def recommend_loss_scale(stats: dict[str, dict[str, Any]], islands: list[str],
     return result
 
 
+def run_scale_overflow(stats: dict[str, dict[str, Any]], islands: list[str], scale: float,
+                       loss_paths: dict[str, str] | None = None) -> list[dict[str, Any]]:
+    """The modules whose gradients (32-true run) times the loss scale the 16-mixed run began
+    with pass fp16's max: the backward that skips those steps, named at its module (a
+    weight gradient's overflow shows in no module's output). Largest first; each with the
+    loss the task says trains that module alone (``loss_paths``: a module name, which
+    covers its children as --keep-fp32 does, -> what that loss is) and that ``path``."""
+    found = []
+    for name, s in stats.items():
+        if not s["leaf"] or _in_island(name, islands):
+            continue  # a container repeats its last child's output gradient
+        for kind, label in (("param_gradient", "weight gradients"),
+                            ("gradient", "output gradients")):
+            peak = _num((s[kind] or {}).get("abs_max", 0.0))
+            if math.isfinite(peak) and peak * scale > FP16_MAX:
+                path = next((p for p in (loss_paths or {}) if _in_island(name, [p])), None)
+                found.append({"module": name, "kind": label, "abs_max": peak,
+                              "scaled": peak * scale, "path": path,
+                              "loss": (loss_paths or {}).get(path) if path else None})
+    return sorted(found, key=lambda f: -f["scaled"])
+
+
 def module_risks(name: str, s: dict[str, Any], first: NonFiniteEvent | None,
                  scale_log2: int | None, island: bool, casts_to_half: bool,
                  kept_by_user: bool = False) -> tuple[float, list[str]]:

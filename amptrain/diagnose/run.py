@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import math
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -32,7 +33,7 @@ from ..nonfinite import NonFiniteEvent, NonFiniteWatch
 from ..runner import assemble
 from ..tasks import Task
 from ..trainer import Trainer
-from .ranges import FORMATS, FP16, SAMPLE_LIMIT, RangeRecorder, fractions
+from .ranges import FORMATS, FP16, FP16_MAX, SAMPLE_LIMIT, RangeRecorder, fractions
 from .recommend import (
     _bf16_verdict,
     _casts_inputs_to_half,
@@ -43,6 +44,7 @@ from .recommend import (
     keep_fp32_candidates,
     module_risks,
     recommend_loss_scale,
+    run_scale_overflow,
 )
 
 
@@ -190,6 +192,13 @@ def diagnose(config: TrainConfig, steps: int = 20, *, data: DataBundle | None = 
     islands = list(dict.fromkeys(list(config.precision.keep_fp32)
                                  + [k["pattern"] for k in keep]))
     scale = recommend_loss_scale(stats, islands, config.precision.init_scale)
+    # Steps the 16-mixed run skipped with no non-finite module output: the scaled backward
+    # overflowed (a weight gradient's matmul); named at its modules and their loss.
+    unexplained = first is None and fp16_run.skipped_steps > 0
+    overflow = run_scale_overflow(stats, list(config.precision.keep_fp32),
+                                  config.precision.init_scale,
+                                  task.loss_paths() if task is not None else None
+                                  ) if unexplained else []
 
     verify_options: dict[str, Any] = {"keep_fp32": islands, "init_scale": scale["init_scale"]}
     if scale["init_scale"] < config.precision.min_scale:
@@ -202,6 +211,14 @@ def diagnose(config: TrainConfig, steps: int = 20, *, data: DataBundle | None = 
         # GAN's discriminator, generator): a whole-model name cannot be checked there.
         verified = RunSummary("16-mixed", 0, 0, None, f"could not be checked: {exc}",
                               list(islands), scale["init_scale"])
+    # The loss paths the overflow lies on, kept in fp32 at the run's own scale: checked.
+    paths = list(dict.fromkeys(o["path"] for o in overflow if o["path"]))
+    path_check = None
+    if paths:
+        kept, _ = run_steps(config, data, copy.deepcopy(initial), steps, "16-mixed",
+                            task=task, keep_fp32=list(config.precision.keep_fp32) + paths)
+        path_check = {"keep_fp32": paths, "skipped_steps": kept.skipped_steps,
+                      "steps": kept.steps}
     bf16_run = None
     supported = _supported_here(device)
     if supported["bf16-mixed"] or device.type == "cpu":
@@ -214,6 +231,12 @@ def diagnose(config: TrainConfig, steps: int = 20, *, data: DataBundle | None = 
         s["fp32_with_recommendations"] = island
         s["risk"], s["reasons"] = module_risks(name, s, first, scale["log2"], island, casts,
                                                _in_island(name, list(config.precision.keep_fp32)))
+        over_here = [o for o in overflow if o["module"] == name]  # largest first
+        s["risk"] += sum(30 + math.log2(o["scaled"] / FP16_MAX) for o in over_here)
+        s["reasons"][:0] = [f"{o['kind']} x the loss scale {config.precision.init_scale:g} "
+                            f"reach {o['scaled']:.3g} > fp16 max"
+                            + (f" ({o['loss'].split(' (')[0]})" if o["loss"] else "")
+                            for o in over_here]
         if s["gradient"] is not None and scale["log2"] is not None:
             s["gradient"]["fp16_at_recommended_scale"] = fractions(
                 s["_hist"]["gradient"], FP16, scale["log2"])
@@ -237,6 +260,8 @@ def diagnose(config: TrainConfig, steps: int = 20, *, data: DataBundle | None = 
             "init_scale": scale["init_scale"],
             "min_scale": verify_options.get("min_scale"),
             "loss_scale": scale,
+            "run_scale_overflow": {"init_scale": config.precision.init_scale,
+                                   "modules": overflow, "keep_fp32_paths": path_check},
             "keep_fp32": keep,
             "bf16": _bf16_verdict(stats, first, scale, bf16_run, supported, device),
             "attention": attention_overflow(stats, first, range_safe_choice(device)),

@@ -25,8 +25,12 @@ def summary_lines(report: dict[str, Any]) -> list[str]:
                      f"({first['phase']}){_part_and_loss(first)} at step {first['step']}{scale}; "
                      f"{fp16['skipped_steps']} of {_steps(fp16)} skipped"
                      + (" (halted)" if fp16["halted"] else ""))
+    elif fp16["skipped_steps"]:  # the scaler saw inf/NaN gradients no module output held
+        lines.append(f"16-mixed: {fp16['skipped_steps']} of {_steps(fp16)} skipped with no "
+                     f"non-finite module output: the scaled backward overflowed")
     else:
         lines.append(f"16-mixed: no non-finite values in {fp16['steps']} steps")
+    lines += overflow_lines(recs)
     fp32 = report["runs"]["32-true"]
     if fp32["skipped_steps"]:
         lines.append(f"32-true itself had {fp32['skipped_steps']} non-finite steps of "
@@ -51,6 +55,33 @@ def summary_lines(report: dict[str, Any]) -> list[str]:
     lines.append(f"bf16-mixed {verdict}: "
                  f"{b['reason']}")
     return lines + lowbit_lines(recs.get("lowbit") or {})
+
+
+def overflow_lines(recs: dict[str, Any]) -> list[str]:
+    """The gradients that overflow fp16 at the loss scale the 16-mixed run began with, by
+    module and the loss behind them, and what follows: the recommended lower scale, or
+    that loss's modules in fp32 (checked)."""
+    over = recs.get("run_scale_overflow") or {}
+    modules = over.get("modules") or []
+    if not modules:
+        return []
+    shown = modules[:3]
+    named = "; ".join(f"{o['module']} {o['kind']} {_g(o['abs_max'])} -> {o['scaled']:.3g}"
+                      for o in shown) + (f" (+{len(modules) - 3} more)" if len(modules) > 3
+                                         else "")
+    losses = list(dict.fromkeys(o["loss"] for o in modules if o["loss"]))
+    lines = [f"overflow at the loss scale {over['init_scale']:g}: {named} > fp16 max (65504)"
+             + (f": {'; '.join(losses)}" if losses else "")]
+    follows = [f"--init-scale {recs['init_scale']:g} (checked below)"]
+    check = over.get("keep_fp32_paths")
+    if check:
+        kept = " ".join(f"--keep-fp32 {p}" for p in check["keep_fp32"])
+        follows.append(f"{kept} at the scale {over['init_scale']:g} (checked: "
+                       f"{check['skipped_steps']} of {check['steps']} steps skipped)")
+    if any("unnormalised" in (o["loss"] or "") for o in modules):
+        follows.append("smaller returns (rewards scaled or normalised)")
+    lines.append("  follows: " + ", or ".join(follows))
+    return lines
 
 
 def lowbit_lines(lowbit: dict[str, Any]) -> list[str]:

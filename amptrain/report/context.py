@@ -54,9 +54,14 @@ def _method_lines(study: Study) -> list[str]:
     timed = o.get("bench_steps") or o.get("timing_steps")
     order = "interleaved (round-robin, rotating order)" if o.get("interleave", True) else \
         "one precision after another"
+    unit = max([s.get("timed_unit_steps", 1) for s in d.get("speed", {}).values()] or [1])
+    timed_what = "timed optimizer steps" if unit == 1 else (
+        f"timed units of {unit} optimizer steps (a whole update, the task's acting included; "
+        f"a step's time is the unit's over {unit})")
     lines = [
-        (f"Speed: {o.get('timing_warmup')} warm-up + {timed} timed optimizer steps per "
-         f"precision, {order}, device synchronised around every step; median step time, "
+        (f"Speed: {o.get('timing_warmup')} warm-up + {timed} {timed_what} per "
+         f"precision, {order}, device synchronised around every "
+         f"{'step' if unit == 1 else 'unit'}; median step time, "
          f"samples/s = global batch / median step time; whiskers: step-time quartiles."),
         f"Memory: {d.get('memory_method', 'n/a')}",
         (f"{metric.capitalize()}: final validation {metric} of each run; mean and sample "

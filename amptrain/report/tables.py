@@ -119,8 +119,12 @@ def timing_warning(summary: list[dict[str, Any]]) -> str | None:
                 reasons.setdefault(reason if shared or len(doubtful) == 1
                                    else f"{row['precision']}: {reason}", None)
     names = ", ".join(r["precision"] for r in doubtful)
+    # The flag that times more steps: --bench-steps in a speed-only study (no row trained,
+    # so none has a verdict), --timing-steps in a full compare.
+    more = "--timing-steps" if any(r.get("verdict") is not None for r in summary) \
+        else "--bench-steps"
     return (f"Timing not reliable ({names}): {'; '.join(reasons)}. Do not trust these "
-            f"speedups: re-run on a quiet machine, or time more steps (e.g. --bench-steps 100).")
+            f"speedups: re-run on a quiet machine, or time more steps (e.g. {more} 100).")
 
 
 def _speedup(row: dict[str, Any]) -> str:

@@ -184,6 +184,17 @@ class Task(ABC):
         length and batch from them. None by default."""
         return {}
 
+    def loss_paths(self) -> dict[str, str]:
+        """Module-name globs of the model parts one of the task's losses trains alone, each
+        with what that loss is and what its size follows (diagnose names a gradient
+        overflow there by its loss). None by default."""
+        return {}
+
+    def timed_unit(self) -> int:
+        """Optimizer steps compare times as one unit: 1, or for a task that acts between
+        updates (PPO's rollouts) a whole update, so its acting is timed too."""
+        return 1
+
     def describe(self) -> str:
         """The task's words in the Trainer's first line ("" for classification, the
         default task; else ``task <name>``)."""

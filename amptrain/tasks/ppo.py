@@ -32,6 +32,14 @@ from .gan import unwrap
 from .rollout import (LossSettings, Rollout, distribution, explained_variance,
                       log_prob_entropy, ppo_loss)
 
+#: The model a ppo run trains when ``--model`` is left at its default (the image default,
+#: cnn, cannot act): the built-in policy and value MLPs (models/actor_critic.py).
+DEFAULT_MODEL = "actor-critic"
+
+#: The built-in actor-critic's value path (models/actor_critic.py), trained by the value
+#: loss alone: diagnose names a gradient overflow there as the value loss's.
+VALUE_PATH = "critic"
+
 #: CleanRL's defaults: ppo.py (discrete) and ppo_continuous_action.py (continuous).
 RECIPES: dict[str, dict[str, Any]] = {
     "discrete": {"lr": 2.5e-4, "minibatches": 4, "update_epochs": 4, "ent_coef": 0.01},
@@ -204,6 +212,8 @@ class PpoTask(Task):
         per_update = minibatches * s["update_epochs"]
         options: dict[str, Any] = {"batch_size": rollout // minibatches,
                                    "max_steps": updates * per_update}
+        if hasattr(config, "model") and "model" not in given:
+            options["model"] = DEFAULT_MODEL  # (cnn, for images) -> the built-in actor-critic
         # The recipe's lr, linear annealing, Adam without weight decay and clipping,
         # unless the user gave their own.
         recipe = {"lr": s["lr"], "scheduler": "linear", "weight_decay": 0.0,
@@ -212,6 +222,20 @@ class PpoTask(Task):
         if "eval_every" not in given:
             options["eval_every"] = per_update * max(1, updates // EVALUATIONS)
         return options
+
+    def loss_paths(self) -> dict[str, str]:
+        """The critic carries the value loss, whose gradient grows with the returns."""
+        returns = self.rollout.returns if self.rollout is not None else None
+        largest = float(returns.abs().max()) if returns is not None else None
+        size = f", returns up to |{largest:.3g}|" if largest is not None else ""
+        scaled = "normalised rewards" if self.env is not None and self.env.normalise \
+            else "unnormalised rewards"
+        return {VALUE_PATH: f"the value loss ({scaled}{size}; its gradient grows with the "
+                            f"returns)"}
+
+    def timed_unit(self) -> int:
+        """A whole update: its rollout and its ``minibatches x update_epochs`` steps."""
+        return int(self.settings["minibatches"] * self.settings["update_epochs"])
 
     def throughput(self, samples_per_s: float | None) -> dict[str, float]:
         """Environment steps per second: each transition is trained ``update_epochs``

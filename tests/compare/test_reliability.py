@@ -91,6 +91,10 @@ def test_the_warning_names_the_rows_the_reason_and_the_remedy():
     assert warning.startswith("Timing not reliable (16-mixed): per-round speedups spread")
     assert "--bench-steps" in warning and "quiet machine" in warning
     assert timing_warning(summary[:1]) is None
+    # A full compare (rows with verdicts) times more steps with --timing-steps.
+    trained = [{**row, "verdict": "ok"} for row in summary]
+    warning = timing_warning(trained)
+    assert "--timing-steps 100" in warning and "--bench-steps" not in warning
 
 
 def _busy(milliseconds: float) -> None:

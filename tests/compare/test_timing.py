@@ -42,6 +42,7 @@ class _FakeTrainer:
 
     def __init__(self, halt_at: int | None = None) -> None:
         self.device = torch.device("cpu")
+        self.position = SimpleNamespace(step=0)  # advanced by the contender
         self.steps, self.finished, self.halt_at = 0, 0, halt_at
 
     def train_step(self, window: StepBatch) -> None:
@@ -168,6 +169,29 @@ def test_a_contender_is_set_up_as_the_training_run_and_writes_nothing(tmp_path):
     first, second, third = (next(contender.windows) for _ in range(3))
     assert first.global_samples == second.global_samples == 64
     assert third is first and second is not first
+
+
+def test_a_ppo_contender_times_whole_updates_with_their_rollouts():
+    pytest.importorskip("gymnasium")
+    from amptrain.config import RunConfig
+    # 2 environments x 16 steps, 2 minibatches x 2 epochs: an update is 4 optimizer steps.
+    config = RunConfig.from_options(data="gym:CartPole-v1", num_envs=2, rollout_steps=16,
+                                    minibatches=2, update_epochs=2, env_steps=128, seed=0,
+                                    no_progress=True, logger="none")
+    contender = build_contender(config, "32-true", needed_windows=3)
+    task = contender.task
+    assert contender.unit == task.timed_unit() == 4
+    collected = []
+    collect = task.collect
+    task.collect = lambda ctx, update=0: (collected.append(update), collect(ctx, update))[1]
+    contender.step(timed=False)
+    contender.step(timed=True)
+    contender.step(timed=True)
+    # One rollout per timed unit (a contender that never advanced the step number
+    # collected once and timed minibatch updates alone).
+    assert collected == [0, 1, 2] and contender.trainer.step == 12
+    assert len(contender.step_times_s) == 2 and contender.batch_samples == 16
+    assert speed_figures(contender)["timed_unit_steps"] == 4
 
 
 def test_memory_method_says_what_peak_mem_bytes_measures():

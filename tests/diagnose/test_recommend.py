@@ -11,6 +11,7 @@ from amptrain.diagnose.recommend import (
     SCALE_HEADROOM,
     attention_overflow,
     keep_fp32_candidates,
+    run_scale_overflow,
 )
 from amptrain.diagnose.run import diagnose
 from amptrain.nonfinite import NonFiniteEvent
@@ -116,3 +117,24 @@ def test_lowbit_advice_rowwise_more_mantissa_and_keeping_a_layer_out():
     keep = lowbit_advice({"a": _shares(fp8=0.05, fp8_rowwise=0.04, mxfp8=0.03, mxfp4=0.3)})
     assert keep["advice"][0] == ("keep a out of the low-bit formats (--keep-fp32 a): even "
                                  "mxfp8 loses 3.00% of its activation values")
+
+
+def test_run_scale_overflow_names_leaves_largest_first_with_their_loss():
+    def module(leaf, weight_grad, out_grad):
+        return {"leaf": leaf, "param_gradient": {"abs_max": weight_grad},
+                "gradient": {"abs_max": out_grad}}
+
+    stats = {"critic": module(False, 0.0, 9.0),        # a container: its child's numbers
+             "critic.0": module(True, 3.0, 0.01), "critic.2": module(True, 9.0, 0.5),
+             "actor.0": module(True, 0.5, 0.001),       # 0.5 x 65536 < 65504: in range
+             "kept.0": module(True, 50.0, 1.0)}         # in fp32 (--keep-fp32 kept)
+    found = run_scale_overflow(stats, ["kept"], 65536.0, {"critic": "the value loss"})
+    assert [(f["module"], f["kind"]) for f in found] == [("critic.2", "weight gradients"),
+                                                         ("critic.0", "weight gradients")]
+    assert found[0]["scaled"] == 9.0 * 65536 and found[0]["path"] == "critic"
+    assert found[0]["loss"] == "the value loss"
+    # No loss declared for a module: named all the same, without one.
+    assert run_scale_overflow(stats, [], 65536.0)[0] == {
+        "module": "kept.0", "kind": "weight gradients", "abs_max": 50.0,
+        "scaled": 50.0 * 65536, "path": None, "loss": None}
+    assert run_scale_overflow(stats, ["kept"], 1024.0) == []

@@ -128,3 +128,41 @@ def test_steps_alone_set_each_runs_length_and_the_progress_is_the_configs(no_pro
                            scaled_model(1.0), steps=5, precision="32-true", attach=Look)
     assert summary.steps == 5
     assert seen == {"no_progress": no_progress, "epochs": 3}
+
+
+@pytest.mark.slow
+def test_ppo_value_loss_overflow_is_named_at_the_critic_with_what_follows(tmp_path):
+    pytest.importorskip("gymnasium")
+    # MountainCar: -1 every step, unnormalised (the discrete recipe); undiscounted Monte
+    # Carlo returns reach the rollout's length. At the default loss scale 65536 the
+    # critic's weight gradients overflow fp16 in the scaled backward: steps are skipped
+    # while no module's output is ever inf.
+    config = RunConfig.from_options(data="gym:MountainCar-v0", gamma=1.0, gae_lambda=1.0,
+                                    num_envs=2, rollout_steps=64, env_steps=1024, seed=0,
+                                    no_progress=True, logger="none")
+    report = diagnose(config, steps=8)
+    fp16 = report["runs"]["16-mixed"]
+    assert fp16["skipped_steps"] > 0 and report["first_nonfinite"] is None
+    over = report["recommendations"]["run_scale_overflow"]
+    assert over["init_scale"] == 65536 and over["modules"]
+    for o in over["modules"]:
+        assert o["module"].startswith("critic.") and o["path"] == "critic"
+        assert o["scaled"] > FP16_MAX and "value loss (unnormalised rewards" in o["loss"]
+        assert int(o["loss"].split("returns up to |")[1].split("|")[0]) > 32  # large returns
+    # What follows is checked: the critic in fp32 at the same scale skips nothing, and
+    # so does the recommended lower scale.
+    assert over["keep_fp32_paths"] == {"keep_fp32": ["critic"], "skipped_steps": 0,
+                                       "steps": 8}
+    assert report["recommendations"]["init_scale"] < 65536
+    assert report["recommendations"]["verified"]["skipped_steps"] == 0
+    worst = over["modules"][0]["module"]
+    assert report["modules"][worst]["reasons"][0].startswith("weight gradients x the loss "
+                                                            "scale 65536 reach")
+    lines = summary_lines(report)
+    assert any(line.startswith(f"16-mixed: {fp16['skipped_steps']} of 8 steps skipped with "
+                               "no non-finite module output") for line in lines)
+    assert any(line.startswith(f"overflow at the loss scale 65536: {worst} weight gradients")
+               and "the value loss" in line for line in lines)
+    follows = next(line for line in lines if line.startswith("  follows: "))
+    assert "--init-scale" in follows and "--keep-fp32 critic" in follows
+    assert "smaller returns" in follows

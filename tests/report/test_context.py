@@ -54,3 +54,9 @@ def test_method_lines_describe_timing_seeds_and_duration(tiny_study, speed_only_
     lines = _method_lines(bench)
     assert "2 timed optimizer steps" in lines[0] and "one precision after another" in lines[0]
     assert not lines[-1].startswith("Whole study")
+    # A task that acts between updates (ppo) is timed in whole updates: the line says so.
+    for figures in bench.details["speed"].values():
+        figures["timed_unit_steps"] = 16
+    lines = _method_lines(bench)
+    assert "2 timed units of 16 optimizer steps (a whole update, the task's acting " \
+           "included" in lines[0] and "synchronised around every unit" in lines[0]

@@ -63,6 +63,19 @@ def test_env_steps_set_the_runs_length_and_the_recipe_its_optimizer():
         assemble(config.with_options(minibatches=3))
 
 
+def test_gym_data_without_a_model_trains_the_built_in_actor_critic():
+    # What `amptrain train|compare|diagnose --data gym:CartPole-v1` assemble (no --model).
+    run = assemble(RunConfig.from_options(data="gym:CartPole-v1", env_steps=512))
+    assert run.task.name == "ppo" and run.config.model == "actor-critic"
+    assert isinstance(run.model, ActorCritic)
+    # A model the user named is theirs, even spelt as the default (cnn cannot act:
+    # refused, naming the fit): the given options are carried, not guessed.
+    for named in ("cnn", "cnn:width=8"):
+        with pytest.raises(UserError, match="try --model actor-critic"):
+            assemble(RunConfig.from_options(data="gym:CartPole-v1", env_steps=512,
+                                            model=named))
+
+
 def test_a_model_that_is_not_an_actor_critic_is_refused():
     trainer, _, data, task = _run()
     mlp = nn.Sequential(nn.Linear(4, 2))
@@ -187,15 +200,16 @@ def test_ddp_ranks_use_disjoint_environment_seeds(tmp_path):
 def test_cli_train_then_eval_on_cartpole(tmp_path):
     run = tmp_path / "run"
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    train = subprocess.run(
-        [sys.executable, "-m", "amptrain", "train", "--data", "gym:CartPole-v1", "--model",
-         "actor-critic", "--env-steps", "2048", "--num-envs", "2", "--rollout-steps", "64",
+    train = subprocess.run(  # no --model: gym: data trains the built-in actor-critic
+        [sys.executable, "-m", "amptrain", "train", "--data", "gym:CartPole-v1",
+         "--env-steps", "2048", "--num-envs", "2", "--rollout-steps", "64",
          "--eval-episodes", "3", "--precision", "bf16-mixed", "--out", str(run),
          "--no-progress", "--logger", "none"],
         capture_output=True, text=True, env=env, timeout=600)
     assert train.returncode == 0, train.stderr
     done = [line for line in train.stdout.splitlines() if line.startswith("done:")]
     assert done and "val_return" in done[0]
+    assert json.loads((run / "model.json").read_text())["model"] == "actor-critic"
     evaluated = subprocess.run(
         [sys.executable, "-m", "amptrain", "eval", "--checkpoint", str(run), "--out",
          str(tmp_path / "eval"), "--episodes", "4", "--no-progress"],
