@@ -48,7 +48,7 @@ from . import nested
 from .batches import StepBatch
 from .errors import TrainingHalted, UserError, flag
 from .memory import MemoryMeter, available_bytes, free_memory, rss_bytes
-from .precision.advice import less_memory
+from .precision.hardware.advice import less_memory
 
 #: --memory-budget-gb counts decimal gigabytes.
 GB = 10 ** 9

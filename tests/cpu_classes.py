@@ -30,7 +30,7 @@ def fake_cpu(monkeypatch: pytest.MonkeyPatch, name: str) -> dict[str, bool | Non
     """Make amptrain see a CPU of class ``name`` (a key of :data:`CPU_CLASSES`)."""
     import amptrain.env
     import amptrain.precision
-    from amptrain.precision import advice, support
+    from amptrain.precision.hardware import advice, support
 
     extra, kernels = CPU_CLASSES[name]
     flags: dict[str, bool | None] = {**NO_FLAGS, **extra}

@@ -10,7 +10,7 @@ import torch
 
 from amptrain import env
 from amptrain.precision import MODES, fp8
-from amptrain.precision.support import onednn_may_use
+from amptrain.precision.hardware.support import onednn_may_use
 from tests.conftest import fake_gpu
 
 CPUINFO = Path("/proc/cpuinfo")
@@ -100,7 +100,7 @@ def test_bench_measures_every_dtype_on_this_device():
 ])
 def test_bench_times_the_path_a_run_takes_here_and_labels_it(monkeypatch, isa, switch,
                                                              bf16_path):
-    from amptrain.precision.support import cpu_has_native_bf16, device_features
+    from amptrain.precision.hardware.support import cpu_has_native_bf16, device_features
 
     for name, value in (("ONEDNN_MAX_CPU_ISA", isa), ("AMPTRAIN_EMULATION", switch)):
         if value is None:

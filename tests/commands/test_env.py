@@ -12,7 +12,7 @@ import torch
 
 from amptrain import cli
 from amptrain.precision import MODES
-from amptrain.precision.support import onednn_may_use
+from amptrain.precision.hardware.support import onednn_may_use
 
 ROOT = Path(__file__).parents[2]
 CPUINFO = Path("/proc/cpuinfo")

@@ -19,7 +19,7 @@ from torch import nn
 from amptrain.errors import AmptrainWarning, cli_spelling
 from amptrain.precision import MODES, Precision
 from amptrain.precision.lowbit import RECIPES, lowbit_linear
-from amptrain.precision.support import support_table
+from amptrain.precision.hardware.support import support_table
 from amptrain.quiet import quiet_torchao
 from tests import conftest
 

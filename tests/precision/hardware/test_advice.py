@@ -11,9 +11,10 @@ import torch
 from torch import nn
 
 from amptrain import Precision
-from amptrain.env import collect_env, format_env
+from amptrain.env import format_env
+from amptrain.precision.hardware.probe import collect_env
 from amptrain.errors import AmptrainWarning, TrainingHalted
-from amptrain.precision import advice, support
+from amptrain.precision.hardware import advice, support
 from amptrain.report.tables import format_table, recommendation
 from tests.conftest import tiny_mlp
 from tests.cpu_classes import CPU_CLASSES, fake_cpu

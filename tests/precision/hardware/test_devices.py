@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from amptrain import devices
-from amptrain.devices import (
+from amptrain.precision.hardware.devices import (
     CPU_FLAGS,
     cpu_flags,
     cpu_model,

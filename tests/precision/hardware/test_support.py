@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from amptrain.errors import UserError, cli_spelling
-from amptrain.precision import support
+from amptrain.precision.hardware import support
 from tests.conftest import fake_gpu
 
 NO_FLAGS = {"amx_bf16": False, "amx_fp16": False, "amx_tile": False, "avx512_bf16": False,
