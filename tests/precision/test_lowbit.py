@@ -183,7 +183,8 @@ def test_env_lists_each_format_as_emulated_with_what_native_needs():
     if torch.cuda.is_available():
         pytest.skip("checks the CPU report")
     from amptrain import env
-    text = env.format_env(env.collect_env())
+    from amptrain.precision.hardware.probe import collect_env
+    text = env.format_env(collect_env())
     rows = {line.split()[0]: line for line in text.splitlines() if line.startswith("  ")
             and line.split() and line.split()[0] in FORMATS}
     assert set(rows) == set(FORMATS)
