@@ -17,7 +17,8 @@ import torch
 
 from .advice import cpu_notes, memory_note, recommended_line
 from .devices import cpu_flags, cpu_model, gpu_info, resolve_device
-from .support import gpu_features, support_table, torchao_available, use_instead
+from . import support
+from .support import gpu_features, support_table, use_instead
 
 
 def _version(query: Callable[[], Any]) -> str | None:
@@ -64,7 +65,7 @@ def env_notes(device: torch.device, flags: dict[str, bool | None], features: dic
         if len(gpus) > 1:
             notes.append(f"{len(gpus)} GPUs visible: train on all with --nproc-per-node "
                          f"{len(gpus)}")
-    if features["fp8"] and not torchao_available():
+    if features["fp8"] and not support.torchao_available():  # looked up: tests fake it
         notes.append("fp8 needs torchao (pip install torchao); it is not installed")
     elif not features["fp8"]:
         notes.append("fp8 and fp8-rowwise run natively on an NVIDIA GPU with compute "
