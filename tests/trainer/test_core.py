@@ -274,7 +274,7 @@ LIBRARY_HOSTILE = [
     # (end of rlstats)
     # --- precsplit ---
     ("precision-unknown", dict(precision="fp12"), None, "unknown precision 'fp12'"),
-    ("precision-number", dict(precision=3.5), None, "unknown precision '3.5'"),
+    ("precision-number", dict(precision=3.5), None, "precision must be a string (got float"),
     # (end of precsplit)
     # --- windows ---
     # (end of windows)
