@@ -65,7 +65,7 @@ def test_gpus(monkeypatch, gpu, major, minor, auto, bf16_ok):
         assert not support.emulated_precisions(cuda, features)["bf16-mixed"]
 
 
-def test_resolve_name_maps_aliases_and_refuses_unknown_names():
+def test_resolve_precision_maps_aliases_and_refuses_unknown_names():
     assert resolve_precision("mixed_bfloat16", CPU).name == "bf16-mixed"
     assert resolve_precision("32", CPU).name == "32-true"
     with pytest.raises(UserError, match="unknown precision 'fp12'"):
