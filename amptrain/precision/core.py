@@ -130,7 +130,7 @@ class Precision:
                      doc="The step guard: the (shared) loss scaler or the non-finite check.")
 
     def emulation_note(self) -> str | None:
-        """A warning when this device only emulates the mode (:mod:`.advice`; a low-bit
+        """A warning when this device only emulates the mode (:mod:`.hardware.advice`; a low-bit
         format: :mod:`.lowbit`); None when the mode runs natively."""
         return lowbit_warning(self.spec, self.device) if self.spec.lowbit \
             else emulation_warning(self.name, self.device, fast=self.emulated_fast)

@@ -9,9 +9,9 @@ AVX2-only) and on GPUs.
 Two rules hold throughout: an *emulated* mode is for studying a format's numerics
 (overflow, accuracy) on this machine and is never called faster than 32-true here; for
 speed the advice names the fastest mode the device runs natively (:func:`fastest_native`,
-which is what ``auto`` picks; the refusals' "use instead" is :func:`.support.use_instead`).
-Where that is 32-true but bf16 would pay on other hardware,
-the advice says "32-true here, bf16-mixed on ...".
+which is what ``auto`` picks; a refusal's "use instead" is :func:`.support.use_instead`).
+Where that is 32-true but bf16 would pay on other hardware, the advice says "32-true here,
+bf16-mixed on ...".
 """
 from __future__ import annotations
 

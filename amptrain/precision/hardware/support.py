@@ -73,7 +73,7 @@ def torchao_available() -> bool:
 
 def fp8_native(device: torch.device) -> bool:
     """True when ``device`` has fp8 Tensor Cores (compute capability 8.9+): fp8 and
-    fp8-rowwise then run natively, as torchao Float8Linear layers (:mod:`..fp8`)."""
+    fp8-rowwise then run natively, as torchao Float8Linear layers (precision/fp8.py)."""
     return device.type == "cuda" and tuple(torch.cuda.get_device_capability(device)) >= CC_FP8
 
 
@@ -230,7 +230,7 @@ def use_instead(device: torch.device) -> str:
 def fp8_unsupported_reason(name: str, device: torch.device) -> str | None:
     """Why ``--precision <name>`` (fp8 or fp8-rowwise) cannot run natively on an fp8 GPU
     (one line naming the flag), or None. Only a missing torchao stops it there: on every
-    other device the format is emulated (:mod:`..lowbit`), which needs no torchao."""
+    other device the format is emulated (:mod:`amptrain.precision.lowbit`): no torchao."""
     if fp8_native(device) and not torchao_available():
         return (f"{flag('precision')} {name} needs the torchao package for float8 training on "
                 f"this GPU: pip install torchao (or pip install 'amptrain[fp8]'), or use "
