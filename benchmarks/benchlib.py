@@ -463,7 +463,7 @@ def loadavg() -> str:
 
 
 def machine() -> dict[str, Any]:
-    """What the numbers were measured on (from amptrain.env and the OS)."""
+    """What the numbers were measured on (from amptrain.precision.hardware.probe and the OS)."""
     from amptrain.precision.hardware.probe import collect_env
 
     env = collect_env()
