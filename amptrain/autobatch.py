@@ -49,7 +49,7 @@ from .batches import StepBatch
 from .config.train import MicroBatchSplit
 from .errors import TrainingHalted, UserError, flag
 from .memory import MemoryMeter, available_bytes, free_memory, rss_bytes
-from .precision.advice import less_memory
+from .precision.hardware.advice import less_memory
 
 #: --memory-budget-gb counts decimal gigabytes.
 GB = 10 ** 9

@@ -22,7 +22,7 @@ from .models import ModelInputs, build_model, task_of_model, text_encoder_for
 from .reproducibility import MODEL_INIT, seed_phase
 from .logs import RunLogger
 from .saved_run import open_run, saved_inputs
-from .precision.support import resolve_name
+from .precision import ResolvedPrecision, resolve_precision
 from .tasks import EvalResult, Task, data_task, decide_task as choose_task, output_noun
 from .trainer import FitResult, Trainer
 from .trainer.evaluation import Evaluator
@@ -59,10 +59,11 @@ def text_encoder(model: str, tokenizer: str | None) -> Any:
 # A run is assembled in this order, each decision made once: the precision is checked
 # (before anything is loaded), then data -> task -> model -> Trainer.
 
-def check_precision(config: RunConfig, device: Any) -> str:
+def check_precision(config: RunConfig, device: Any) -> ResolvedPrecision:
     """The mode ``--precision`` means on ``device`` (auto resolved), refusing one the
-    device cannot run before the data and the model are loaded."""
-    return resolve_name(config.precision.name, device)
+    device cannot run before the data and the model are loaded: the run's one decision,
+    handed to the Trainer."""
+    return resolve_precision(config.precision.name, device)
 
 
 def build_run_data(config: RunConfig) -> DataBundle:
@@ -146,7 +147,7 @@ def run_training(config: RunConfig, **trainer_options: Any) -> FitResult:
 
 def _train(config: RunConfig, strategy: Any, trainer_options: dict[str, Any]) -> FitResult:
     # A precision the hardware lacks (fp8 on a CPU) is refused before anything is loaded.
-    check_precision(config, strategy.device)
+    precision = check_precision(config, strategy.device)
     # The output directory: the command's --out (or its default), rank 0's under plain
     # torchrun, where each process picked its own default.
     config = config.with_options(out=strategy.broadcast_object(config.out))
@@ -158,7 +159,7 @@ def _train(config: RunConfig, strategy: Any, trainer_options: dict[str, Any]) ->
     run = assemble(config)
     config = run.config
     trainer = Trainer(config, strategy=strategy, run_info=run_info(config, run.data, run.task),
-                      **trainer_options)
+                      precision_mode=precision, **trainer_options)
     result = trainer.fit(run.model, run.data.train, run.data.val,
                          class_names=run.data.class_names or None, task=run.task)
     if config.out is not None:

@@ -463,8 +463,8 @@ def loadavg() -> str:
 
 
 def machine() -> dict[str, Any]:
-    """What the numbers were measured on (from amptrain.env and the OS)."""
-    from amptrain.env import collect_env
+    """What the numbers were measured on (from amptrain.precision.hardware.probe and the OS)."""
+    from amptrain.precision.hardware.probe import collect_env
 
     env = collect_env()
     flags = [k for k, v in (env.get("cpu_flags") or {}).items() if v]

@@ -29,7 +29,7 @@ import benchlib as bl
 import torch
 
 from amptrain.precision.emulation import ENV_SWITCH
-from amptrain.precision.support import emulated_fast
+from amptrain.precision.hardware.support import emulated_fast
 
 #: The models: the CPU workloads of the other benchmarks, and gpt on this README's bytes
 #: (memory_ladder.py's workload).
@@ -84,7 +84,7 @@ def measure(workload: bl.Workload, precisions: list[str], slow: bool, rounds: in
 
 
 def _features() -> dict[str, bool]:
-    from amptrain.precision.support import device_features
+    from amptrain.precision.hardware.support import device_features
     return device_features(torch.device("cpu"))
 
 

@@ -28,9 +28,8 @@ CPU_CLASSES = {
 
 def fake_cpu(monkeypatch: pytest.MonkeyPatch, name: str) -> dict[str, bool | None]:
     """Make amptrain see a CPU of class ``name`` (a key of :data:`CPU_CLASSES`)."""
-    import amptrain.env
-    import amptrain.precision
-    from amptrain.precision import advice, support
+    import amptrain.precision.core
+    from amptrain.precision.hardware import advice, probe, support
 
     extra, kernels = CPU_CLASSES[name]
     flags: dict[str, bool | None] = {**NO_FLAGS, **extra}
@@ -38,7 +37,7 @@ def fake_cpu(monkeypatch: pytest.MonkeyPatch, name: str) -> dict[str, bool | Non
     monkeypatch.delenv("DNNL_MAX_CPU_ISA", raising=False)
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     monkeypatch.setattr(support, "cpu_flags", lambda path=None: dict(flags))
-    monkeypatch.setattr(amptrain.env, "cpu_flags", lambda path=None: dict(flags))
-    for module in (support, advice, amptrain.precision):
+    monkeypatch.setattr(probe, "cpu_flags", lambda path=None: dict(flags))
+    for module in (support, advice, amptrain.precision.core):
         monkeypatch.setattr(module, "onednn_has_bf16_kernels", lambda: kernels)
     return flags

@@ -8,7 +8,7 @@ import sys
 import pytest
 
 from amptrain import choices
-from amptrain.precision.modes import MODES, PRECISION_NAMES
+from amptrain.precision import MODES, PRECISION_NAMES
 from amptrain.precision.weight_update import WEIGHT_UPDATES
 from amptrain.tasks import LOSSES, TASK_CHOICES, TASKS
 from tests.commands.helpers import REPO

@@ -588,6 +588,9 @@ ERROR_TABLE = [
     # --- rlstats ---
     # (end of rlstats)
     # --- precsplit ---
+    # checked where it is declared (the precision section), before any later option
+    ("precsplit-precision-checked-where-declared", "train --precision fp12 --epochs 0",
+     "unknown --precision 'fp12'"),
     # (end of precsplit)
     # --- windows ---
     # (end of windows)

@@ -109,6 +109,6 @@ def test_decide_task_checks_loss_and_wording(digits):
 
 def test_check_precision_resolves_and_refuses_up_front():
     cpu = torch.device("cpu")
-    assert check_precision(RunConfig.from_options(precision="32"), cpu) == "32-true"
+    assert check_precision(RunConfig.from_options(precision="32"), cpu).name == "32-true"
     with pytest.raises(UserError, match="fp8 is not supported on mps"):
         check_precision(RunConfig.from_options(precision="fp8"), torch.device("mps"))

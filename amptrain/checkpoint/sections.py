@@ -24,7 +24,7 @@ REQUIRED: dict[str, tuple[type | None, ...]] = {
 OPTIONAL: dict[str, tuple[type | None, ...]] = {
     "optimizer": (dict,), "scheduler": (dict, None), "precision": (dict,), "task": (dict,),
     "run": (dict,), "rng": (dict,), "log_window": (dict, None), "precision_name": (str,),
-    "steps_per_epoch": (int, None),
+    "steps_per_epoch": (int, None), "section_versions": (dict,),
 }
 
 

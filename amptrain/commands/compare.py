@@ -52,8 +52,8 @@ def split_values(args: argparse.Namespace) -> tuple[dict[str, Any], dict[str, An
 
 def emulated_here(device: str) -> set[str]:
     """The precisions that ``device`` only emulates (asked of the precision layer)."""
-    from ..devices import resolve_device
-    from ..precision.support import device_features, emulated_precisions
+    from ..precision.hardware.devices import resolve_device
+    from ..precision.hardware.support import device_features, emulated_precisions
 
     where = resolve_device(device)
     return {p for p, e in emulated_precisions(where, device_features(where)).items() if e}

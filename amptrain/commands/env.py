@@ -24,7 +24,8 @@ def run(args: argparse.Namespace) -> int:
     """Print the report (or JSON)."""
     import torch
 
-    from ..env import collect_env, format_env, run_bench
+    from ..env import format_env, run_bench
+    from ..precision.hardware.probe import collect_env
 
     info = collect_env()
     if args.threads is not None:

@@ -110,12 +110,12 @@ def resolve_precisions(options: CompareOptions, device: torch.device,
     ``bf16-true+kahan``, ``bf16-true+stochastic+adamw8bit``); ``weight_update`` (the run's
     ``--weight-update``) applies to the half-weight modes without masters and labels them.
     """
-    from ..precision.support import resolve_name
+    from ..precision.resolve import resolve_precision
 
     def canonical(name: str, option: str) -> str:
         mode, *rungs = name.strip().split("+")
         try:
-            mode = resolve_name(mode, device)
+            mode = resolve_precision(mode, device).name
         except UserError as exc:
             raise UserError(f"{flag(option)}: {exc}") from None
         return rung_label(mode, rungs, weight_update, option)

@@ -11,8 +11,8 @@ from typing import Any
 from ..trainer import outdir
 from ..trainer.reporting import banners_once
 from ..config import RunConfig, to_dict
-from ..devices import resolve_device
-from ..env import collect_env
+from ..precision.hardware.devices import resolve_device
+from ..precision.hardware.probe import collect_env
 from ..errors import UserError
 from .options import CURVE_POINTS, CompareOptions, resolve_precisions, resolve_tolerance
 from .reliability import assess_timing, machine_load, usable_cores

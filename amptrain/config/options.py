@@ -31,9 +31,9 @@ def option(default: Any = None, help: str = "", *, choices: Iterable[str] | None
 
     ``flat``: the user-facing name when it differs from the field's own (``precision``
     for ``PrecisionConfig.name``). ``open_choices``: ``choices`` are listed in ``--help``
-    but other spellings (aliases) are validated elsewhere. ``comma_list``: a YAML list is
-    taken as its comma-joined string. ``integer_or_word``: an integer is kept as one
-    (``--micro-batch-size 16`` or ``auto``).
+    and other spellings (aliases) are taken too: the section's ``__post_init__`` checks
+    them. ``comma_list``: a YAML list is taken as its comma-joined string.
+    ``integer_or_word``: an integer is kept as one (``--micro-batch-size 16`` or ``auto``).
     """
     metadata = {"help": help, "choices": tuple(choices) if choices else None, "kind": kind,
                 "group": group, "flat": flat, "open_choices": open_choices,

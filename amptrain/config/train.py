@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 from ..choices import (AUGMENTATIONS, LOSSES, PRECISION_NAMES, TASK_CHOICES, TASK_NAMES,
-                       WEIGHT_UPDATES)
+                       WEIGHT_UPDATES, canonical_name)
 from ..errors import UserError, flag
 from ..scaler_settings import SCALER_HELP, SCALER_SETTINGS, ScalerSettings, check_scaler_settings
 from ..loggers import parse_names as parse_logger_names
@@ -77,6 +77,7 @@ class PrecisionConfig:
                                 group="precision", choices=WEIGHT_UPDATES)
 
     def __post_init__(self) -> None:
+        canonical_name(self.name)  # a mode, an alias or auto (open choices: checked here)
         require_positive(self, "max_bad_steps")
         if self.weight_update not in WEIGHT_UPDATES:
             raise UserError(f"{flag('weight_update')} must be one of "

@@ -14,7 +14,7 @@ import torch
 from torch import nn
 
 from ..models.gpt import AttentionScores, CausalSoftmax
-from ..precision.advice import bf16_where
+from ..precision.hardware.advice import bf16_where
 from ..nonfinite import NonFiniteEvent
 from .ranges import FP16, FP16_MAX, fractions
 
@@ -119,7 +119,7 @@ def attention_overflow(stats: dict[str, dict[str, Any]], first: NonFiniteEvent |
                        range_safe: str = "bf16-mixed (fp32's range)") -> dict[str, Any] | None:
     """Attention scores or softmax outputs beyond fp16's range (or the first inf/NaN of
     16-mixed among them): which modules, how far, and what to do (``range_safe``: what to
-    train in instead on this device, :func:`~amptrain.precision.advice.range_safe_choice`).
+    train in instead on this device, :func:`~amptrain.precision.hardware.advice.range_safe_choice`).
     None when neither."""
     hit = sorted(name for name, s in stats.items() if s.get("type") in ATTENTION_PARTS and (
         (s["activation"] and _num(s["activation"]["abs_max"]) > FP16_MAX)

@@ -24,11 +24,11 @@ from torch import nn
 
 from ..config import RunConfig, TrainConfig, replace_options
 from ..data import DataBundle
-from ..devices import resolve_device
+from ..precision.hardware.devices import resolve_device
 from ..errors import AmptrainWarning, UserError
 from ..precision import NonFiniteHalt
-from ..precision.advice import emulation_warning, range_safe_choice
-from ..precision.support import device_features, supported_precisions
+from ..precision.hardware.advice import emulation_warning, range_safe_choice
+from ..precision.hardware.support import device_features, supported_precisions
 from ..nonfinite import NonFiniteEvent, NonFiniteWatch
 from ..runner import assemble
 from ..tasks import Task

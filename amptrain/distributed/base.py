@@ -18,7 +18,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from ..devices import resolve_device
+from ..precision.hardware.devices import resolve_device
 from ..errors import UserError
 
 

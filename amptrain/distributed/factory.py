@@ -1,7 +1,7 @@
 """Building the strategy that ``--strategy`` and torchrun's environment ask for."""
 from __future__ import annotations
 
-from ..devices import resolve_device
+from ..precision.hardware.devices import resolve_device
 from ..errors import UserError
 from .base import LaunchEnv, Strategy, init_process_group, process_device
 from .ddp import DDPStrategy

@@ -51,7 +51,7 @@ from ..diagnose.recommend import (
 )
 from ..diagnose.writer import finding_lines, strict_json, write_reports
 from ..errors import UserError
-from ..precision.support import device_features, supported_precisions
+from ..precision.hardware.support import device_features, supported_precisions
 from ..nonfinite import NonFiniteEvent, NonFiniteWatch
 
 #: Streams whose values a loss scale multiplies (recorded unscaled).

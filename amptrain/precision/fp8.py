@@ -20,18 +20,17 @@ before the conversion still updates them, and ``state_dict`` keys are unchanged,
 checkpoints are plain fp32 tensors under the usual names and load without torchao.
 
 torchao is imported only here and only when a model is converted; the hardware check
-(:func:`fp8_native`) needs no torchao, so ``env`` and the error message work on any
-machine. Off fp8 hardware the same plan drives the emulated formats of :mod:`.lowbit`.
+(:func:`~amptrain.precision.hardware.support.fp8_native`) needs no torchao, so ``env``
+and the error message work on any machine. Off fp8 hardware the same plan drives the
+emulated formats of :mod:`.lowbit`.
 """
 from __future__ import annotations
 
 import fnmatch
-import importlib.util
 import logging
 from dataclasses import dataclass, field
 from typing import Iterable
 
-import torch
 from torch import nn
 
 from ..errors import UserError, flag
@@ -39,39 +38,8 @@ from ..quiet import quiet_torchao
 
 log = logging.getLogger("amptrain")
 
-#: fp8 Tensor Cores arrive with Ada (8.9: L4, L40S) and Hopper (9.0: H100, H200).
-CC_FP8 = (8, 9)
 #: torch._scaled_mm needs both matrix dimensions of the weight divisible by 16.
 FP8_DIM_MULTIPLE = 16
-
-
-def torchao_available() -> bool:
-    """True when the torchao package is installed (without importing it)."""
-    return importlib.util.find_spec("torchao") is not None
-
-
-def fp8_native(device: torch.device) -> bool:
-    """True when ``device`` has fp8 Tensor Cores (compute capability 8.9+): fp8 and
-    fp8-rowwise then run natively, as torchao Float8Linear layers."""
-    return device.type == "cuda" and tuple(torch.cuda.get_device_capability(device)) >= CC_FP8
-
-
-def fp8_unsupported_reason(name: str, device: torch.device) -> str | None:
-    """Why ``--precision <name>`` (fp8 or fp8-rowwise) cannot run natively on an fp8 GPU
-    (one line naming the flag), or None. Only a missing torchao stops it there: on every
-    other device the format is emulated (:mod:`.lowbit`), which needs no torchao.
-
-    The single source of truth for native fp8: ``Precision`` refuses the mode with this
-    message and ``amptrain env`` reports ``supported[name]`` from it.
-    """
-    from .advice import use_instead  # what to use instead: from the device's capabilities
-
-    if fp8_native(device) and not torchao_available():
-        precision = flag("precision")
-        return (f"{precision} {name} needs the torchao package for float8 training on this "
-                f"GPU: pip install torchao (or pip install 'amptrain[fp8]'), or use "
-                f"{use_instead(device)}")
-    return None
 
 
 @dataclass

@@ -246,3 +246,17 @@ def install_cpu_fp32_islands(patches: ForwardPatches, modules: Iterable[nn.Modul
         patches.wrap(module, make_forward)
         count += 1
     return count
+
+
+def install_forward_patches(patches: ForwardPatches, model: nn.Module, *, device_type: str,
+                            compute_dtype: torch.dtype | None, islands: list[nn.Module],
+                            cpu_fp32: list[nn.Module], fp16_conv_in_fp32: bool) -> None:
+    """A mode's forward wrappers on ``model``: the ``keep_fp32`` ``islands``, the CPU's
+    fp32 layers (:func:`cpu_fp32_modules`) and, with ``fp16_conv_in_fp32`` (fp16 on a CPU
+    that does not emulate it: emulation computes convolutions in fp32 anyway), fp16
+    convolutions whose backward runs in fp32 (:func:`install_cpu_fp16_conv`)."""
+    install_fp32_islands(patches, islands, device_type)
+    if fp16_conv_in_fp32:
+        install_cpu_fp16_conv(patches, model, skip=set(islands))
+    if cpu_fp32 and compute_dtype is not None:
+        install_cpu_fp32_islands(patches, cpu_fp32, compute_dtype)

@@ -40,7 +40,7 @@ from .fp8 import Float8Plan, convert_linears, plan_float8
 from .islands import ForwardPatches
 from .lowbit_formats import MX_BLOCK, NVFP4_BLOCK, Quantiser
 from .modes import ModeSpec
-from .support import lowbit_native
+from .hardware.support import lowbit_native
 
 log = logging.getLogger("amptrain")
 

@@ -2,7 +2,7 @@
 
 Every behavioural difference between modes is data in :data:`MODES`; the rest of the
 precision package reads these fields and never branches on a mode's name. What a device
-supports of them is :mod:`amptrain.precision.support`.
+supports of them is :mod:`amptrain.precision.hardware.support`.
 """
 from __future__ import annotations
 
@@ -11,8 +11,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ..choices import MODE_NAMES, PRECISION_NAMES, check_table
-from ..errors import UserError, flag
+from ..choices import MODE_NAMES, PRECISION_ALIASES, check_table
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -79,18 +78,6 @@ MODES: dict[str, ModeSpec] = {spec.name: spec for spec in (
                           ("nvfp4", "NVFP4 (e2m1, e4m3 scale per 16)"))),
 )}
 
-#: Lightning's short spellings, common synonyms, Keras's mixed-precision policy names and
-#: NVIDIA Apex AMP's opt levels (O0 fp32; O1 fp16 autocast with fp32 weights; O2 fp16 model
-#: with fp32 master weights, BatchNorm in fp32; O3 pure fp16).
-ALIASES = {"32": "32-true", "fp32": "32-true", "16": "16-mixed", "fp16": "16-mixed",
-           "bf16": "bf16-mixed", "16-mixed-master": "16-master",
-           "float32": "32-true", "mixed_float16": "16-mixed", "mixed_bfloat16": "bf16-mixed",
-           "O0": "32-true", "O1": "16-mixed", "O2": "16-master", "O3": "16-true",
-           # torchao's recipe names (Float8LinearRecipeName) and spelled-out formats
-           "float8": "fp8", "fp8-tensorwise": "fp8", "tensorwise": "fp8",
-           "rowwise": "fp8-rowwise", "float8-rowwise": "fp8-rowwise",
-           "mx-fp8": "mxfp8", "mx-fp4": "mxfp4", "nv-fp4": "nvfp4"}
-
 # The names live in amptrain.choices (torch-free, for the CLI parser); this table must
 # give each of them a spec.
 check_table("precision modes", MODES, MODE_NAMES)
@@ -103,8 +90,8 @@ def as_given(names: Iterable[str]) -> dict[str, str]:
     given: dict[str, str] = {}
     for name in names:
         name = str(name).strip()
-        if ALIASES.get(name, name) != name:
-            given.setdefault(ALIASES[name], name)
+        if PRECISION_ALIASES.get(name, name) != name:
+            given.setdefault(PRECISION_ALIASES[name], name)
     return given
 
 
@@ -112,12 +99,3 @@ def label(name: str, given: str | Mapping[str, str] | None = None) -> str:
     """``name``, with the user's spelling beside it when that was an alias."""
     alias = as_given([given]).get(name) if isinstance(given, str) else (given or {}).get(name)
     return f"{name} ({alias})" if alias else name
-
-
-def canonical_name(name: str) -> str:
-    """Map an alias to its mode name, or raise a UserError listing the valid names."""
-    name = ALIASES.get(str(name), str(name))
-    if name not in MODES and name != "auto":
-        raise UserError(f"unknown {flag('precision')} {name!r}; choose one of "
-                        f"{', '.join(PRECISION_NAMES)} (or an alias: {', '.join(ALIASES)})")
-    return name

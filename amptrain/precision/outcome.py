@@ -7,7 +7,7 @@ from dataclasses import dataclass
 import torch
 
 from ..errors import TrainingHalted, flag
-from .advice import range_safe_choice
+from .hardware.advice import range_safe_choice
 
 
 class NonFiniteHalt(TrainingHalted):

@@ -95,17 +95,28 @@ class Pairs:
                     links.append((source, target))
         return links
 
+    def fp32_state_dict(self, model: nn.Module) -> dict[str, torch.Tensor]:
+        """``model``'s state with fp32 weights: each pair's master copies where its policy
+        keeps them (see :meth:`Precision.fp32_state_dict`)."""
+        state = model.state_dict()
+        for pair in self._pairs:
+            state.update(pair.policy.fp32_weights(model))
+        return {k: v.float() if v.is_floating_point() else v for k, v in state.items()}
+
+    def load_fp32_state_dict(self, model: nn.Module, state: dict[str, torch.Tensor]) -> None:
+        """Load fp32 weights into ``model``, each pair's half weights and its masters."""
+        model.load_state_dict(state)
+        for pair in self._pairs:
+            pair.policy.load_fp32(model, state)
+
     # ---------------------------------------------------------------- checkpoints
     def state_dict(self) -> list[dict[str, Any]]:
-        """Each pair's counters and policy state, in registration order. The first pair's
-        policy state is not repeated here: it stays the top-level ``weight_update`` entry
-        of today's one-pair format (see :meth:`Precision.state_dict`)."""
+        """Each pair's counters and weight-policy state, in registration order."""
         return [{"skipped_steps": p.skips.skipped, "consecutive_skips": p.skips.consecutive,
-                 "weight_update": p.policy.state_dict() if p.index else None}
-                for p in self._pairs]
+                 "weight_update": p.policy.state_dict()} for p in self._pairs]
 
-    def load_state_dict(self, states: list[dict[str, Any]], first_rule: Any) -> None:
-        """Restore :meth:`state_dict` (``first_rule``: the first pair's policy state)."""
+    def load_state_dict(self, states: list[dict[str, Any]]) -> None:
+        """Restore :meth:`state_dict`."""
         if states and self._pairs and len(states) != len(self._pairs):
             log.warning("warning: the checkpoint has %d model/optimizer pairs, this run %d: "
                         "the first %d are restored", len(states), len(self._pairs),
@@ -113,5 +124,4 @@ class Pairs:
         for pair, state in zip(self._pairs, states):
             pair.skips = SkipCounter(int(state.get("skipped_steps", 0)),
                                      int(state.get("consecutive_skips", 0)))
-            pair.policy.load_state_dict(first_rule if pair.index == 0
-                                        else state.get("weight_update"))
+            pair.policy.load_state_dict(state.get("weight_update"))

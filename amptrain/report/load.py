@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..precision.advice import base_mode
+from ..precision.hardware.advice import base_mode
 from ..precision.modes import as_given
 from ..tasks import TASKS, Task, task_of_summary
 from ..tolerance import tolerance_for

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Collection, Mapping
 from typing import Any
 
-from ..precision.advice import base_mode
+from ..precision.hardware.advice import base_mode
 from ..precision.modes import label
 from .load import _num, delta_of, human_bytes, metric_cell, task_of
 

@@ -39,6 +39,8 @@ def collect_state(trainer: Trainer, *, weights: bool = True) -> dict[str, Any]:
         "model": trainer.strategy.model_state_dict(model, trainer.precision) if weights else {},
         **steps.state_dict(trainer.strategy, optimizer_states=weights),
         "precision": trainer.precision.state_dict(),
+        # Each versioned section's layout, for its migrate() when a later amptrain reads it.
+        "section_versions": {trainer.precision.section: trainer.precision.format_version},
         # What the task learnt from the data (regression's target statistics): eval and
         # generate rebuild the task from it.
         "task": {"name": task.name, **task.state()},
@@ -79,8 +81,12 @@ def restore_state(trainer: Trainer, state: dict[str, Any]) -> None:
     steps.load_state_dict(trainer.strategy, state,
                          optimizer_states=not state.get("sharded"))
     precision = trainer.precision
-    precision.load_state_dict(state.get("precision", {}))
-    saved_rule = ((state.get("precision") or {}).get("weight_update") or {}).get("rule")
+    versions = state.get("section_versions") or {}   # none: written before versions (0)
+    section = precision.migrate(state.get(precision.section, {}),
+                                versions.get(precision.section, 0))
+    precision.load_state_dict(section)
+    first_pair = (section.get("pairs") or [{}])[0]
+    saved_rule = (first_pair.get("weight_update") or {}).get("rule")
     if saved_rule and not precision.has_weight_rule():  # resumed with plain
         log.warning("warning: the checkpoint's %s weight-update state is dropped: "
                     "%s plain rounds the updates (resume with %s %s to keep it)",

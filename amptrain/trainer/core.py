@@ -1,7 +1,6 @@
-"""The training loop. It owns no precision logic and no task logic: every precision
-difference lives in :class:`~amptrain.precision.Precision`, every task difference in the
-:class:`~amptrain.tasks.Task` (its loss, its parts and its training step), every
-process-group difference in the strategy.
+"""The training loop. It owns no precision logic and no task logic: every precision difference
+lives in :class:`~amptrain.precision.Precision` (its mode decided once, before), every task
+difference in the :class:`~amptrain.tasks.Task`, every process-group one in the strategy.
 
 The Trainer is built from parts that each own their state (and its ``state_dict``):
 LoopPosition, MetricsWindow, OptimizerSteps, StepRunner, Reporter, Evaluator,
@@ -31,7 +30,7 @@ from ..distributed import Strategy, build_strategy
 from ..errors import UserError, flag
 from ..forward import LossFn
 from ..optim import LrPlan
-from ..precision import NonFiniteHalt, Precision
+from ..precision import NonFiniteHalt, Precision, ResolvedPrecision
 from ..streams import as_dataset
 from ..tasks import EvalResult, Task, resolve_task
 from ..tasks.step import StepContext
@@ -61,19 +60,20 @@ class Trainer:
 
     def __init__(self, config: TrainConfig | None = None, *, strategy: Strategy | None = None,
                  callbacks: Iterable[Any] = (), run_info: dict[str, Any] | None = None,
-                 print_every: int | None = None, **options: Any) -> None:
+                 print_every: int | None = None, precision_mode: ResolvedPrecision | None = None,
+                 **options: Any) -> None:
         # The keywords join the options the config carries as given (config.given).
         self.config: TrainConfig = (config or TrainConfig()).with_given_options(**options)
         c = self.config
         self.strategy = strategy or build_strategy(c.distributed.strategy, c.device)
         self.reporter = Reporter(self.device, callbacks, print_every)
         self.run_info = dict(run_info or {})
-        self._reset()
+        self._reset(precision_mode)
 
-    def _reset(self) -> None:
+    def _reset(self, mode: ResolvedPrecision | None = None) -> None:
         """A fresh precision and loop state: each fit trains its model from step 0."""
         c = self.config
-        self.precision = Precision.from_config(c.precision, device=self.device)
+        self.precision = Precision.from_config(c.precision, device=self.device, mode=mode)
         self.reporter.reset()
         self.position = LoopPosition()
         self.metrics = MetricsWindow(self.device)
@@ -136,7 +136,7 @@ class Trainer:
             raise UserError(f"training_step must be a function of one StepContext (got "
                             f"{type(training_step).__name__})")
         if self.model is not None:  # a second fit: a new model, trained from step 0
-            self._reset()
+            self._reset(self.precision.mode)
         try:
             assemble_parts(self, model, train_data, val_data, optimizer=optimizer,
                            scheduler=scheduler, loss_fn=loss_fn, class_names=names,

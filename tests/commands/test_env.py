@@ -12,7 +12,7 @@ import torch
 
 from amptrain import cli
 from amptrain.precision import MODES
-from amptrain.precision.support import onednn_may_use
+from amptrain.precision.hardware.support import onednn_may_use
 
 ROOT = Path(__file__).parents[2]
 CPUINFO = Path("/proc/cpuinfo")
@@ -71,8 +71,8 @@ def test_threads_below_one_is_a_one_line_user_error(capsys):
 
 
 def test_json_is_the_library_report_as_json(capsys, monkeypatch):
-    from amptrain import env
+    from amptrain.precision.hardware import probe
 
-    monkeypatch.setattr(env, "collect_env", lambda: {"python": "3", "torch": "2", "notes": []})
+    monkeypatch.setattr(probe, "collect_env", lambda: {"python": "3", "torch": "2", "notes": []})
     assert cli.main(["env", "--json"]) == 0
     assert json.loads(capsys.readouterr().out) == {"python": "3", "torch": "2", "notes": []}

@@ -67,7 +67,7 @@ def test_an_unknown_precision_names_the_option_it_came_from():
 
 
 def test_auto_resolves_to_what_the_device_would_train_in():
-    from amptrain.precision.support import auto_mode
+    from amptrain.precision.hardware.support import auto_mode
 
     _, names = resolve_precisions(CompareOptions(precisions="auto,32-true"), CPU)
     assert names == list(dict.fromkeys(["32-true", auto_mode(CPU)]))

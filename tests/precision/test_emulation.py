@@ -15,7 +15,7 @@ from torch.nn import functional as F
 from amptrain.precision import Precision
 from amptrain.precision.emulation import (ENV_SWITCH, EmulatedAutocast, emulated_dtype,
                                           install_emulated_kernels)
-from amptrain.precision.support import cpu_has_native_bf16, emulated_fast
+from amptrain.precision.hardware.support import cpu_has_native_bf16, emulated_fast
 
 HALF = [torch.float16, torch.bfloat16]
 MANTISSA = {torch.float16: 10, torch.bfloat16: 7}

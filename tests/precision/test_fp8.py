@@ -19,10 +19,10 @@ import pytest
 import torch
 from torch import nn
 
-from amptrain import env
+from amptrain.precision.hardware import probe, support
 from amptrain.config import RunConfig
 from amptrain.errors import UserError, cli_spelling
-from amptrain.precision import MODES, Precision, fp8
+from amptrain.precision import MODES, Precision
 from amptrain.precision.fp8 import plan_float8
 from amptrain.runner import prepare_run
 from amptrain.trainer import Trainer
@@ -37,7 +37,7 @@ needs_torchao = pytest.mark.skipif(not HAS_TORCHAO,
 def fake_gpu(monkeypatch, name: str, major: int, minor: int, torchao: bool = True) -> None:
     """torch.cuda.* report one GPU of this compute capability; torchao present or not."""
     conftest.fake_gpu(monkeypatch, name, major, minor)
-    monkeypatch.setattr(fp8, "torchao_available", lambda: torchao)
+    monkeypatch.setattr(support, "torchao_available", lambda: torchao)
 
 
 # ------------------------------------------------------------ mode selection
@@ -92,7 +92,7 @@ def test_missing_torchao_is_refused_with_the_install_command(monkeypatch):
                                         ((8, 0), True), ((7, 5), False)])
 def test_env_reports_fp8_exactly_when_the_precision_layer_accepts_it(monkeypatch, cc, torchao):
     fake_gpu(monkeypatch, "NVIDIA Test GPU", *cc, torchao=torchao)
-    info = env.collect_env()
+    info = probe.collect_env()
     try:
         Precision("fp8", device="cuda")
         accepted = True
@@ -109,7 +109,7 @@ def test_env_reports_fp8_exactly_when_the_precision_layer_accepts_it(monkeypatch
 def test_env_on_this_cpu_says_fp8_is_emulated():
     if torch.cuda.is_available():
         pytest.skip("checks the CPU report")
-    info = env.collect_env()
+    info = probe.collect_env()
     assert info["supported"]["fp8"] is False and info["emulated"]["fp8"] is True
     assert "compute capability 8.9+" in info["needs"]["fp8"]
     assert list(info["supported"]).count("fp8") == 1
@@ -168,7 +168,7 @@ def test_builtin_transformer_converts_its_feed_forward_layers():
 @pytest.fixture
 def fp8_on_cpu(monkeypatch):
     """Take torchao's native fp8 path on the CPU (torchao's float8 matmuls run there)."""
-    monkeypatch.setattr(fp8, "fp8_native", lambda device: True)
+    monkeypatch.setattr(support, "fp8_native", lambda device: True)
 
 
 @needs_torchao

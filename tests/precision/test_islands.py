@@ -23,7 +23,7 @@ from torch.nn import functional as F
 
 from amptrain.config import RunConfig
 from amptrain.data import DataOptions, TensorData, build_data
-from amptrain.devices import cpu_isa, cpu_reaches
+from amptrain.precision.hardware.devices import cpu_isa, cpu_reaches
 from amptrain.models import build_model
 from amptrain.precision import Precision
 from amptrain.precision.islands import CPU_FP16_FP32_TYPES

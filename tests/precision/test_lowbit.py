@@ -19,7 +19,7 @@ from torch import nn
 from amptrain.errors import AmptrainWarning, cli_spelling
 from amptrain.precision import MODES, Precision
 from amptrain.precision.lowbit import RECIPES, lowbit_linear
-from amptrain.precision.support import support_table
+from amptrain.precision.hardware.support import support_table
 from amptrain.quiet import quiet_torchao
 from tests import conftest
 
@@ -183,7 +183,8 @@ def test_env_lists_each_format_as_emulated_with_what_native_needs():
     if torch.cuda.is_available():
         pytest.skip("checks the CPU report")
     from amptrain import env
-    text = env.format_env(env.collect_env())
+    from amptrain.precision.hardware.probe import collect_env
+    text = env.format_env(collect_env())
     rows = {line.split()[0]: line for line in text.splitlines() if line.startswith("  ")
             and line.split() and line.split()[0] in FORMATS}
     assert set(rows) == set(FORMATS)

@@ -9,7 +9,7 @@ import torch
 
 from amptrain import Precision
 from amptrain.errors import UserError, cli_spelling
-from amptrain.precision import ALIASES, MODES, PRECISION_NAMES, ModeSpec, canonical_name
+from amptrain.precision import MODES, PRECISION_ALIASES, PRECISION_NAMES, ModeSpec, canonical_name
 
 HALF = (torch.float16, torch.bfloat16)
 
@@ -29,8 +29,8 @@ def test_names_aliases_and_unknown():
 def test_every_alias_and_name_resolves_to_a_mode():
     assert PRECISION_NAMES == (*MODES, "auto")
     assert all(canonical_name(name) == name for name in PRECISION_NAMES)  # already canonical
-    assert all(canonical_name(alias) in MODES for alias in ALIASES)
-    assert not set(ALIASES) & set(PRECISION_NAMES)  # an alias never shadows a mode
+    assert all(canonical_name(alias) in MODES for alias in PRECISION_ALIASES)
+    assert not set(PRECISION_ALIASES) & set(PRECISION_NAMES)  # an alias never shadows a mode
     assert canonical_name("32") == canonical_name("fp32") == "32-true"
     assert canonical_name("16-mixed-master") == "16-master"
 
@@ -40,7 +40,7 @@ def test_an_unknown_name_lists_what_to_type_instead():
         canonical_name("fp17")
     message = str(error.value)
     assert all(name in message for name in PRECISION_NAMES)
-    assert all(alias in message for alias in ALIASES)
+    assert all(alias in message for alias in PRECISION_ALIASES)
     with cli_spelling(), pytest.raises(UserError, match="^unknown --precision 'fp17'; choose"):
         canonical_name("fp17")
 
@@ -98,7 +98,7 @@ def test_apex_opt_levels_are_aliases(level, mode, master, half_weights, scaling)
 
     from amptrain.precision import as_given, label
 
-    assert canonical_name(level) == mode and ALIASES[level] == mode
+    assert canonical_name(level) == mode and PRECISION_ALIASES[level] == mode
     spec = MODES[mode]
     assert (spec.master_weights, spec.half_weights, spec.loss_scaling) == \
         (master, half_weights, scaling)

@@ -166,7 +166,7 @@ def test_resume_is_bitwise_with_the_buffers_and_generator(tmp_path, rule):
     with pytest.raises(Preempted):
         _train(tmp_path / "cut", "bf16-true", callbacks=[StopAt(10)], **options)
     saved = checkpoint.load(tmp_path / "cut" / "checkpoints" / "last.pt")
-    state = saved["precision"]["weight_update"]
+    state = saved["precision"]["pairs"][0]["weight_update"]   # the first (only) pair's
     assert state["rule"] == rule
     assert bool(state["buffers"]) == (rule == "kahan")
     assert bool(state["generators"]) == (rule == "stochastic")

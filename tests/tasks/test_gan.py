@@ -377,7 +377,7 @@ def test_a_gan_run_stopped_and_resumed_equals_an_unbroken_one_to_the_bit(tmp_pat
 ], ids=["adamw8bit", "kahan", "stochastic"])
 def test_gan_trains_with_adamw8bit_and_with_each_weight_update_rule_per_pair(tmp_path, options):
     from amptrain.precision import MODES
-    from amptrain.precision.support import unsupported_reason
+    from amptrain.precision.hardware.support import unsupported_reason
 
     if options.get("optimizer") == "adamw8bit":
         pytest.importorskip("torchao", reason="--optimizer adamw8bit needs torchao")

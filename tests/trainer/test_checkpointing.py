@@ -7,7 +7,7 @@ import json
 import pytest
 import torch
 
-from amptrain.precision.support import auto_mode
+from amptrain.precision.hardware.support import auto_mode
 from amptrain.trainer import Trainer
 from tests.conftest import tiny_classification, tiny_mlp
 

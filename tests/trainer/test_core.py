@@ -279,6 +279,8 @@ LIBRARY_HOSTILE = [
     # --- rlstats ---
     # (end of rlstats)
     # --- precsplit ---
+    ("precision-unknown", dict(precision="fp12"), None, "unknown precision 'fp12'"),
+    ("precision-number", dict(precision=3.5), None, "precision must be a string (got float"),
     # (end of precsplit)
     # --- windows ---
     # (end of windows)

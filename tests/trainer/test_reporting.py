@@ -12,7 +12,7 @@ from amptrain.data import TensorData
 from amptrain.errors import TrainingHalted
 from amptrain.models import MLP
 from amptrain.precision import MODES
-from amptrain.precision.support import auto_mode
+from amptrain.precision.hardware.support import auto_mode
 from amptrain.trainer import Trainer
 from amptrain.trainer.reporting import banners_once
 from tests.conftest import tiny_classification, tiny_mlp

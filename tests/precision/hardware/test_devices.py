@@ -1,4 +1,4 @@
-"""Device selection, and what a device is (amptrain/devices.py)."""
+"""Device selection, and what a device is (amptrain/precision/hardware/devices.py)."""
 from __future__ import annotations
 
 import os
@@ -6,8 +6,8 @@ import os
 import pytest
 import torch
 
-from amptrain import devices
-from amptrain.devices import (
+from amptrain.precision.hardware import devices
+from amptrain.precision.hardware.devices import (
     CPU_FLAGS,
     cpu_flags,
     cpu_model,

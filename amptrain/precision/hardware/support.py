@@ -1,28 +1,29 @@
 """What a device supports: which precision modes run natively, which are only emulated,
 which are refused, and which one ``auto`` picks. The single authority on these facts:
-``env``, ``compare``, ``diagnose`` and :class:`~amptrain.precision.Precision` ask here.
+``env``, ``compare``, ``diagnose`` and :func:`~amptrain.precision.resolve.resolve_precision`
+ask here; :mod:`.advice` words its advice from them (and is never asked back).
 
 Every CUDA fact comes from ``torch.cuda.*`` queries and every CPU fact from
 ``/proc/cpuinfo`` and oneDNN, so tests can fake either.
 """
 from __future__ import annotations
 
+import importlib.util
 import os
 from typing import Any
 
 import torch
 
-from ..devices import cpu_flags, resolve_device
-from ..errors import UserError, flag
-from . import fp8
-from .emulation import emulation_switched_on
-from .fp8 import CC_FP8
-from .modes import MODES, ModeSpec, canonical_name
+from ...errors import flag
+from ..emulation import emulation_switched_on
+from ..modes import MODES, ModeSpec
+from .devices import cpu_flags
 
 # Compute capabilities (major, minor) where NVIDIA hardware features start.
 CC_FP16 = (6, 0)          # fast fp16 arithmetic (Pascal P100)
 CC_TENSOR_CORES = (7, 0)  # Volta: fp16 Tensor Cores
 CC_BF16 = (8, 0)          # Ampere: bf16 and TF32 Tensor Cores
+CC_FP8 = (8, 9)           # Ada (L4, L40S) and Hopper (H100, H200): fp8 Tensor Cores
 
 _F16, _BF16 = torch.float16, torch.bfloat16
 
@@ -65,6 +66,17 @@ def cpu_has_native_bf16(flags: dict[str, bool | None] | None = None) -> bool:
     return has and onednn_may_use("bf16")
 
 
+def torchao_available() -> bool:
+    """True when the torchao package is installed (without importing it)."""
+    return importlib.util.find_spec("torchao") is not None
+
+
+def fp8_native(device: torch.device) -> bool:
+    """True when ``device`` has fp8 Tensor Cores (compute capability 8.9+): fp8 and
+    fp8-rowwise then run natively, as torchao Float8Linear layers (precision/fp8.py)."""
+    return device.type == "cuda" and tuple(torch.cuda.get_device_capability(device)) >= CC_FP8
+
+
 def cuda_bf16_supported(device: torch.device) -> bool:
     """bf16 in hardware (compute capability 8.0+), not emulated."""
     major, _ = torch.cuda.get_device_capability(device)
@@ -103,7 +115,7 @@ def lowbit_native(spec: ModeSpec, device: torch.device) -> bool:
     """True when ``spec``'s low-bit format runs on hardware here (fp8 on an sm89+ GPU, as
     torchao Float8Linear); False where :mod:`.lowbit` emulates it. amptrain does not drive
     the block formats' Blackwell (sm100) kernels, so MX and NVFP4 are always emulated."""
-    return spec.float8_linears and fp8.fp8_native(device) and fp8.torchao_available()
+    return spec.float8_linears and fp8_native(device) and torchao_available()
 
 
 def autocast_mode(spec: ModeSpec, device: torch.device) -> str:
@@ -140,7 +152,7 @@ def supported_precisions(features: dict[str, bool]) -> dict[str, bool]:
     for name, spec in MODES.items():
         kind = _kind(spec)
         if kind in ("fp8", "mx"):
-            supported[name] = kind == "fp8" and features["fp8"] and fp8.torchao_available()
+            supported[name] = kind == "fp8" and features["fp8"] and torchao_available()
         else:
             supported[name] = kind == "fp32" or bool(features[kind])
     return supported
@@ -205,33 +217,41 @@ def auto_mode(device: torch.device) -> str:
     return "32-true"
 
 
+def use_instead(device: torch.device) -> str:
+    """The mode to suggest instead of one ``device`` refuses, with its flag: the one
+    ``auto`` picks here (:func:`auto_mode`), and why where that is 32-true on a CPU
+    (``--precision 32-true (what auto picks here: no native bf16 on this cpu)``)."""
+    fastest = auto_mode(device)
+    why = f": no native bf16 on this {device.type}" \
+        if fastest == "32-true" and device.type == "cpu" else ""
+    return f"{flag('precision')} {fastest} (what auto picks here{why})"
+
+
+def fp8_unsupported_reason(name: str, device: torch.device) -> str | None:
+    """Why ``--precision <name>`` (fp8 or fp8-rowwise) cannot run natively on an fp8 GPU
+    (one line naming the flag), or None. Only a missing torchao stops it there: on every
+    other device the format is emulated (:mod:`amptrain.precision.lowbit`): no torchao."""
+    if fp8_native(device) and not torchao_available():
+        return (f"{flag('precision')} {name} needs the torchao package for float8 training on "
+                f"this GPU: pip install torchao (or pip install 'amptrain[fp8]'), or use "
+                f"{use_instead(device)}")
+    return None
+
+
 def unsupported_reason(spec: ModeSpec, device: torch.device) -> str | None:
     """Why ``spec`` cannot run on ``device`` (a message naming the option), or None."""
-    if spec.float8_linears and fp8.fp8_unsupported_reason(spec.name, device):
-        return fp8.fp8_unsupported_reason(spec.name, device)
+    fp8_reason = fp8_unsupported_reason(spec.name, device) if spec.float8_linears else None
+    if fp8_reason:
+        return fp8_reason
     uses_bf16 = _BF16 in (spec.param_dtype, spec.compute_dtype)
     precision = flag("precision")
     if device.type == "cuda" and uses_bf16 and not cuda_bf16_supported(device):
-        from .advice import use_instead  # from this GPU's capabilities (16-mixed, 32-true)
-
         cc = "%d.%d" % torch.cuda.get_device_capability(device)
         return (f"{precision} {spec.name} needs a GPU with bf16 (compute capability 8.0+); "
                 f"{torch.cuda.get_device_name(device)} has {cc}: use {use_instead(device)}")
     if device.type not in ("cpu", "cuda") and spec.compute_dtype is not None:
         return f"{precision} {spec.name} is not supported on {device.type}; use 32-true"
     return None
-
-
-def resolve_name(name: str, device: torch.device | str | None = None) -> str:
-    """The mode ``name`` means on ``device``: aliases mapped, ``auto`` resolved, and a mode
-    the device cannot run refused with a :class:`UserError` saying what to use instead."""
-    device = resolve_device("auto") if device is None else torch.device(device)
-    canonical = canonical_name(name)
-    resolved = auto_mode(device) if canonical == "auto" else canonical
-    reason = unsupported_reason(MODES[resolved], device)
-    if reason:
-        raise UserError(reason)
-    return resolved
 
 
 def support_table(device: torch.device, flags: dict[str, bool | None] | None = None

@@ -9,8 +9,9 @@ AVX2-only) and on GPUs.
 Two rules hold throughout: an *emulated* mode is for studying a format's numerics
 (overflow, accuracy) on this machine and is never called faster than 32-true here; for
 speed the advice names the fastest mode the device runs natively (:func:`fastest_native`,
-which is what ``auto`` picks). Where that is 32-true but bf16 would pay on other hardware,
-the advice says "32-true here, bf16-mixed on ...".
+which is what ``auto`` picks; a refusal's "use instead" is :func:`.support.use_instead`).
+Where that is 32-true but bf16 would pay on other hardware, the advice says "32-true here,
+bf16-mixed on ...".
 """
 from __future__ import annotations
 
@@ -18,8 +19,9 @@ from collections.abc import Mapping
 
 import torch
 
-from ..errors import flag
-from .modes import MODES, canonical_name
+from ...errors import flag
+from ...choices import canonical_name
+from ..modes import MODES
 from .support import auto_mode, device_features, emulated_precisions, onednn_has_bf16_kernels
 
 #: Where bf16 runs in hardware, for "bf16-mixed on ..." advice on a device without it.
@@ -42,16 +44,6 @@ def base_mode(name: str) -> str:
 def fastest_native(device: torch.device) -> str:
     """The mode to train in for speed on ``device``: never an emulated one."""
     return auto_mode(device)
-
-
-def use_instead(device: torch.device) -> str:
-    """The mode to suggest instead of one ``device`` refuses, with its flag: the one
-    ``auto`` picks here (:func:`fastest_native`), and why where that is 32-true on a CPU
-    (``--precision 32-true (what auto picks here: no native bf16 on this cpu)``)."""
-    fastest = fastest_native(device)
-    why = f": no native bf16 on this {device.type}" \
-        if fastest == "32-true" and device.type == "cpu" else ""
-    return f"{flag('precision')} {fastest} (what auto picks here{why})"
 
 
 def less_memory(device: torch.device) -> str:

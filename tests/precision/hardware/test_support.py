@@ -6,7 +6,8 @@ import pytest
 import torch
 
 from amptrain.errors import UserError, cli_spelling
-from amptrain.precision import support
+from amptrain.precision.hardware import support
+from amptrain.precision.resolve import resolve_precision
 from tests.conftest import fake_gpu
 
 NO_FLAGS = {"amx_bf16": False, "amx_fp16": False, "amx_tile": False, "avx512_bf16": False,
@@ -50,25 +51,25 @@ def test_gpus(monkeypatch, gpu, major, minor, auto, bf16_ok):
     fake_gpu(monkeypatch, gpu, major, minor)
     cuda = torch.device("cuda")
     assert support.auto_mode(cuda) == auto
-    assert support.resolve_name("auto", cuda) == auto
+    assert resolve_precision("auto", cuda).name == auto
     if bf16_ok:
-        assert support.resolve_name("bf16", cuda) == "bf16-mixed"
+        assert resolve_precision("bf16", cuda).name == "bf16-mixed"
     else:
         # what to use instead is what auto picks on this GPU (16-mixed, or 32-true before 7.0)
         with cli_spelling(), pytest.raises(UserError, match="--precision bf16-mixed needs a GPU "
                                                             f"with bf16 .* use --precision {auto} "
                                                             r"\(what auto picks here\)"):
-            support.resolve_name("bf16", cuda)
+            resolve_precision("bf16", cuda)
         # refused is not "emulated"
         features = support.device_features(cuda)
         assert not support.emulated_precisions(cuda, features)["bf16-mixed"]
 
 
-def test_resolve_name_maps_aliases_and_refuses_unknown_names():
-    assert support.resolve_name("mixed_bfloat16", CPU) == "bf16-mixed"
-    assert support.resolve_name("32", CPU) == "32-true"
+def test_resolve_precision_maps_aliases_and_refuses_unknown_names():
+    assert resolve_precision("mixed_bfloat16", CPU).name == "bf16-mixed"
+    assert resolve_precision("32", CPU).name == "32-true"
     with pytest.raises(UserError, match="unknown precision 'fp12'"):
-        support.resolve_name("fp12", CPU)
+        resolve_precision("fp12", CPU)
 
 
 def test_needs_name_the_hardware_per_kind():

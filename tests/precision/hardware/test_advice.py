@@ -11,9 +11,10 @@ import torch
 from torch import nn
 
 from amptrain import Precision
-from amptrain.env import collect_env, format_env
+from amptrain.env import format_env
+from amptrain.precision.hardware.probe import collect_env
 from amptrain.errors import AmptrainWarning, TrainingHalted
-from amptrain.precision import advice, support
+from amptrain.precision.hardware import advice, support
 from amptrain.report.tables import format_table, recommendation
 from tests.conftest import tiny_mlp
 from tests.cpu_classes import CPU_CLASSES, fake_cpu
@@ -182,7 +183,7 @@ def test_compare_marks_ladder_rungs_and_never_advises_an_emulated_one_silently(c
 # ------------------------------------------------ every suggestion from the device
 def test_what_to_use_instead_is_what_auto_picks_on_this_cpu_class(cpu_class):
     fastest, _ = EXPECTED[cpu_class]
-    assert advice.use_instead(CPU) == f"precision {fastest} (what auto picks here" + (
+    assert support.use_instead(CPU) == f"precision {fastest} (what auto picks here" + (
         ": no native bf16 on this cpu)" if fastest == "32-true" else ")")
 
 
