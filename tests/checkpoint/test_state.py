@@ -106,7 +106,7 @@ def test_resume_in_another_precision(tmp_path, notices, first, then):
     assert torch.equal(trainer.model.head.weight, saved["model"]["head.weight"].to(dtype))
     # Optimizer state is matched by parameter position, with or without master copies.
     params = [p for g in trainer.optimizer.param_groups for p in g["params"]]
-    saved_state = saved["optimizer"]["state"]
+    saved_state = saved["optimizers"]["model"]["optimizer"]["state"]
     for index, param in enumerate(params):
         moment = trainer.optimizer.state[param]["exp_avg"]
         assert moment.dtype == param.dtype and moment.shape == param.shape
