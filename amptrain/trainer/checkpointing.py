@@ -70,14 +70,16 @@ class Checkpointer:
         empty (a sharded save writes them as shards, :mod:`amptrain.checkpoint.sharded`)."""
         given = {} if weights else {self.steps.section: self.steps.state_dict(
             optimizer_states=False)}
+        # The sections first: the optimizer steps settle the lagged step, whose skip the
+        # precision counts before its state is taken.
+        sections = self.registry.state_dict(given)
         return {
             "format": checkpoint.FORMAT, "format_version": checkpoint.FORMAT_VERSION,
             "amptrain_version": __version__, "torch_version": str(torch.__version__),
             **self.header(),
             "model": self.strategy.model_state_dict(self.model, self.precision)
             if weights else {},
-            "precision": self.precision.state_dict(),
-            **self.registry.state_dict(given),
+            "precision": self.precision.state_dict(), **sections,
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:

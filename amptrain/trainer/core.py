@@ -3,11 +3,10 @@ difference lives in :class:`~amptrain.precision.Precision`, every task differenc
 :class:`~amptrain.tasks.Task` (its loss, its parts and its training step), every
 process-group difference in the strategy.
 
-The Trainer is built from parts that each own their state: LoopPosition, LogInterval,
-Reporter and the MicroBatchPlanner from the start, and what :meth:`Trainer.setup` assembles
-as one :class:`~amptrain.trainer.parts.RunParts` (OptimizerSteps, the StepRunner, Evaluator,
-Checkpointer, the train windows). Every part with state is registered with the
-Checkpointer under its own section (docs/architecture.md: who owns what).
+The Trainer owns LoopPosition, LogInterval, Reporter and the MicroBatchPlanner from the
+start and keeps what :meth:`Trainer.setup` assembles as one :class:`~.parts.RunParts`
+(OptimizerSteps, StepRunner, Evaluator, Checkpointer, the train windows); every part with
+state is registered with the Checkpointer under its section (docs/architecture.md).
 
 One optimizer step ("step") is one global batch: ``accumulate`` micro-batches per rank.
 ``--max-steps``, ``--log-every``, ``--save-every`` and the LR schedule count steps.
@@ -271,7 +270,8 @@ class Trainer:
     evaluator = property(lambda self: self._built.evaluator if self._built else None)
     steps = property(lambda self: p.steps if (p := self._run_parts()) else None)
     stepper = property(lambda self: p.stepper if (p := self._run_parts()) else None)
-    train_windows = property(lambda self: p.windows if (p := self._run_parts()) else None)
+    train_windows = property(lambda self: p.windows if (p := self._run_parts()) else None,
+                             lambda self, windows: self._ready().use_windows(windows))
     lr_plan = property(lambda self: p.lr_plan if (p := self._run_parts()) else None)
     run_length = property(lambda self: p.run_length if (p := self._run_parts()) else None)
     checkpointer = property(lambda self: p.checkpointer if (p := self._run_parts()) else None)

@@ -44,6 +44,11 @@ class RunParts(Prepared):
     checkpointer: Checkpointer  # every part with state is registered with it
     constant_lr: bool          # the caller's optimizer, no schedule asked for
 
+    def use_windows(self, windows: Windows) -> None:
+        """Train on ``windows`` from now on (a tool's wrapper of the set-up windows: the
+        benchmarks' feeder, the overhead tests' spy); the checkpoints count its steps."""
+        self.windows = self.checkpointer.windows = windows
+
 
 class TaskState:
     """What the task learnt from the training data (regression's target statistics, an
