@@ -136,3 +136,25 @@ def test_a_format_1_checkpoint_resumes_as_exactly_as_todays(tmp_path, precision)
     assert records("old") == records("today") and records("today")[-1]["step"] == 12
     today = models["today"].state_dict()
     assert all(torch.equal(v, today[k]) for k, v in models["old"].state_dict().items())
+
+
+@pytest.mark.parametrize("edit, fragment", [
+    (lambda s: s["sections"].update(position=9),
+     "'position' section has layout 9; this amptrain reads up to 1: upgrade amptrain"),
+    (lambda s: s.pop("log_interval"), "'log_interval' section is missing (a damaged"),
+    (lambda s: s["sections"].update(rng="one"), "its 'rng' section has layout 'one' (a damaged"),
+    (lambda s: s["position"].update(step=-2), "its 'step' is -2, outside 0.."),
+], ids=["newer-layout", "section-missing", "layout-not-a-number", "position-negative"])
+def test_an_edited_section_is_refused_in_one_line(tmp_path, edit, fragment):
+    from amptrain import checkpoint
+    from amptrain.errors import UserError
+
+    data = tiny_classification(n=64)
+    _fit(data, batch_size=32, max_steps=2, out=str(tmp_path))
+    path = tmp_path / "checkpoints" / "last.pt"
+    state = torch.load(path, weights_only=False)
+    edit(state)
+    checkpoint.atomic_save(state, path)
+    with pytest.raises(UserError, match=str(path)) as error:
+        _fit(data, batch_size=32, max_steps=4, out=str(tmp_path), resume=str(path))
+    assert fragment in str(error.value)
