@@ -142,6 +142,7 @@ class Trainer:
                 planner=self.planner, resolved=self.resolved_config, run_info=self.run_info)
         except BaseException:
             self._teardown()
+            self._reset()  # a failed set-up may have used the precision: the next is fresh
             raise
 
     def run(self) -> FitResult:
@@ -240,13 +241,12 @@ class Trainer:
 
     def resolved_config(self) -> dict[str, Any]:
         """The config as run: precision resolved, batching and learning rate derived."""
-        parts = self._built if isinstance(self._built, RunParts) else None
+        parts = self._run_parts()
         return resolved_config(
             self.config, precision=self.precision.name, device=self.device,
-            world_size=self.strategy.world_size,
+            world_size=self.strategy.world_size, lr_plan=parts.lr_plan if parts else None,
             micro=parts.windows.micro_batch if parts is not None else None,
             accumulate=self.accumulate if parts is not None else None,
-            lr_plan=parts.lr_plan if parts is not None else None,
             planner_report=self.planner.report(), run_info=self.run_info)
 
     # ------------------------------------------------------- the parts, by name
