@@ -66,8 +66,8 @@ class EagerCopy(Trainer):
     """Background saves whose whole state is copied on the training thread (no deferred
     copy of the optimizer's parameters and state)."""
 
-    def _reset(self) -> None:
-        super()._reset()
+    def setup(self, *args: Any, **kwargs: Any) -> None:
+        super().setup(*args, **kwargs)  # the checkpointer is one of the parts set up
         writes = self.checkpointer.writes
         submit = writes.submit
 

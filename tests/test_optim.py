@@ -150,8 +150,8 @@ def test_adamw8bit_with_kahan_resumes_bitwise_from_a_weights_only_checkpoint(tmp
     with pytest.raises(Preempted):
         train(tmp_path / "cut", callbacks=[StopAt(9)])
     saved = checkpoint.load(tmp_path / "cut" / "checkpoints" / "last.pt")  # weights_only
-    assert any(isinstance(v, dict) for s in saved["optimizer"]["state"].values()
-               for v in s.values())
+    moments = saved["optimizers"]["model"]["optimizer"]["state"]
+    assert any(isinstance(v, dict) for s in moments.values() for v in s.values())
     resumed = train(tmp_path / "cut", resume="auto")
     assert resumed.step == full.step == 14
     for a, b in zip(full.model.parameters(), resumed.model.parameters()):

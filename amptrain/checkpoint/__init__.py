@@ -9,8 +9,9 @@ never runs code from it.
 The Trainer decides *what* goes into a checkpoint (``Trainer.state_dict``); this package
 decides how it reaches the disk and is read back (:mod:`.files`; off the training thread:
 :mod:`.background`; sharded under FSDP: :mod:`.sharded`), how its parts are
-captured and restored (:mod:`.state`), and which file ``--resume`` continues from
-(:mod:`.resume`).
+captured and restored (:mod:`.state`), how each part's section is written and brought up
+to date (:mod:`.registry`, over the parts' :class:`~.stateful.Stateful`), and which file
+``--resume`` continues from (:mod:`.resume`).
 """
 from __future__ import annotations
 
@@ -38,9 +39,11 @@ from .resume import (
     resume_message,
     trim_metrics,
 )
+from .registry import SECTIONS, StateRegistry, section_versions
 from .sharded import ShardedWriter, is_sharded, load_into
 from .state import (
     RUNTIME_GROUP_KEYS,
+    RngState,
     capture_rng,
     load_optimizer_state,
     load_weights,
@@ -55,5 +58,6 @@ __all__ = [
     "check_compatible", "find_resume", "latest_valid", "load", "load_optimizer_state", "prune",
     "remove_unfinished", "restore_rng", "resume_message", "save_run_checkpoint",
     "step_checkpoints", "trim_metrics", "weights_mismatch", "load_weights", "read",
-    "ShardedWriter", "is_sharded", "load_into", "plain_tensor",
+    "ShardedWriter", "is_sharded", "load_into", "plain_tensor", "RngState", "SECTIONS",
+    "StateRegistry", "section_versions",
 ]

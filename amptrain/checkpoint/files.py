@@ -30,7 +30,9 @@ from .sections import check_sections
 log = logging.getLogger("amptrain")
 
 FORMAT = "amptrain-checkpoint"
-FORMAT_VERSION = 1
+#: The file's layout: 2 keeps each part's state in its own versioned section (see
+#: :mod:`.registry`); a file of layout 1 is still read (its sections at version 0).
+FORMAT_VERSION = 2
 CHECKPOINT_DIR = "checkpoints"
 LAST = "last.pt"
 _STEP_FILE = re.compile(r"step-(\d+)\.pt$")

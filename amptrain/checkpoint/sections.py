@@ -20,11 +20,14 @@ REQUIRED: dict[str, tuple[type | None, ...]] = {
     "model": (dict,), "step": (int,), "epoch": (int,), "window_in_epoch": (int,),
     "config": (dict,),
 }
-#: Sections older checkpoints may lack; when present they must have these types.
+#: Sections older checkpoints may lack; when present they must have these types. The
+#: parts' own sections (registry.py) come with ``sections``, their layout versions;
+#: ``optimizer``, ``scheduler`` and ``log_window`` are those of files of format 1.
 OPTIONAL: dict[str, tuple[type | None, ...]] = {
     "optimizer": (dict,), "scheduler": (dict, None), "precision": (dict,), "task": (dict,),
     "run": (dict,), "rng": (dict,), "log_window": (dict, None), "precision_name": (str,),
-    "steps_per_epoch": (int, None), "section_versions": (dict,),
+    "steps_per_epoch": (int, None), "sections": (dict,), "position": (dict,),
+    "log_interval": (dict,), "optimizers": (dict,),
 }
 
 
@@ -87,10 +90,14 @@ def _check_values(state: dict[str, Any], path: str | Path) -> None:
     def damaged(what: str) -> UserError:
         return UserError(f"checkpoint {path}: {what} (a damaged or hand-edited file)")
 
-    for name in ("step", "epoch", "window_in_epoch", "steps_per_epoch"):
-        value = state.get(name)
-        if value is not None and not 0 <= value <= MAX_COUNT:
-            raise damaged(f"its '{name}' is {value}, outside 0..{MAX_COUNT}")
+    position = state.get("position") or {}
+    for name in ("step", "epoch", "window_in_epoch", "steps_per_epoch", "step_epoch"):
+        for value in (state.get(name), position.get(name)):
+            if value is not None and not (isinstance(value, int) and 0 <= value <= MAX_COUNT):
+                raise damaged(f"its '{name}' is {value}, outside 0..{MAX_COUNT}")
+    for name, version in (state.get("sections") or {}).items():
+        if not isinstance(version, int) or isinstance(version, bool) or version < 0:
+            raise damaged(f"its '{name}' section has layout {version!r}")
     config = state["config"]
     for name in _POSITIVE_CONFIG:
         value = config.get(name)

@@ -191,3 +191,23 @@ def restore_rng(rng: dict[str, Any]) -> None:
         else:
             log.warning("checkpoint has CUDA RNG states for %d devices, this process sees %d: "
                         "CUDA random streams restart", len(states), torch.cuda.device_count())
+
+
+class RngState:
+    """The process's random generators as a checkpoint section (:class:`~.stateful.Stateful`):
+    captured when a checkpoint is made, restored on resume, so the resumed run draws what
+    the unbroken one would."""
+
+    section = "rng"
+    format_version = 1
+
+    def state_dict(self) -> dict[str, Any]:
+        return capture_rng()
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        restore_rng(state)
+
+    def migrate(self, state: dict[str, Any], version: int) -> dict[str, Any]:
+        """Version 0 (amptrain before versioned sections) kept the same entries under "rng"
+        (or none: the generators were not saved)."""
+        return dict(state.get("rng") or {})

@@ -428,8 +428,9 @@ class Precision:
         self._pairs.load_state_dict(state.get("pairs") or [])
 
     def migrate(self, state: dict[str, Any], version: int) -> dict[str, Any]:
-        """A section written at layout ``version`` in today's (:func:`.state.migrate_state`)."""
-        return migrate_state(state, version)
+        """A section written at layout ``version`` in today's (:func:`.state.migrate_state`);
+        at version 0 ``state`` is the whole file, which kept the section under its name."""
+        return migrate_state(state.get(SECTION, {}) if version == 0 else state, version)
 
     def fp32_state_dict(self, model: nn.Module) -> dict[str, torch.Tensor]:
         """The model's state with fp32 weights (the master copies where the mode keeps them);

@@ -1,51 +1,67 @@
-"""The Trainer assembled in one downward pass (:func:`assemble_parts`): the data and the
-task, the model's parts with their optimizers (set up for the precision, wrapped for the
-strategy), the train windows, the LR schedules, the step runner, resume, and the logger.
-Each of these is decided here, once; the Trainer then only runs them. (The runner's
-``assemble`` builds what a run trains: data, task, model; this builds what trains it.)"""
+"""The Trainer's parts assembled in one downward pass (:func:`assemble_parts`): the data
+and the task, the model's parts with their optimizers (set up for the precision, wrapped
+for the strategy), the train windows, the LR schedules, the step runner and the
+checkpointer with every part that has state registered. Each of these is decided here,
+once, and returned as one :class:`~amptrain.trainer.parts.RunParts`; the Trainer keeps it
+and only runs it. (The runner's ``assemble`` builds what a run trains: data, task, model;
+this builds what trains it.)"""
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, cast
+import logging
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, cast
 
 import torch
 from torch import nn
 from torch.utils.data import Dataset
 
 from . import datacheck, outdir
+from .. import checkpoint
+from ..autobatch import MicroBatchPlanner
 from ..config import TrainConfig, write_yaml
+from ..distributed import Strategy
 from ..errors import UserError, flag
 from ..forward import LossFn
 from ..inapplicable import warn_inapplicable
 from ..models import is_conv_net
 from ..optim import LrPlan, build_optimizer, build_scheduler
+from ..precision import Precision
 from ..reproducibility import TRAINING, seed_phase, tune_backends
 from ..streams import StreamWindows, as_dataset
 from ..tasks import Task, resolve_task
 from .batching import search_micro_batch
-from .checkpointing import resume_if_requested
+from .checkpointing import Checkpointer
 from .data import output_check, windows_of
 from .evaluation import Evaluator
+from .metrics import LogInterval
 from .optimizers import OptimizerSteps, Part
-from .position import RunLength
+from .parts import RunParts, TaskState
+from .position import LoopPosition, RunLength
 from .reporting import Reporter
 from .stepping import StepFn, StepRunner
 
-if TYPE_CHECKING:
-    from .core import Trainer
+log = logging.getLogger("amptrain")
 
 
-def assemble_parts(trainer: Trainer, model: nn.Module, train_data: Any, val_data: Any, *,
-             optimizer: torch.optim.Optimizer | None, scheduler: Any,
-             loss_fn: LossFn | None, class_names: list[str] | None, task: Task | None,
-             training_step: StepFn | None) -> None:
+def assemble_parts(model: nn.Module, train_data: Any, val_data: Any, *, config: TrainConfig,
+                   strategy: Strategy, precision: Precision, planner: MicroBatchPlanner,
+                   position: LoopPosition, interval: LogInterval, out: Path | None,
+                   run_info: dict[str, Any],
+                   resolved: Callable[[], dict[str, Any]],
+                   optimizer: torch.optim.Optimizer | None, scheduler: Any,
+                   loss_fn: LossFn | None, class_names: list[str] | None, task: Task | None,
+                   training_step: StepFn | None) -> RunParts:
     """The run's parts, in one pass: data, task, model parts and optimizers, windows,
-    schedules, the step runner, resume, the logger (see :meth:`Trainer.setup`)."""
-    c = trainer.config
+    schedules, the step runner, the checkpointer (see :meth:`Trainer.setup`). ``position``
+    and ``interval`` are the Trainer's own, registered with the checkpointer here;
+    ``resolved()`` gives the config as run (each checkpoint holds it)."""
+    c = config
+    device = strategy.device
     # A list of samples is a dataset (streams stay streams: see amptrain.streams).
     train_data = as_dataset(train_data, "train_data")
     val_data = as_dataset(val_data, "val_data") if val_data is not None else None
-    trainer.task = task = task or resolve_task(c.task, train_data, loss=c.loss,
-                                               class_names=class_names)
+    task = task or resolve_task(c.task, train_data, loss=c.loss, class_names=class_names)
     if loss_fn is None:  # a caller's own loss may take other targets
         for data, keyword in ((train_data, "train_data"), (val_data, "val_data")):
             if data is not None:
@@ -53,94 +69,119 @@ def assemble_parts(trainer: Trainer, model: nn.Module, train_data: Any, val_data
     task.fit(train_data)
     if isinstance(train_data, Dataset) and hasattr(train_data, "__len__"):
         datacheck.check_batch_size(len(train_data), c.batching.batch_size)
-    if trainer.out is not None:
-        outdir.check_on_main(trainer.out, resume=bool(c.checkpointing.resume),
-                             is_main=trainer.strategy.is_main,
-                             broadcast=trainer.strategy.broadcast_object,
+    if out is not None:
+        outdir.check_on_main(out, resume=bool(c.checkpointing.resume),
+                             is_main=strategy.is_main, broadcast=strategy.broadcast_object,
                              outputs=outdir.train_outputs(c.logging.logger))
-    warn_inapplicable(c, c.given,
-                      loss_scaling=trainer.precision.spec.loss_scaling,
-                      precision=trainer.precision.name, own_optimizer=optimizer is not None)
+    warn_inapplicable(c, c.given, loss_scaling=precision.spec.loss_scaling,
+                      precision=precision.name, own_optimizer=optimizer is not None)
     seed_phase(TRAINING, c.seed, deterministic=c.deterministic)
-    tune_backends(trainer.device, c.deterministic)
+    tune_backends(device, c.deterministic)
     lr_plan = LrPlan.for_batch(c)  # first: the optimizers take its lr
-    steps = prepare_parts(trainer, model, task, optimizer, scheduler, lr_plan)
+    model, steps = prepare_parts(model, task, optimizer, scheduler, config=c,
+                                 strategy=strategy, precision=precision, position=position,
+                                 lr_plan=lr_plan)
     first = next(iter(steps.parts.values()))
-    split = c.batching.split(trainer.strategy.world_size)
+    split = c.batching.split(strategy.world_size)
     loss = loss_fn or task.loss
     if c.batching.auto:
         if not steps.single:
             raise UserError(f"{flag('micro_batch_size')} auto probes one model's step; "
                             f"task {task.name} trains {len(steps.parts)}: set a number")
         split = search_micro_batch(
-            train_data, planner=trainer.planner, config=c, strategy=trainer.strategy,
-            model=first.module, optimizer=first.optimizer, precision=trainer.precision,
+            train_data, planner=planner, config=c, strategy=strategy,
+            model=first.module, optimizer=first.optimizer, precision=precision,
             loss_fn=loss)
-    trainer.planner.use(split)  # the run's split, decided once: each step reads it
-    trainer.train_windows = windows = windows_of(train_data, micro=split.micro_batch,
-                                                 accumulate=split.accumulate, shuffle=True,
-                                                 config=c, strategy=trainer.strategy)
+    planner.use(split)  # the run's split, decided once: each step reads it
+    windows = windows_of(train_data, micro=split.micro_batch, accumulate=split.accumulate,
+                         shuffle=True, config=c, strategy=strategy)
     if len(windows) == 0:
         raise UserError("train_data gives no batch for this process: it is empty or "
-                        f"smaller than the {trainer.strategy.world_size} processes")
-    trainer.evaluator = Evaluator(c, trainer.strategy, trainer.precision, task, loss, val_data)
+                        f"smaller than the {strategy.world_size} processes")
+    evaluator = Evaluator(c, strategy, precision, task, loss, val_data)
     # The run's length, decided here once: the loop, the LR schedule and the banner read it.
-    trainer.run_length = RunLength.resolve(
+    run_length = RunLength.resolve(
         c.schedule.epochs, c.schedule.max_steps,
         None if isinstance(windows, StreamWindows) else len(windows))
-    trainer.total_steps = trainer.run_length.total_steps
-    trainer.lr_plan = lr_plan = lr_plan.for_run(len(windows), trainer.total_steps)
+    lr_plan = lr_plan.for_run(len(windows), run_length.total_steps)
     # The caller's own optimizer keeps the learning rate it was built with unless a
     # schedule is asked for: a default cosine decay to 0 would be a surprise.
-    trainer.constant_lr = optimizer is not None and scheduler is None \
-        and "scheduler" not in c.given
+    constant_lr = optimizer is not None and scheduler is None and "scheduler" not in c.given
     for part in steps.parts.values():
         part.scheduler = scheduler if scheduler is not None else None \
-            if trainer.constant_lr else build_scheduler(c, part.optimizer, trainer.total_steps,
-                                                        plan=lr_plan)
-    assert trainer.model is not None
+            if constant_lr else build_scheduler(c, part.optimizer, run_length.total_steps,
+                                                plan=lr_plan)
     # The caller's loss and the one-time output check belong to the supervised step;
     # a task's own step (or the caller's) is called as it is.
     own_step = training_step or (task.training_step
                                  if type(task).training_step is not Task.training_step
                                  else None)
-    check = output_check(train_data, model=trainer.model, task=task, loss_fn=loss,
-                         precision=trainer.precision, strategy=trainer.strategy,
-                         model_name=trainer.run_info.get("model")) \
+    check = output_check(train_data, model=model, task=task, loss_fn=loss,
+                         precision=precision, strategy=strategy,
+                         model_name=run_info.get("model")) \
         if loss_fn is None and own_step is None else None
-    trainer.runner = StepRunner(steps, precision=trainer.precision, strategy=trainer.strategy,
-                                planner=trainer.planner, metrics=trainer.metrics,
-                                model=trainer.model, device=trainer.device,
-                                training_step=own_step, loss_fn=loss, check=check)
-    if trainer.strategy.is_main and trainer.out is not None:
-        outdir.prepare_run(trainer.out, resume=bool(c.checkpointing.resume),
-                       outputs=outdir.train_outputs(c.logging.logger))
-    resume_if_requested(trainer)
-    if trainer.strategy.is_main and trainer.out is not None:
-        write_yaml(trainer.resolved_config(), trainer.out / "config.yaml")
-    trainer.reporter.open(trainer.out, enabled=trainer.strategy.is_main,
-                          progress=not c.logging.no_progress,
-                          resumed_at=trainer.step if trainer.step > 0 else None,
-                          loggers=c.logging.logger,
-                          params=trainer.resolved_config() if trainer.out is not None else None)
-    trainer.reporter.announce(Reporter.banner(
-        trainer.precision, device=trainer.device, world_size=trainer.strategy.world_size,
-        run_length=trainer.run_length, batch_size=c.batching.batch_size,
-        micro=trainer.micro_batch_size, accumulate=trainer.accumulate,
-        task_words=task.describe(), constant_lr=trainer.constant_lr))
-    lr_note = trainer.lr_plan.describe(c)
+    stepper = StepRunner(steps, precision=precision, strategy=strategy, planner=planner,
+                         interval=interval, model=model, device=device,
+                         training_step=own_step, loss_fn=loss, check=check)
+    checkpointer = Checkpointer(out, c, strategy, model=model, precision=precision,
+                                steps=steps, position=position, windows=windows,
+                                resolved=resolved, run_info=run_info)
+    # Every part with state, the precision last: the optimizer steps settle the lagged
+    # step, whose skip the precision counts, before its state is taken.
+    for stateful in (steps, checkpoint.RngState(), position, interval, TaskState(task),
+                     precision):
+        checkpointer.register(stateful)
+    return RunParts(model=model, task=task, evaluator=evaluator, steps=steps,
+                    stepper=stepper, windows=windows, lr_plan=lr_plan, run_length=run_length,
+                    checkpointer=checkpointer, constant_lr=constant_lr)
+
+
+def open_run(parts: RunParts, *, config: TrainConfig, strategy: Strategy, out: Path | None,
+             precision: Precision, reporter: Reporter, position: LoopPosition,
+             planner: MicroBatchPlanner, resolved: Callable[[], dict[str, Any]],
+             run_info: dict[str, Any]) -> bool:
+    """The end of set-up: the run directory prepared, ``--resume`` loaded into the parts,
+    the config as run (``resolved()``) written, the logger opened with the banner. Returns
+    whether the resumed run had already finished."""
+    c = config
+    finished = False
+    if strategy.is_main and out is not None:
+        outdir.prepare_run(out, resume=bool(c.checkpointing.resume),
+                           outputs=outdir.train_outputs(c.logging.logger))
+    if c.checkpointing.resume:
+        if parts.checkpointer.resume(resolved(), run_info, len(parts.windows)):
+            finished = parts.run_length.reached(position)
+            if finished:
+                log.info("the run already finished at step %d: nothing left to train (raise "
+                         "%s or %s to train on)", position.step, flag("epochs"),
+                         flag("max_steps"))
+        parts.checkpointer.trim_metrics(position.step)
+    as_run = resolved()
+    if strategy.is_main and out is not None:
+        write_yaml(as_run, out / "config.yaml")
+    reporter.open(out, enabled=strategy.is_main, progress=not c.logging.no_progress,
+                  resumed_at=position.step if position.step > 0 else None,
+                  loggers=c.logging.logger, params=as_run if out is not None else None)
+    reporter.announce(Reporter.banner(
+        precision, device=strategy.device, world_size=strategy.world_size,
+        run_length=parts.run_length, batch_size=c.batching.batch_size,
+        micro=planner.split.micro_batch, accumulate=planner.split.accumulate,
+        task_words=parts.task.describe(), constant_lr=parts.constant_lr))
+    lr_note = parts.lr_plan.describe(c)
     if lr_note:
-        trainer.logger.message(f"amptrain: {lr_note}")
+        reporter.logger.message(f"amptrain: {lr_note}")
+    return finished
 
 
-def prepare_parts(trainer: Trainer, model: nn.Module, task: Task,
-                  optimizer: torch.optim.Optimizer | None, scheduler: Any,
-                  lr_plan: LrPlan) -> OptimizerSteps:
-    """The task's parts of ``model``, each with its optimizer (at ``lr_plan``'s lr), set
-    up for the precision and wrapped for the strategy (and compiled when asked)."""
-    c = trainer.config
-    model = trainer.strategy.prepare_model(placed(model, trainer.device, c), trainer.precision,
-                                           optimizer)
+def prepare_parts(model: nn.Module, task: Task, optimizer: torch.optim.Optimizer | None,
+                  scheduler: Any, *, config: TrainConfig, strategy: Strategy,
+                  precision: Precision, position: LoopPosition, lr_plan: LrPlan
+                  ) -> tuple[nn.Module, OptimizerSteps]:
+    """The model on the device and the task's parts of it, each with its optimizer (at
+    ``lr_plan``'s lr), set up for the precision and wrapped for the strategy (and compiled
+    when asked)."""
+    c = config
+    model = strategy.prepare_model(placed(model, strategy.device, c), precision, optimizer)
     modules = task.models(model)
     if (optimizer is not None or scheduler is not None) and len(modules) != 1:
         given = "optimizer" if optimizer is not None else "scheduler"
@@ -149,25 +190,23 @@ def prepare_parts(trainer: Trainer, model: nn.Module, task: Task,
     if optimizer is not None:
         optimizers = {name: optimizer for name in modules}
     else:
-        fused = trainer.precision.allows_fused(c.schedule.optimizer)
+        fused = precision.allows_fused(c.schedule.optimizer)
         optimizers = task.build_optimizers(
             modules, lambda part: build_optimizer(c, part, fused_allowed=fused, plan=lr_plan))
         check_optimizers(task, modules, optimizers)
-    trainer.steps = steps = OptimizerSteps(trainer.precision, trainer.position,
-                                           clip=c.schedule.clip_grad_norm,
-                                           log_every=c.logging.log_every)
+    steps = OptimizerSteps(precision, position, strategy, clip=c.schedule.clip_grad_norm,
+                           log_every=c.logging.log_every)
     for name, module in modules.items():
-        module, set_up = trainer.precision.setup(module, optimizers[name])
+        module, set_up = precision.setup(module, optimizers[name])
         assert set_up is not None
-        forward = trainer.strategy.wrap(module)
+        forward = strategy.wrap(module)
         if c.compile:
             # A compiled module is an OptimizedModule (an nn.Module); torch.compile's
             # signature only says Callable.
             forward = cast(nn.Module, torch.compile(forward))
         steps.add(Part(name, module, forward, set_up))
-    trainer.model = model
     model.train()
-    return steps
+    return model, steps
 
 
 def check_optimizers(task: Task, modules: dict[str, nn.Module],

@@ -1,149 +1,147 @@
-"""The Trainer's checkpoints: the files (written now or on a background thread), the
-config as run, and finding the checkpoint to resume from. What a checkpoint holds is the
-parts' state, collected by :meth:`Trainer.state_dict <amptrain.trainer.Trainer.state_dict>`."""
+"""The Trainer's checkpoints: what one holds (the weights, the precision's state and the
+section of every part registered with the :class:`Checkpointer`), the files (written now
+or on a background thread), the config as run, and resuming from a checkpoint."""
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
+from torch import nn
 
 from .. import checkpoint
+from ..checkpoint.stateful import Stateful
+from ..batches import Windows
 from ..version import __version__
 from ..config import TrainConfig, to_dict
 from ..distributed import Strategy
 from ..errors import UserError, flag
 from ..optim import LrPlan
-
-if TYPE_CHECKING:
-    from .core import Trainer
-    from .optimizers import OptimizerSteps, Part
+from ..precision import Precision
+from .optimizers import OptimizerSteps
+from .position import LoopPosition
 
 log = logging.getLogger("amptrain")
 
 
-def collect_state(trainer: Trainer, *, weights: bool = True) -> dict[str, Any]:
-    """A checkpoint: each part's state, the weights in fp32 (one part: today's format).
-    ``weights=False``: model and optimizer entries left empty (a sharded save writes them
-    as shards, :mod:`amptrain.checkpoint.sharded`)."""
-    steps, model, task = trainer.steps, trainer.model, trainer.task
-    assert steps is not None and model is not None and task is not None, "set up first"
-    rng = checkpoint.capture_rng()
-    windows = trainer.train_windows
-    return {
-        "format": checkpoint.FORMAT, "format_version": checkpoint.FORMAT_VERSION,
-        "amptrain_version": __version__, "torch_version": str(torch.__version__),
-        "precision_name": trainer.precision.name,
-        "model": trainer.strategy.model_state_dict(model, trainer.precision) if weights else {},
-        **steps.state_dict(trainer.strategy, optimizer_states=weights),
-        "precision": trainer.precision.state_dict(),
-        # Each versioned section's layout, for its migrate() when a later amptrain reads it.
-        "section_versions": {trainer.precision.section: trainer.precision.format_version},
-        # What the task learnt from the data (regression's target statistics): eval and
-        # generate rebuild the task from it.
-        "task": {"name": task.name, **task.state()},
-        "rng": rng, **trainer.position.state_dict(),
-        "steps_per_epoch": len(windows) if windows is not None else None,
-        # The metrics window in progress (--log-every), so a resumed run logs the same
-        # means. Every rank restores rank 0's sums: right counts, loss estimated by rank 0.
-        "log_window": {**trainer.metrics.state_dict(),
-                       "step_epoch": trainer.position.step_epoch},
-        "config": trainer.resolved_config(), "run": trainer.run_info,
-    }
-
-
-def save_run(trainer: Trainer, path: str | Path | None = None, *,
-             background: bool) -> Path | None:
-    """Save ``trainer``'s state to ``path`` or the run's checkpoints; ``background``: the
-    file is written on a thread, which copies every part's optimizer state itself (their
-    next ``step()`` waits for it), or, under FSDP, each rank writes its shards."""
-    steps = trainer.steps
-    assert steps is not None, "set up first"
-    if background and path is None and trainer.checkpointer.sharded(steps):
-        return trainer.checkpointer.save_sharded(collect_state(trainer, weights=False),
-                                                 trainer.step, steps.only())
-    return trainer.checkpointer.save(trainer.state_dict(), trainer.step, path,
-                                     background=background,
-                                     defer=[part.optimizer for part in steps.parts.values()])
-
-
-def restore_state(trainer: Trainer, state: dict[str, Any]) -> None:
-    """Restore :func:`collect_state` into a set-up Trainer."""
-    steps = trainer.steps
-    assert steps is not None, "set up first"
-    if state.get("sharded"):  # weights and optimizer state are in the shards
-        part = steps.only()
-        checkpoint.load_into(state["sharded"], part.module, part.optimizer)
-    else:
-        trainer.load_weights(state["model"])
-    steps.load_state_dict(trainer.strategy, state,
-                         optimizer_states=not state.get("sharded"))
-    precision = trainer.precision
-    versions = state.get("section_versions") or {}   # none: written before versions (0)
-    section = precision.migrate(state.get(precision.section, {}),
-                                versions.get(precision.section, 0))
-    precision.load_state_dict(section)
-    first_pair = (section.get("pairs") or [{}])[0]
-    saved_rule = (first_pair.get("weight_update") or {}).get("rule")
-    if saved_rule and not precision.has_weight_rule():  # resumed with plain
-        log.warning("warning: the checkpoint's %s weight-update state is dropped: "
-                    "%s plain rounds the updates (resume with %s %s to keep it)",
-                    saved_rule, flag("weight_update"), flag("weight_update"), saved_rule)
-    checkpoint.restore_rng(state.get("rng", {}))
-    trainer.position.load_state_dict(state)
-    window = state.get("log_window")
-    if window:
-        trainer.metrics.load_state_dict(window)
-
-
-def resume_if_requested(trainer: Trainer) -> None:
-    """``--resume``: load the checkpoint it names into the set-up Trainer (all ranks)."""
-    if not trainer.config.checkpointing.resume:
-        return
-    found = trainer.checkpointer.find_resume()
-    if found is not None:
-        path, state = found
-        checkpoint.check_compatible(state, trainer.resolved_config(), trainer.run_info, path)
-        try:
-            trainer.load_state_dict(state)
-        except UserError as exc:
-            raise UserError(f"--resume {path}: {exc}") from None
-        assert trainer.train_windows is not None
-        log.info(checkpoint.resume_message(path, state, trainer.precision.name,
-                                           len(trainer.train_windows)))
-        trainer.resumed_finished = trainer.complete()
-        if trainer.resumed_finished:
-            log.info("the run already finished at step %d: nothing left to train (raise "
-                     "%s or %s to train on)", trainer.step, flag("epochs"), flag("max_steps"))
-    trainer.checkpointer.trim_metrics(trainer.step)
-
-
 class Checkpointer:
-    """Writes a run's checkpoints (rank 0) and finds the one to resume from.
+    """Writes a run's checkpoints (rank 0), finds the one to resume from and loads it.
 
-    ``out``: the run directory (None: nowhere to write unless a path is given).
+    ``out``: the run directory (None: nowhere to write unless a path is given). A
+    checkpoint holds a header (:meth:`header`), ``model``'s fp32 weights, the precision's
+    state and the section of every part registered (:meth:`register`); ``steps`` decide
+    whether saves are sharded. ``resolved()``: the config as run.
     """
 
-    def __init__(self, out: Path | None, config: TrainConfig, strategy: Strategy) -> None:
+    def __init__(self, out: Path | None, config: TrainConfig, strategy: Strategy, *,
+                 model: nn.Module, precision: Precision, steps: OptimizerSteps,
+                 position: LoopPosition, windows: Windows,
+                 resolved: Callable[[], dict[str, Any]], run_info: dict[str, Any]) -> None:
         self.out, self.config, self.strategy = out, config, strategy
+        self.model, self.precision, self.steps = model, precision, steps
+        # The header's sources: where the loop is, the train windows (steps per epoch,
+        # which an out-of-memory resize changes), the config as run.
+        self.position, self.windows = position, windows
+        self.resolved, self.run_info = resolved, run_info
+        self.registry = checkpoint.StateRegistry()
         self.writes = checkpoint.BackgroundWriter()  # the write in flight, if any
         self.last_saved_step: int | None = None
 
+    def register(self, part: Stateful) -> None:
+        """``part``'s state goes into every checkpoint under its section, and back."""
+        self.registry.register(part)
+
+    # ------------------------------------------------------------- the state
+    def header(self) -> dict[str, Any]:
+        """What a checkpoint's readers (``--resume``'s choice of file, export, eval) look up
+        without loading the parts: the step it was written at (a copy of the position's),
+        the config as run, the run's facts."""
+        position = self.position
+        return {"precision_name": self.precision.name, "step": position.step,
+                "epoch": position.epoch, "window_in_epoch": position.window_in_epoch,
+                "steps_per_epoch": len(self.windows), "config": self.resolved(),
+                "run": self.run_info}
+
+    def state_dict(self, *, weights: bool = True) -> dict[str, Any]:
+        """A checkpoint: the :meth:`header`, the fp32 weights, the precision's state and
+        every registered section. ``weights=False``: the weights and optimizer states left
+        empty (a sharded save writes them as shards, :mod:`amptrain.checkpoint.sharded`)."""
+        given = {} if weights else {self.steps.section: self.steps.state_dict(
+            optimizer_states=False)}
+        # The sections first: the optimizer steps settle the lagged step, whose skip the
+        # precision counts before its state is taken.
+        sections = self.registry.state_dict(given)
+        return {
+            "format": checkpoint.FORMAT, "format_version": checkpoint.FORMAT_VERSION,
+            "amptrain_version": __version__, "torch_version": str(torch.__version__),
+            **self.header(),
+            "model": self.strategy.model_state_dict(self.model, self.precision)
+            if weights else {},
+            **sections,
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore :meth:`state_dict` (of this or an older amptrain) into the set-up parts."""
+        if state.get("sharded"):  # weights and optimizer state are in the shards
+            part = self.steps.only()
+            checkpoint.load_into(state["sharded"], part.module, part.optimizer)
+        else:
+            checkpoint.load_weights(self.model, state["model"], self.strategy, self.precision)
+        self.registry.load_state_dict(state)
+        precision = self.precision
+        saved = self.registry.section_of(state, precision, checkpoint.section_versions(
+            state).get(precision.section, 0))
+        first_pair = (saved.get("pairs") or [{}])[0]
+        saved_rule = (first_pair.get("weight_update") or {}).get("rule")
+        if saved_rule and not precision.has_weight_rule():  # resumed with plain
+            log.warning("warning: the checkpoint's %s weight-update state is dropped: "
+                        "%s plain rounds the updates (resume with %s %s to keep it)",
+                        saved_rule, flag("weight_update"), flag("weight_update"), saved_rule)
+
+    def resume(self, resolved: dict[str, Any], run_info: dict[str, Any],
+               steps_per_epoch: int) -> bool:
+        """``--resume``: load the checkpoint it names (all ranks), checked against the
+        config as run (``resolved``); returns whether one was loaded (False: start fresh)."""
+        found = self.find_resume()
+        if found is None:
+            return False
+        path, state = found
+        checkpoint.check_compatible(state, resolved, run_info, path)
+        try:
+            self.load_state_dict(state)
+        except UserError as exc:
+            raise UserError(f"--resume {path}: {exc}") from None
+        log.info(checkpoint.resume_message(path, state, self.precision.name, steps_per_epoch))
+        return True
+
+    # ------------------------------------------------------------- the files
     def saved_at(self, step: int) -> bool:
         """Whether the run's checkpoint of ``step`` is written (or being written)."""
         return self.last_saved_step == step
 
-    def sharded(self, steps: OptimizerSteps) -> bool:
+    def save_run(self, step: int, path: str | Path | None = None, *,
+                 background: bool) -> Path | None:
+        """Save the run at ``step`` to ``path`` or the run's checkpoints; ``background``: the
+        file is written on a thread, which copies every part's optimizer state itself (their
+        next ``step()`` waits for it), or, under FSDP, each rank writes its shards."""
+        if background and path is None and self.sharded:
+            return self.save_sharded(self.state_dict(weights=False), step)
+        return self.save(self.state_dict(), step, path, background=background,
+                         defer=[part.optimizer for part in self.steps.parts.values()])
+
+    @property
+    def sharded(self) -> bool:
         """Whether the run's background saves are sharded (FSDP with one part: each rank
         writes its shards; the end of the run still writes one full ``last.pt``)."""
-        return self.out is not None and self.strategy.sharded_checkpoints and steps.single
+        return self.out is not None and self.strategy.sharded_checkpoints and self.steps.single
 
-    def save_sharded(self, state: dict[str, Any], step: int, part: Part) -> Path:
-        """A sharded save of ``part`` with the plain values ``state`` (collective). It does
-        not count as the run's checkpoint of ``step``: the end writes a full one."""
+    def save_sharded(self, state: dict[str, Any], step: int) -> Path:
+        """A sharded save of the one part with the plain values ``state`` (collective). It
+        does not count as the run's checkpoint of ``step``: the end writes a full one."""
         assert self.out is not None, "sharded saves go to the run directory"
+        part = self.steps.only()
         return self.writes.submit_sharded(
             self.out / checkpoint.CHECKPOINT_DIR, step, state, part.module, part.optimizer,
             is_main=self.strategy.is_main, keep_last=self.config.checkpointing.keep_last)

@@ -2,9 +2,10 @@
 lives in :class:`~amptrain.precision.Precision` (its mode decided once, before), every task
 difference in the :class:`~amptrain.tasks.Task`, every process-group one in the strategy.
 
-The Trainer is built from parts that each own their state (and its ``state_dict``):
-LoopPosition, MetricsWindow, OptimizerSteps, StepRunner, Reporter, Evaluator,
-Checkpointer and the train windows (docs/architecture.md: who owns what).
+The Trainer owns LoopPosition, LogInterval, Reporter and the MicroBatchPlanner from the
+start and keeps what :meth:`Trainer.setup` assembles as one :class:`~.parts.RunParts`
+(OptimizerSteps, StepRunner, Evaluator, Checkpointer, the train windows); every part with
+state is registered with the Checkpointer under its section (docs/architecture.md).
 
 One optimizer step ("step") is one global batch: ``accumulate`` micro-batches per rank.
 ``--max-steps``, ``--log-every``, ``--save-every`` and the LR schedule count steps.
@@ -24,27 +25,24 @@ from torch.utils.data import DataLoader, Dataset
 from .. import checkpoint
 from . import datacheck, outdir, preemption
 from ..autobatch import MicroBatchPlanner, MicroBatchSplit
-from ..batches import Windows
 from ..config import TrainConfig, write_yaml
 from ..distributed import Strategy, build_strategy
 from ..errors import UserError, flag
 from ..forward import LossFn
-from ..optim import LrPlan
 from ..precision import NonFiniteHalt, Precision, ResolvedPrecision
 from ..streams import as_dataset
 from ..tasks import EvalResult, Task, resolve_task
 from ..tasks.step import StepContext
 from .batching import agreement
-from .assembly import assemble_parts, placed
-from .checkpointing import (Checkpointer, collect_state, resolved_config, restore_state,
-                            save_run)
+from .assembly import assemble_parts, open_run, placed
+from .checkpointing import resolved_config
 from .evaluation import Evaluator
-from .metrics import MetricsWindow
-from .optimizers import OptimizerSteps, Part
-from .position import LoopPosition, RunLength
+from .metrics import LogInterval
+from .parts import Prepared, RunParts
+from .position import LoopPosition
 from .reporting import Reporter
 from .result import FitResult
-from .stepping import StepFn, StepRunner
+from .stepping import StepFn
 
 log = logging.getLogger("amptrain")
 
@@ -76,23 +74,14 @@ class Trainer:
         self.precision = Precision.from_config(c.precision, device=self.device, mode=mode)
         self.reporter.reset()
         self.position = LoopPosition()
-        self.metrics = MetricsWindow(self.device)
+        self.log_interval = LogInterval(self.device)
         # --micro-batch-size auto and out-of-memory recovery.
         self.planner = MicroBatchPlanner(self.device, batch_size=c.batching.batch_size,
                                          world_size=self.strategy.world_size,
                                          memory_budget_gb=c.batching.memory_budget_gb,
                                          agree=agreement(self.strategy))
-        self.checkpointer = Checkpointer(self.out, c, self.strategy)
-        self.model: nn.Module | None = None  # the user's module, set up for precision
-        self.task: Task | None = None
-        self.steps: OptimizerSteps | None = None
-        self.runner: StepRunner | None = None
-        self.evaluator: Evaluator | None = None
-        self.train_windows: Windows | None = None
-        self.lr_plan: LrPlan | None = None
-        self.run_length: RunLength | None = None  # decided in setup (assembly)
-        self.total_steps = 0
-        self.constant_lr = False  # the caller's optimizer without a schedule (set up in fit)
+        # What prepare() (a Prepared) or setup() (RunParts) built; None: neither ran yet.
+        self._built: Prepared | None = None
         self.stop_requested: str | None = None  # set by a signal handler
         self._stopping: str | None = None        # the stop all ranks agreed on
         self.resumed_finished = False
@@ -135,14 +124,25 @@ class Trainer:
         if training_step is not None and not callable(training_step):
             raise UserError(f"training_step must be a function of one StepContext (got "
                             f"{type(training_step).__name__})")
-        if self.model is not None:  # a second fit: a new model, trained from step 0
+        if self._built is not None:  # a second fit: a new model, trained from step 0
             self._reset(self.precision.mode)
         try:
-            assemble_parts(self, model, train_data, val_data, optimizer=optimizer,
-                           scheduler=scheduler, loss_fn=loss_fn, class_names=names,
-                           task=task, training_step=training_step)
+            self._built = assemble_parts(
+                model, train_data, val_data, config=self.config, strategy=self.strategy,
+                precision=self.precision, planner=self.planner, position=self.position,
+                interval=self.log_interval, out=self.out, run_info=self.run_info,
+                resolved=self.resolved_config, optimizer=optimizer,
+                scheduler=scheduler, loss_fn=loss_fn, class_names=names, task=task,
+                training_step=training_step)
+            self.resumed_finished = open_run(
+                self._built, config=self.config, strategy=self.strategy, out=self.out,
+                precision=self.precision, reporter=self.reporter, position=self.position,
+                planner=self.planner, resolved=self.resolved_config, run_info=self.run_info)
         except BaseException:
             self._teardown()
+            # A failed set-up may have used the precision: the next is a fresh one (of the
+            # mode decided once).
+            self._reset(self.precision.mode)
             raise
 
     def run(self) -> FitResult:
@@ -151,12 +151,13 @@ class Trainer:
         try:
             with preemption.stop_on_signals(self):
                 # Inside: a second signal while the last checkpoint is written still exits.
+                checkpointer = self._ready().checkpointer
                 try:
                     self._loop()
                 except BaseException as exc:
-                    self.checkpointer.wait(failing=exc)
+                    checkpointer.wait(failing=exc)
                     raise
-                self.checkpointer.wait()
+                checkpointer.wait()
         except NonFiniteHalt as halt:
             raise self._explain_halt(halt) from None
         finally:
@@ -178,15 +179,16 @@ class Trainer:
         """One optimizer step of every part on ``window`` (a
         :class:`~amptrain.batches.StepBatch` on the device), without the loop's bookkeeping
         (logging, evaluation, checkpoints, step counter)."""
-        runner, windows, _ = self._ready()
-        split = runner.run(window, self.planner.split, self.step + 1)
+        parts = self._ready()
+        windows = parts.windows
+        split = parts.stepper.run(window, self.planner.split, self.step + 1)
         if split.micro_batch != windows.micro_batch:
             self._use_batch_plan(split)
 
     def finish_step(self) -> None:
         """Wait for the last step and account for it (skip flags, LR schedules)."""
-        if self.steps is not None:
-            self.steps.settle()
+        if isinstance(self._built, RunParts):
+            self._built.steps.settle()
 
     def evaluate(self, model: nn.Module | None = None, data: Any = None, *,
                  write_dir: str | Path | None = None, full: bool = False) -> EvalResult:
@@ -196,33 +198,34 @@ class Trainer:
         ``eval_batches`` option only a fixed sample of that many batches is read, unless
         ``full``.
         """
-        evaluator = self.evaluator
-        model = model if model is not None else self.model
+        built = self._built
+        model = model if model is not None else built.model if built is not None else None
         # Data given here enters as fit's does: a list of samples becomes a dataset, once.
         data = as_dataset(data, "data") if data is not None \
-            else evaluator.val_data if evaluator is not None else None
-        if model is None or data is None or evaluator is None:
+            else built.evaluator.val_data if built is not None else None
+        if model is None or data is None or built is None:
             raise UserError("evaluate() needs a model and data after prepare() or fit()")
-        return evaluator.evaluate(model, data, logger=self.logger, write_dir=write_dir,
-                                  full=full)
+        return built.evaluator.evaluate(model, data, logger=self.logger, write_dir=write_dir,
+                                        full=full)
 
     def prepare(self, model: nn.Module, class_names: list[str] | None = None,
                 task: Task | None = None) -> nn.Module:
         """Set a model up for this precision and device without training (for evaluation);
         ``task`` defaults to the ``task`` option's (classification over ``class_names``
         when the option is ``auto``)."""
-        self.task = task or resolve_task(self.config.task, None, loss=self.config.loss,
-                                         class_names=class_names)
-        self.evaluator = Evaluator(self.config, self.strategy, self.precision, self.task,
-                                   self.task.loss)
-        self.model, _ = self.precision.setup(placed(model, self.device, self.config), None)
-        self.model.eval()
-        return self.model
+        task = task or resolve_task(self.config.task, None, loss=self.config.loss,
+                                    class_names=class_names)
+        evaluator = Evaluator(self.config, self.strategy, self.precision, task, task.loss)
+        model, _ = self.precision.setup(placed(model, self.device, self.config), None)
+        model.eval()
+        self._built = Prepared(model=model, task=task, evaluator=evaluator)
+        return model
 
     def load_weights(self, state: dict[str, torch.Tensor]) -> None:
         """Load fp32 weights (a checkpoint's ``model`` entry) into the prepared model."""
-        assert self.model is not None, "prepare() or setup() first"
-        checkpoint.load_weights(self.model, state, self.strategy, self.precision)
+        if self._built is None:
+            raise UserError("load_weights() needs a model: call prepare() or setup() first")
+        checkpoint.load_weights(self._built.model, state, self.strategy, self.precision)
 
     def save_checkpoint(self, path: str | Path | None = None) -> Path | None:
         """Write the full training state (rank 0) to ``path`` or ``OUT/checkpoints/last.pt``;
@@ -231,21 +234,21 @@ class Trainer:
 
     def state_dict(self) -> dict[str, Any]:
         """Everything needed to continue exactly: the parts' state (weights in fp32)."""
-        return collect_state(self)
+        return self._ready().checkpointer.state_dict()
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restore :meth:`state_dict` into a prepared Trainer (after model/optimizer setup)."""
-        restore_state(self, state)
+        self._ready().checkpointer.load_state_dict(state)
 
     def resolved_config(self) -> dict[str, Any]:
         """The config as run: precision resolved, batching and learning rate derived."""
-        windows = self.train_windows
+        parts = self._run_parts()
         return resolved_config(
             self.config, precision=self.precision.name, device=self.device,
-            world_size=self.strategy.world_size,
-            micro=windows.micro_batch if windows is not None else None,
-            accumulate=self.accumulate if windows is not None else None,
-            lr_plan=self.lr_plan, planner_report=self.planner.report(), run_info=self.run_info)
+            world_size=self.strategy.world_size, lr_plan=parts.lr_plan if parts else None,
+            micro=parts.windows.micro_batch if parts is not None else None,
+            accumulate=self.accumulate if parts is not None else None,
+            planner_report=self.planner.report(), run_info=self.run_info)
 
     # ------------------------------------------------------- the parts, by name
     device = property(lambda self: self.strategy.device, doc="The training device.")
@@ -261,75 +264,72 @@ class Trainer:
         """The run directory (``out``), or None."""
         return Path(self.config.out) if self.config.out else None
 
-    @property
-    def last_eval(self) -> EvalResult | None:
-        return self.evaluator.last if self.evaluator is not None else None
+    # What setup() assembled (None before it: see RunParts for each part).
+    model = property(lambda self: self._built.model if self._built else None,
+                     doc="The user's module, set up for the precision.")
+    task = property(lambda self: self._built.task if self._built else None)
+    evaluator = property(lambda self: self._built.evaluator if self._built else None)
+    steps = property(lambda self: p.steps if (p := self._run_parts()) else None)
+    stepper = property(lambda self: p.stepper if (p := self._run_parts()) else None)
+    train_windows = property(lambda self: p.windows if (p := self._run_parts()) else None,
+                             lambda self, windows: self._ready().use_windows(windows))
+    lr_plan = property(lambda self: p.lr_plan if (p := self._run_parts()) else None)
+    run_length = property(lambda self: p.run_length if (p := self._run_parts()) else None)
+    checkpointer = property(lambda self: p.checkpointer if (p := self._run_parts()) else None)
+    total_steps = property(lambda self: p.run_length.total_steps
+                           if (p := self._run_parts()) else 0)
+    constant_lr = property(lambda self: bool((p := self._run_parts()) and p.constant_lr),
+                           doc="The caller's optimizer without a schedule.")
 
-    @property
-    def loss_fn(self) -> LossFn | None:
-        """The loss of the supervised step and of evaluation (the task's or the caller's)."""
-        return self.evaluator.loss_fn if self.evaluator is not None else None
+    def _run_parts(self) -> RunParts | None:
+        return self._built if isinstance(self._built, RunParts) else None
 
-    @property
-    def parts(self) -> dict[str, Part]:
-        """The trained parts by name (one, ``"model"``, unless the task has several)."""
-        return self.steps.parts if self.steps is not None else {}
+    last_eval = property(lambda self: self._built.evaluator.last if self._built else None,
+                         doc="The last evaluation's result (None before one).")
+    loss_fn = property(lambda self: self._built.evaluator.loss_fn if self._built else None,
+                       doc="The loss of the supervised step and of evaluation.")
+    parts = property(lambda self: p.steps.parts if (p := self._run_parts()) else {},
+                     doc='The trained parts by name (one, "model", unless the task has several).')
+    optimizers = property(lambda self: {n: p.optimizer for n, p in self.parts.items()})
+    optimizer = property(lambda self: p.steps.only().optimizer if (p := self._run_parts())
+                         else None, doc="The one optimizer (several parts: `optimizers`).")
+    scheduler = property(lambda self: p.steps.only().scheduler if (p := self._run_parts())
+                         else None)
+    train_model = property(lambda self: p.steps.only().forward if (p := self._run_parts())
+                           else None, doc="What the step calls (wrapped/compiled), one part.")
+    micro_batch_size = property(lambda self: self._ready().windows.micro_batch,
+                                doc="Samples per forward/backward on each device.")
+    accumulate = property(lambda self: self.planner.split.accumulate,
+                          doc="Micro-batches per optimizer step on each device.")
 
-    @property
-    def optimizers(self) -> dict[str, torch.optim.Optimizer]:
-        return {name: part.optimizer for name, part in self.parts.items()}
-
-    @property
-    def optimizer(self) -> torch.optim.Optimizer | None:
-        """The one optimizer (None before set-up; several parts: see :attr:`optimizers`)."""
-        return self.steps.only().optimizer if self.steps is not None else None
-
-    @property
-    def scheduler(self) -> Any:
-        return self.steps.only().scheduler if self.steps is not None else None
-
-    @property
-    def train_model(self) -> nn.Module | None:
-        """What the step calls (wrapped/compiled), for a one-part task."""
-        return self.steps.only().forward if self.steps is not None else None
-
-    @property
-    def micro_batch_size(self) -> int:
-        """Samples per forward/backward on each device (the windows' cut)."""
-        assert self.train_windows is not None, "set up first"
-        return self.train_windows.micro_batch
-
-    @property
-    def accumulate(self) -> int:
-        """Micro-batches per optimizer step on each device."""
-        return self.planner.split.accumulate  # decided at set-up (the planner keeps it)
-
-    def _ready(self) -> tuple[StepRunner, Windows, RunLength]:
-        if self.runner is None or self.train_windows is None or self.run_length is None:
+    def _ready(self) -> RunParts:
+        parts = self._run_parts()
+        if parts is None:
             raise UserError("set the Trainer up first (setup() or fit())")
-        return self.runner, self.train_windows, self.run_length
+        return parts
 
     def _teardown(self) -> None:
         """The user's module gets its own forwards back (evaluate() reinstates them), and
         ``out`` its lock (outdir.prepare took it)."""
         outdir.release(self.out)
         self.precision.teardown()
-        if self.evaluator is not None:
-            self.evaluator.patches_removed = True
+        if self._built is not None:
+            self._built.evaluator.patches_removed = True
 
     # ------------------------------------------------------------------ loop
     def _loop(self) -> None:
-        runner, windows, length = self._ready()
-        position, metrics = self.position, self.metrics
+        parts = self._ready()
+        windows, length, checkpointer = parts.windows, parts.run_length, parts.checkpointer
+        position, interval = self.position, self.log_interval
         self.reporter.memory.start()
-        metrics.start(position.step)
+        interval.start(position.step)
         while not self._done():
             # Epochs count from 0, as in metrics.jsonl and the log lines: "epoch 0 (0-2)".
             self.logger.bar(len(windows), length.epoch_label(position.epoch),
                             position.window_in_epoch)
             fresh = position.step if position.window_in_epoch == 0 else None
-            for window in metrics.timed(windows.epoch(position.epoch,
-                                                      position.window_in_epoch)):
+            for window in interval.timed(windows.epoch(position.epoch,
+                                                       position.window_in_epoch)):
                 self.train_step(window)
                 position.advance()
                 self.logger.advance()
@@ -346,13 +346,13 @@ class Trainer:
         if self._stopping is not None and not self.complete():
             raise self._preempted()
         self.finish_step()
-        if position.step != metrics.start_step:
+        if position.step != interval.start_step:
             self._log_train()
         self.logger.close_bar()
-        if self.evaluator is not None and self.evaluator.val_data is not None:
+        if self._has_val():
             # A finished run that was resumed has its final record already.
             self._evaluate_and_log(final=True, record=not self.resumed_finished)
-        if self.out is not None and not self.checkpointer.saved_at(self.step):
+        if self.out is not None and not checkpointer.saved_at(self.step):
             self.save_checkpoint()
 
     def _done(self) -> bool:
@@ -360,7 +360,8 @@ class Trainer:
 
     def complete(self) -> bool:
         """Whether the run's length (:class:`RunLength`) is reached."""
-        return self.run_length is not None and self.run_length.reached(self.position)
+        parts = self._run_parts()
+        return parts is not None and parts.run_length.reached(self.position)
 
     def _agree_on_stop(self) -> None:
         self._stopping = preemption.agreed_stop(self.stop_requested, self._stopping, self.step,
@@ -384,17 +385,16 @@ class Trainer:
             return  # the final evaluation and checkpoint follow right away
         if not self.config.logging.eval_every and self._has_val():
             self._evaluate_and_log()
-        if self.out is not None and not self.checkpointer.saved_at(self.step):
+        if self.out is not None and not self._ready().checkpointer.saved_at(self.step):
             self._save(background=True)
 
     def _has_val(self) -> bool:
-        return self.evaluator is not None and self.evaluator.val_data is not None
+        return self._built is not None and self._built.evaluator.val_data is not None
 
     def _use_batch_plan(self, split: MicroBatchSplit) -> None:
         """The one place a smaller micro-batch takes effect (after out-of-memory)."""
-        assert self.train_windows is not None
         self.planner.use(split)
-        self.train_windows.resize(split.micro_batch)  # later epochs are cut the new way
+        self._ready().windows.resize(split.micro_batch)  # later epochs are cut the new way
         for event in self.planner.new_events():
             self.logger.message(f"amptrain: {event['message']}")
         if self.strategy.is_main and self.out is not None:
@@ -402,28 +402,28 @@ class Trainer:
 
     # --------------------------------------------------------- records, saves
     def _log_train(self) -> None:
-        assert self.steps is not None and self.task is not None, "set up first"
+        parts = self._ready()
         self.reporter.record(self, self.reporter.train_record(
-            step=self.step, epoch=self.position.step_epoch, task=self.task,
-            window=self.metrics.read(self.strategy, self.step), steps=self.steps,
-            grad_norms=self.metrics.grad_norms, precision=self.precision))
+            step=self.step, epoch=self.position.step_epoch, task=parts.task,
+            window=self.log_interval.read(self.strategy, self.step), steps=parts.steps,
+            grad_norms=self.log_interval.grad_norms, precision=self.precision))
 
     def _evaluate_and_log(self, final: bool = False, record: bool = True) -> None:
-        assert self.evaluator is not None and self.model is not None
+        parts = self._ready()
         self.finish_step()
         started = time.perf_counter()
-        result = self.evaluator.at_step(self.model, self.step, logger=self.logger,
-                                        final=final, out=self.out)
+        result = parts.evaluator.at_step(parts.model, self.step, logger=self.logger,
+                                         final=final, out=self.out)
         if result is not None and record:
             self.reporter.record(self, {"step": self.step, "epoch": self.position.step_epoch,
                                         **result.record()})
             self.logger.images(self.step, result.details.get("images") or {})
         # Evaluation time is not training time: keep it out of samples_per_s.
-        self.metrics.pause(time.perf_counter() - started)
+        self.log_interval.pause(time.perf_counter() - started)
 
     def _save(self, path: str | Path | None = None, *, background: bool) -> Path | None:
         """:meth:`save_checkpoint`; ``background``: the file is written on a thread."""
-        return save_run(self, path, background=background)
+        return self._ready().checkpointer.save_run(self.step, path, background=background)
 
     def _preempted(self) -> Exception:
         """Checkpoint after a stop request (a signal) and build the exception that ends the run.
@@ -435,16 +435,17 @@ class Trainer:
         path = None
         if self.out is not None:
             path = self.out / checkpoint.CHECKPOINT_DIR / checkpoint.LAST \
-                if self.checkpointer.saved_at(self.step) else self.save_checkpoint()
+                if self._ready().checkpointer.saved_at(self.step) else self.save_checkpoint()
         else:
             self.finish_step()
         return preemption.preempted(self._stopping, self.step, path)
 
     def _explain_halt(self, halt: NonFiniteHalt) -> NonFiniteHalt:
         """Add the first module that produced a non-finite value to a halt message."""
-        if self.runner is None or self.model is None:
+        parts = self._run_parts()
+        if parts is None:
             return halt
-        return Reporter.explain_halt(halt, self.runner, self.model, self.precision)
+        return Reporter.explain_halt(halt, parts.stepper, parts.model, self.precision)
 
 
 __all__ = ["StepContext", "Trainer"]

@@ -1,5 +1,6 @@
-"""The ``--log-every`` window: what a training record averages, kept on the device between
-records (no host sync per step) and read once per record."""
+"""The ``--log-every`` interval: what a training record averages, kept on the device between
+records (no host sync per step) and read once per record. (A "window" is one step's
+batch, :mod:`amptrain.batches`; the steps between two records are a log interval.)"""
 from __future__ import annotations
 
 import time
@@ -14,23 +15,24 @@ from ..distributed import Strategy
 T = TypeVar("T")
 
 
-class MetricsWindow:
+class LogInterval:
     """Device-side sums of every logged key (weighted by samples) and their sample counts,
     the global samples trained, the host time spent waiting for data, the clock, and the
-    last gradient norm of each part, since the last record."""
+    last gradient norm of each part, since the last record. Its checkpoint section is
+    ``log_interval`` (:class:`~amptrain.checkpoint.stateful.Stateful`)."""
 
     def __init__(self, device: torch.device) -> None:
         self.device = device
         self.sums: dict[str, torch.Tensor] = {}
         self.counts: dict[str, int] = {}
-        self.samples = 0           # global samples trained in the window
-        self.data_wait_s = 0.0     # host time spent waiting for windows in it
-        self.started = 0.0         # perf_counter() at the window's start
-        self.start_step = 0        # the loop's step at the window's start
+        self.samples = 0           # global samples trained in the interval
+        self.data_wait_s = 0.0     # host time spent waiting for step windows in it
+        self.started = 0.0         # perf_counter() at the interval's start
+        self.start_step = 0        # the loop's step at the interval's start
         self.grad_norms: dict[str, torch.Tensor | None] = {}
 
     def start(self, step: int) -> None:
-        """The window starts now, at ``step`` (the loop's start)."""
+        """The interval starts now, at ``step`` (the loop's start)."""
         self.started = time.perf_counter()
         self.start_step = step
 
@@ -64,11 +66,11 @@ class MetricsWindow:
             yield window
 
     def pause(self, seconds: float) -> None:
-        """Leave ``seconds`` (an evaluation) out of the window's training time."""
+        """Leave ``seconds`` (an evaluation) out of the interval's training time."""
         self.started += seconds
 
     def read(self, strategy: Strategy, step: int) -> dict[str, Any]:
-        """The window's means over all ranks (reads the device), speeds, and a fresh window.
+        """The interval's means over all ranks (reads the device), speeds, and a fresh interval.
 
         Returns ``{"means": {key: mean}, "samples_per_s": ..., "data_wait_frac": ...}``.
         """
@@ -93,21 +95,18 @@ class MetricsWindow:
         self.start(step)
         return out
 
+    # ------------------------------------------- its checkpoint section (Stateful)
+    section = "log_interval"
+    format_version = 1
+
     def state_dict(self) -> dict[str, Any]:
-        """The window in progress, so a resumed run logs the same means. A one-part run
-        that logs ``loss`` keeps today's entries (``loss_sum``, ``loss_samples``,
-        ``grad_norm``); others hold every key."""
+        """The interval in progress, so a resumed run logs the same means: the samples, and
+        every logged key's sum and count and every part's last gradient norm."""
         def cpu(value: torch.Tensor | None) -> torch.Tensor | None:
             # A plain host tensor, also for a DTensor (a grad norm under FSDP), so that the
             # checkpoint loads with weights_only where torch.distributed is not imported.
             return None if value is None else plain_tensor(value)
 
-        if set(self.sums) <= {"loss"} and set(self.grad_norms) <= {"model"}:
-            loss = self.sums.get("loss")
-            return {"loss_sum": cpu(loss) if loss is not None else torch.zeros(()),
-                    "loss_samples": self.counts.get("loss", 0),
-                    "samples_since_log": self.samples,
-                    "grad_norm": cpu(self.grad_norms.get("model"))}
         return {"samples_since_log": self.samples,
                 "sums": {k: cpu(v) for k, v in self.sums.items()}, "counts": dict(self.counts),
                 "grad_norms": {k: cpu(v) for k, v in self.grad_norms.items()}}
@@ -115,13 +114,22 @@ class MetricsWindow:
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restore :meth:`state_dict` (every rank restores rank 0's sums)."""
         self.samples = int(state["samples_since_log"])
-        if "sums" in state:
-            sums, counts, norms = state["sums"], state["counts"], state["grad_norms"]
-        else:
-            sums, counts = {"loss": state["loss_sum"]}, {"loss": state["loss_samples"]}
-            norms = {"model": state.get("grad_norm")} if state.get("grad_norm") is not None \
-                else {}
-        for key, value in sums.items():
-            self.sums[key] = torch.zeros((), device=self.device).copy_(value)
-            self.counts[key] = int(counts[key])
-        self.grad_norms = {k: None if v is None else v.to(self.device) for k, v in norms.items()}
+        self.sums = {k: torch.zeros((), device=self.device).copy_(v)
+                     for k, v in state["sums"].items()}
+        self.counts = {k: int(state["counts"][k]) for k in self.sums}
+        self.grad_norms = {k: None if v is None else v.to(self.device)
+                           for k, v in state["grad_norms"].items()}
+
+    def migrate(self, state: dict[str, Any], version: int) -> dict[str, Any]:
+        """Version 0 (a whole file of format 1) kept the interval as ``log_window``: for a
+        one-part run that logs only ``loss`` as ``loss_sum``, ``loss_samples`` and
+        ``grad_norm``, else as today; absent, the interval starts empty."""
+        window = state.get("log_window") or {}
+        if "sums" in window:
+            return {k: window[k] for k in ("samples_since_log", "sums", "counts", "grad_norms")}
+        if not window:
+            return {"samples_since_log": 0, "sums": {}, "counts": {}, "grad_norms": {}}
+        norm = window.get("grad_norm")
+        return {"samples_since_log": window["samples_since_log"],
+                "sums": {"loss": window["loss_sum"]}, "counts": {"loss": window["loss_samples"]},
+                "grad_norms": {"model": norm} if norm is not None else {}}

@@ -32,15 +32,17 @@ class Part:
 
 
 class OptimizerSteps:
-    """Every part's optimizer step (see the module docstring).
+    """Every part's optimizer step (see the module docstring); its checkpoint section is
+    ``optimizers`` (:class:`~amptrain.checkpoint.stateful.Stateful`).
 
     ``clip``: ``--clip-grad-norm``; ``log_every``: without clipping, the gradient norm is
-    only computed for steps that end a log window.
+    only computed for steps that end a log interval.
     """
 
-    def __init__(self, precision: Precision, position: LoopPosition, *, clip: float | None,
-                 log_every: int) -> None:
+    def __init__(self, precision: Precision, position: LoopPosition, strategy: Strategy, *,
+                 clip: float | None, log_every: int) -> None:
         self.precision = precision
+        self.strategy = strategy  # whose optimizer states a checkpoint holds (sharded or not)
         self.position = position
         self.clip = clip
         self.log_every = log_every
@@ -71,7 +73,7 @@ class OptimizerSteps:
 
     def step(self, name: str) -> torch.Tensor | None:
         """Part ``name``'s optimizer step; returns the gradient norm when one was computed
-        (clipping, or a step that ends a log window), on the device."""
+        (clipping, or a step that ends a log interval), on the device."""
         part = self[name]
         # Reading the previous step's skip flag only now lets the device run this step's
         # forward/backward meanwhile; the LR it sets is still the one this step needs.
@@ -123,55 +125,48 @@ class OptimizerSteps:
         return {f"skipped_steps/{p.name}": self.precision.skipped_steps_of(p.optimizer)
                 for p in self.parts.values()}
 
-    # ------------------------------------------------------------------ state
-    def state_dict(self, strategy: Strategy, *, optimizer_states: bool = True) -> dict[str, Any]:
-        """One part: today's ``optimizer`` and ``scheduler`` entries; several: an
-        ``optimizers`` section {name: state} and a ``parts`` section (scheduler, skips).
-        ``optimizer_states=False``: the optimizer states left empty (a sharded save holds them)."""
+    # ------------------------------------------- its checkpoint section (Stateful)
+    section = "optimizers"
+    format_version = 1
+
+    def state_dict(self, *, optimizer_states: bool = True) -> dict[str, Any]:
+        """The ``optimizers`` section: ``{part: {"optimizer": state, "scheduler": state}}``.
+        ``optimizer_states=False``: each optimizer's state left empty (``{}``: a sharded
+        save's shards hold it)."""
         self.settle()  # the lagged step's skip flag decides the scheduler state
+        return {p.name: {"optimizer": self.strategy.optimizer_state_dict(p.module, p.optimizer)
+                         if optimizer_states else {},
+                         "scheduler": p.scheduler.state_dict() if p.scheduler is not None
+                         else None}
+                for p in self.parts.values()}
 
-        def state_of(part: Part) -> dict[str, Any]:
-            return strategy.optimizer_state_dict(part.module, part.optimizer) \
-                if optimizer_states else {}
-
-        if self.single:
-            (part,) = self.parts.values()
-            return {"optimizer": state_of(part), "scheduler": _scheduler_state(part)}
-        return {"optimizers": {p.name: state_of(p) for p in self.parts.values()},
-                "parts": {p.name: {"scheduler": _scheduler_state(p)}
-                          for p in self.parts.values()}}
-
-    def load_state_dict(self, strategy: Strategy, state: dict[str, Any], *,
-                        optimizer_states: bool = True) -> None:
-        """Restore :meth:`state_dict`'s entries of a checkpoint (``optimizer_states=False``: all
-        but the optimizer states, which a sharded checkpoint restores itself)."""
-        if self.single:
-            if "optimizer" not in state:
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore :meth:`state_dict`; an empty optimizer state (a sharded checkpoint's) is
+        left to the shards, which restore it themselves."""
+        if set(state) != set(self.parts):
+            if self.single:
                 raise UserError(f"the checkpoint holds the optimizers of several parts "
-                                f"({', '.join(state.get('optimizers') or {})}); this run "
-                                f"trains one")
-            (part,) = self.parts.values()
-            if optimizer_states:
-                strategy.load_optimizer_state_dict(part.module, part.optimizer,
-                                                   state["optimizer"])
-            _load_scheduler(part, state.get("scheduler"))
-            return
-        optimizers = state.get("optimizers") or {}
-        if set(optimizers) != set(self.parts):
-            raise UserError(f"the checkpoint holds optimizers for "
-                            f"{', '.join(optimizers) or 'one model'}; this run trains "
+                                f"({', '.join(state)}); this run trains one")
+            saved = "one model" if len(state) == 1 else ", ".join(state)
+            raise UserError(f"the checkpoint holds optimizers for {saved}; this run trains "
                             f"{', '.join(self.parts)}")
         for part in self.parts.values():
-            strategy.load_optimizer_state_dict(part.module, part.optimizer,
-                                               optimizers[part.name])
-            saved = (state.get("parts") or {}).get(part.name, {})
-            _load_scheduler(part, saved.get("scheduler"))
+            saved = state[part.name]
+            if saved["optimizer"]:
+                self.strategy.load_optimizer_state_dict(part.module, part.optimizer,
+                                                        saved["optimizer"])
+            if part.scheduler is not None and saved["scheduler"] is not None:
+                part.scheduler.load_state_dict(saved["scheduler"])
 
-
-def _scheduler_state(part: Part) -> dict[str, Any] | None:
-    return part.scheduler.state_dict() if part.scheduler is not None else None
-
-
-def _load_scheduler(part: Part, state: dict[str, Any] | None) -> None:
-    if part.scheduler is not None and state is not None:
-        part.scheduler.load_state_dict(state)
+    def migrate(self, state: dict[str, Any], version: int) -> dict[str, Any]:
+        """Version 0 (a whole file of format 1) kept one part's state as ``optimizer`` and
+        ``scheduler`` at the top, several parts' as ``optimizers`` {part: state} and
+        ``parts`` {part: {"scheduler": state}}."""
+        if "optimizer" in state:
+            (name,) = self.parts if self.single else ("model",)
+            return {name: {"optimizer": state["optimizer"],
+                           "scheduler": state.get("scheduler")}}
+        schedulers = state.get("parts") or {}
+        return {name: {"optimizer": optimizer,
+                       "scheduler": (schedulers.get(name) or {}).get("scheduler")}
+                for name, optimizer in (state.get("optimizers") or {}).items()}

@@ -12,7 +12,8 @@ from ..errors import UserError, flag
 
 @dataclass
 class LoopPosition:
-    """The loop's position, as a checkpoint holds it (epochs count from 0)."""
+    """The loop's position, as a checkpoint holds it (epochs count from 0); its
+    checkpoint section is ``position`` (:class:`~amptrain.checkpoint.stateful.Stateful`)."""
 
     step: int = 0             # optimizer steps done
     epoch: int = 0            # the epoch in progress
@@ -30,17 +31,28 @@ class LoopPosition:
         self.epoch += 1
         self.window_in_epoch = 0
 
+    # ------------------------------------------- its checkpoint section (Stateful)
+    section = "position"
+    format_version = 1
+
     def state_dict(self) -> dict[str, Any]:
-        """The checkpoint's position entries (``step_epoch`` travels in ``log_window``)."""
-        return {"step": self.step, "epoch": self.epoch, "window_in_epoch": self.window_in_epoch}
+        """The ``position`` section: the four counters."""
+        return {"step": self.step, "epoch": self.epoch, "window_in_epoch": self.window_in_epoch,
+                "step_epoch": self.step_epoch}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Restore a checkpoint's position (its top-level entries and ``log_window``)."""
+        """Restore :meth:`state_dict`."""
         self.step, self.epoch = int(state["step"]), int(state["epoch"])
         self.window_in_epoch = int(state["window_in_epoch"])
-        window = state.get("log_window")
-        if window:
-            self.step_epoch = int(window["step_epoch"])
+        self.step_epoch = int(state["step_epoch"])
+
+    def migrate(self, state: dict[str, Any], version: int) -> dict[str, Any]:
+        """Version 0 (a whole file of format 1) kept step, epoch and window at the top and
+        the epoch of the last step in the metrics' ``log_window`` (absent: epoch 0)."""
+        window = state.get("log_window") or {}
+        return {"step": state["step"], "epoch": state["epoch"],
+                "window_in_epoch": state["window_in_epoch"],
+                "step_epoch": window.get("step_epoch", 0)}
 
 
 @dataclass(frozen=True)

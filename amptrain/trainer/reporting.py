@@ -135,14 +135,14 @@ class Reporter:
         return record
 
     @staticmethod
-    def explain_halt(halt: NonFiniteHalt, runner: StepRunner, model: nn.Module,
+    def explain_halt(halt: NonFiniteHalt, stepper: StepRunner, model: nn.Module,
                      precision: Precision) -> NonFiniteHalt:
         """Add the first module that produced a non-finite value to a halt message: the
         supervised step's last batch, run again (a task's own step is not rerun)."""
-        window = runner.last_window
-        if runner.training_step is not None or window is None:
+        window = stepper.last_window
+        if stepper.training_step is not None or window is None:
             return halt
-        batch, loss_fn = window.micro_batches[0], runner.loss_fn
+        batch, loss_fn = window.micro_batches[0], stepper.loss_fn
         if any(t.is_floating_point() and not bool(torch.isfinite(t).all())
                for micro in window.micro_batches for t in tensors(micro)):
             # Only now, on the slow path: the data is at fault, not the learning rate.
@@ -157,7 +157,7 @@ class Reporter:
             precision.scale_loss(loss).backward()
 
         where = first_nonfinite_module(model, rerun)
-        runner.steps.zero_grad(optimizers=True)
+        stepper.steps.zero_grad(optimizers=True)
         if where is None:
             return halt
         module, phase = where

@@ -17,7 +17,7 @@ from ..distributed import Strategy
 from ..forward import LossFn
 from ..precision import Precision
 from ..tasks.step import StepContext, supervised_step
-from .metrics import MetricsWindow
+from .metrics import LogInterval
 from .optimizers import OptimizerSteps
 from .snapshot import StepStart
 
@@ -29,9 +29,9 @@ class TrainStep:
     step's window in turn."""
 
     def __init__(self, steps: OptimizerSteps, precision: Precision, strategy: Strategy,
-                 metrics: MetricsWindow) -> None:
+                 interval: LogInterval) -> None:
         self._steps, self._precision, self._strategy = steps, precision, strategy
-        self._metrics = metrics
+        self._interval = interval
         self._backward = precision.backward
         self.micro_batches: list[Any] = []
         self.micro_samples: list[int] = []
@@ -72,7 +72,7 @@ class TrainStep:
         self.stepped = name
         norm = self._steps.step(name)
         if norm is not None:
-            self._metrics.grad_norms[name] = norm
+            self._interval.grad_norms[name] = norm
 
     def log(self, key: str, value: torch.Tensor, samples: int) -> None:
         self.logged.append((key, value, samples))
@@ -87,13 +87,13 @@ class StepRunner:
     """
 
     def __init__(self, steps: OptimizerSteps, *, precision: Precision, strategy: Strategy,
-                 planner: MicroBatchPlanner, metrics: MetricsWindow, model: nn.Module,
+                 planner: MicroBatchPlanner, interval: LogInterval, model: nn.Module,
                  device: torch.device, training_step: StepFn | None, loss_fn: LossFn,
                  check: Callable[[Any, Any], None] | None = None) -> None:
         self.steps, self.precision, self.strategy = steps, precision, strategy
-        self.planner, self.metrics = planner, metrics
+        self.planner, self.interval = planner, interval
         self.training_step, self.loss_fn, self.check = training_step, loss_fn, check
-        self.context = TrainStep(steps, precision, strategy, metrics)
+        self.context = TrainStep(steps, precision, strategy, interval)
         # On out-of-memory the planner redoes a step in smaller micro-batches, from the
         # same RNG and BatchNorm state (one process only: several halt instead).
         self.start = StepStart(model, device) if strategy.world_size == 1 else None
@@ -116,7 +116,7 @@ class StepRunner:
                                          step_start=self.start)
         self.precision.update()
         self.last_window = window
-        self.metrics.add(self.context.logged, window.global_samples)
+        self.interval.add(self.context.logged, window.global_samples)
         return split
 
     def _attempt(self, window: StepBatch) -> None:

@@ -239,5 +239,6 @@ def test_a_run_resumed_from_a_background_save_equals_the_unbroken_run(
     final = checkpoint.load(tmp_path / "full" / "checkpoints" / "last.pt")
     again = checkpoint.load(tmp_path / "cut" / "checkpoints" / "last.pt")
     _equal(again["model"], final["model"])
-    _equal(again["optimizer"]["state"], final["optimizer"]["state"])
+    _equal(again["optimizers"]["model"]["optimizer"]["state"],
+           final["optimizers"]["model"]["optimizer"]["state"])
     _equal(again["precision"], final["precision"])

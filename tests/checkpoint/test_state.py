@@ -66,9 +66,10 @@ def test_checkpoint_holds_the_documented_state(tmp_path):
     with pytest.raises(Preempted):
         _train(tmp_path, "16-mixed", callbacks=[StopAt(5)])
     state = checkpoint.load(tmp_path / "checkpoints" / "last.pt")
-    assert {"model", "optimizer", "scheduler", "precision", "rng", "step", "epoch",
-            "window_in_epoch", "config", "amptrain_version", "torch_version",
-            "precision_name", "log_window"} <= set(state)
+    assert {"model", "optimizers", "precision", "rng", "step", "epoch", "window_in_epoch",
+            "config", "amptrain_version", "torch_version", "precision_name", "position",
+            "log_interval", "task", "sections"} <= set(state)
+    assert set(state["optimizers"]["model"]) == {"optimizer", "scheduler"}
     assert set(state["rng"]) >= {"python", "numpy", "torch"}
     assert all(v.dtype == torch.float32 for v in state["model"].values() if v.is_floating_point())
     scaler = state["precision"]["scaler"]
@@ -106,7 +107,7 @@ def test_resume_in_another_precision(tmp_path, notices, first, then):
     assert torch.equal(trainer.model.head.weight, saved["model"]["head.weight"].to(dtype))
     # Optimizer state is matched by parameter position, with or without master copies.
     params = [p for g in trainer.optimizer.param_groups for p in g["params"]]
-    saved_state = saved["optimizer"]["state"]
+    saved_state = saved["optimizers"]["model"]["optimizer"]["state"]
     for index, param in enumerate(params):
         moment = trainer.optimizer.state[param]["exp_avg"]
         assert moment.dtype == param.dtype and moment.shape == param.shape

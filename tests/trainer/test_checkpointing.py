@@ -81,3 +81,80 @@ def test_save_checkpoint_to_a_path_of_ones_choice(tmp_path):
     state = torch.load(path, weights_only=False)
     assert (state["step"], state["epoch"], state["precision_name"]) == (2, 1, "32-true")
     assert all(torch.equal(v, state["model"][k]) for k, v in model.state_dict().items())
+
+
+# ------------------------------------- files of format 1 (amptrain before sections)
+def format_1(state):
+    """``state`` (format 2) in the layout amptrain wrote before versioned sections (main
+    at 5336435, trainer/checkpointing.collect_state): the position at the top, the log
+    interval as ``log_window`` (one part logging only loss: its own entries), one part's
+    optimizer and scheduler at the top."""
+    import torch
+
+    old = {k: v for k, v in state.items()
+           if k not in ("sections", "position", "log_interval", "optimizers")}
+    old["format_version"] = 1
+    ((_, part),) = state["optimizers"].items()
+    old["optimizer"], old["scheduler"] = part["optimizer"], part["scheduler"]
+    interval = state["log_interval"]
+    assert set(interval["sums"]) <= {"loss"} and set(interval["grad_norms"]) <= {"model"}
+    old["log_window"] = {"loss_sum": interval["sums"].get("loss", torch.zeros(())),
+                         "loss_samples": interval["counts"].get("loss", 0),
+                         "samples_since_log": interval["samples_since_log"],
+                         "grad_norm": interval["grad_norms"].get("model"),
+                         "step_epoch": state["position"]["step_epoch"]}
+    return old
+
+
+@pytest.mark.parametrize("precision", ["32-true", "bf16-mixed"])
+def test_a_format_1_checkpoint_resumes_as_exactly_as_todays(tmp_path, precision):
+    import shutil
+
+    from amptrain import checkpoint
+
+    data, val = tiny_classification(n=96), tiny_classification(n=32, seed=1)
+    options = dict(precision=precision, device="cpu", no_progress=True, batch_size=16,
+                   micro_batch_size=8, log_every=2, logger="none", seed=3)
+    Trainer(**options, max_steps=5, out=str(tmp_path / "today")).fit(tiny_mlp(), data, val)
+    shutil.copytree(tmp_path / "today", tmp_path / "old")
+    for path in (tmp_path / "old" / "checkpoints").glob("*.pt"):
+        state = torch.load(path, weights_only=False)
+        assert state["format_version"] == 2 and state["sections"]["position"] == 1
+        checkpoint.atomic_save(format_1(state), path)
+        assert "sections" not in checkpoint.load(path)
+    models = {}
+    for run in ("today", "old"):
+        models[run] = tiny_mlp()
+        Trainer(**options, max_steps=12, out=str(tmp_path / run), resume="auto").fit(
+            models[run], data, val)
+
+    def records(run):
+        drop = ("samples_per_s", "data_wait_frac", "peak_mem_bytes")
+        return [{k: v for k, v in json.loads(line).items() if k not in drop}
+                for line in (tmp_path / run / "metrics.jsonl").read_text().splitlines()]
+
+    assert records("old") == records("today") and records("today")[-1]["step"] == 12
+    today = models["today"].state_dict()
+    assert all(torch.equal(v, today[k]) for k, v in models["old"].state_dict().items())
+
+
+@pytest.mark.parametrize("edit, fragment", [
+    (lambda s: s["sections"].update(position=9),
+     "'position' section has layout 9; this amptrain reads up to 1: upgrade amptrain"),
+    (lambda s: s.pop("log_interval"), "'log_interval' section is missing (a damaged"),
+    (lambda s: s["sections"].update(rng="one"), "its 'rng' section has layout 'one' (a damaged"),
+    (lambda s: s["position"].update(step=-2), "its 'step' is -2, outside 0.."),
+], ids=["newer-layout", "section-missing", "layout-not-a-number", "position-negative"])
+def test_an_edited_section_is_refused_in_one_line(tmp_path, edit, fragment):
+    from amptrain import checkpoint
+    from amptrain.errors import UserError
+
+    data = tiny_classification(n=64)
+    _fit(data, batch_size=32, max_steps=2, out=str(tmp_path))
+    path = tmp_path / "checkpoints" / "last.pt"
+    state = torch.load(path, weights_only=False)
+    edit(state)
+    checkpoint.atomic_save(state, path)
+    with pytest.raises(UserError, match=str(path)) as error:
+        _fit(data, batch_size=32, max_steps=4, out=str(tmp_path), resume=str(path))
+    assert fragment in str(error.value)

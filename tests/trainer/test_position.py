@@ -15,10 +15,25 @@ def test_steps_epochs_and_their_checkpoint_entries():
     assert (position.step, position.epoch, position.window_in_epoch, position.step_epoch) \
         == (2, 1, 0, 0)  # the last trained step was in epoch 0
     position.advance()
-    assert position.state_dict() == {"step": 3, "epoch": 1, "window_in_epoch": 1}
+    assert position.state_dict() == {"step": 3, "epoch": 1, "window_in_epoch": 1,
+                                     "step_epoch": 1}
     again = LoopPosition()
-    again.load_state_dict({**position.state_dict(), "log_window": {"step_epoch": 1}})
+    again.load_state_dict(position.state_dict())
     assert again == position
+
+
+@pytest.mark.parametrize("log_window, step_epoch", [({"step_epoch": 1}, 1), (None, 0)])
+def test_a_format_1_position_is_migrated_from_the_top_and_the_log_window(log_window,
+                                                                          step_epoch):
+    from amptrain.checkpoint import StateRegistry
+
+    position = LoopPosition()
+    registry = StateRegistry()
+    registry.register(position)
+    registry.load_state_dict({"step": 3, "epoch": 1, "window_in_epoch": 1,
+                              "log_window": log_window})
+    assert (position.step, position.epoch, position.window_in_epoch, position.step_epoch) \
+        == (3, 1, 1, step_epoch)
 
 
 # ------------------------------------------------------------ the run's length
