@@ -341,7 +341,7 @@ def test_todays_one_pair_state_loads(name, rule):
     old["weight_update"] = state["pairs"][0]["weight_update"]   # the format before issue 25
     other = Loop(name, 1, weight_update=rule, init_scale=2.0 ** 3)
     # a file of that format has no section version (0): its one migration brings it up
-    other.precision.load_state_dict(other.precision.migrate(copy.deepcopy(old), 0))
+    other.precision.load_state_dict(other.precision.migrate({"precision": copy.deepcopy(old)}, 0))
     assert other.precision.skipped_steps == 1
     assert other.precision.skipped_steps_of(other.optimizers[0]) == 1
     assert other.precision.loss_scales() == loop.precision.loss_scales()

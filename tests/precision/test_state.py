@@ -64,13 +64,14 @@ def test_a_version_this_amptrain_does_not_know_is_named(version):
 def test_a_damaged_old_section_is_named_by_the_load_check():
     precision = Precision("16-mixed", device="cpu")
     with pytest.raises(UserError, match="state\\['pairs'\\] must hold one dict per pair"):
-        precision.load_state_dict(precision.migrate({"pairs": [1]}, 0))
+        precision.load_state_dict(precision.migrate({"precision": {"pairs": [1]}}, 0))
 
 
 def _as_version_0(state: dict) -> dict:
-    """A checkpoint as amptrain wrote it before sections had versions."""
+    """A checkpoint whose precision section is as amptrain wrote it before sections had
+    versions (the other parts' sections kept at today's layout)."""
     old = copy.deepcopy(state)
-    del old["section_versions"]
+    del old["sections"]["precision"]
     section = old["precision"]
     section["weight_update"] = section["pairs"][0]["weight_update"]
     section["pairs"][0]["weight_update"] = None
@@ -86,7 +87,7 @@ def test_a_version_0_checkpoint_resumes_the_same(tmp_path, name, options):
     first.fit(tiny_mlp(), tiny_classification())
     saved = tmp_path / "first" / "checkpoints" / "step-3.pt"
     state = torch.load(saved, weights_only=True)
-    assert state["section_versions"] == {"precision": FORMAT_VERSION}
+    assert state["sections"]["precision"] == FORMAT_VERSION
     old = tmp_path / "old-step-3.pt"
     torch.save(_as_version_0(state), old)
 
