@@ -33,10 +33,10 @@ from .train import (
                       LoggingConfig,
                       MicroBatchSplit,
                       PrecisionConfig,
-                      RunConfig,
                       ScheduleConfig,
                       TrainConfig,
 )
+from .run import RunConfig
 
 __all__ = ["RESOLVED_ONLY_KEYS", "build_config", "cli_flag", "coerce", "config_fields",
            "given_options", "load_yaml", "option", "option_paths", "replace_options", "section",

@@ -140,9 +140,7 @@ class Trainer:
                 planner=self.planner, resolved=self.resolved_config, run_info=self.run_info)
         except BaseException:
             self._teardown()
-            # A failed set-up may have used the precision: the next is a fresh one (of the
-            # mode decided once).
-            self._reset(self.precision.mode)
+            self._reset(self.precision.mode)  # a failed set-up may have used it: a fresh one
             raise
 
     def run(self) -> FitResult:

@@ -19,7 +19,6 @@ from amptrain.config import (
     ScheduleConfig,
     TrainConfig,
     build_config,
-    config_fields,
 )
 from amptrain.errors import UserError, cli_spelling
 
@@ -179,19 +178,6 @@ def test_from_options_takes_flat_names():
         TrainConfig.from_options(model="mlp")
 
 
-def test_run_config_adds_model_data_and_validation_share():
-    config = RunConfig.from_options(model="mlp", data="digits", seed=3, val_fraction="0.1")
-    assert type(config) is RunConfig and isinstance(config, TrainConfig)
-    assert (config.model, config.data, config.seed, config.val_fraction) == \
-        ("mlp", "digits", 3, 0.1)
-    default = RunConfig()
-    assert (default.model, default.data, default.val_fraction) == ("cnn", "digits", 0.2)
-    own = [name for name in config_fields(RunConfig) if name not in config_fields(TrainConfig)]
-    assert own[:7] == ["model", "data", "val_fraction", "seq_len", "tokenizer", "text_glob",
-                       "augment"]  # then the reinforcement-learning options (gym: data)
-    assert config_fields(RunConfig)["model"].metadata["group"] == "run"
-
-
 # ------------------------------------------------------------- moved from tests/test_config.py
 @pytest.mark.parametrize("values,flag", [
     ({"accumulate": 0}, "--accumulate"),
@@ -246,25 +232,6 @@ def test_batching_errors_list_valid_values():
     with pytest.raises(UserError, match="drop one of the three"):
         build_config(TrainConfig, {"batch_size": 64, "micro_batch_size": 8,
                                    "accumulate": 4}).batching.split()
-
-
-def test_task_options_are_checked_when_built():
-    from amptrain.config import RunConfig, build_config
-
-    config = build_config(RunConfig, {"data": "text:notes.txt", "task": "lm", "seq_len": 64,
-                                      "tokenizer": "hf:tok", "text_glob": "*.py"})
-    assert (config.task, config.seq_len, config.tokenizer, config.text_glob) == \
-        ("lm", 64, "hf:tok", "*.py")
-    assert build_config(RunConfig, {"loss": "huber"}).loss == "huber"
-    for values, fragment in [({"task": "ranking"}, "task must be one of auto, classification, "
-                                                   "regression, lm"),
-                             ({"loss": "hinge"}, "loss must be one of mse, l1, huber"),
-                             ({"data": "text:x", "seq_len": 0}, "seq_len must be an integer >= 1"),
-                             ({"data": "text:x", "tokenizer": "words"},
-                              "tokenizer must be byte or hf:DIR"),
-                             ({"text_glob": "*.py"}, "text_glob applies to text: data")]:
-        with pytest.raises(UserError, match=fragment):
-            build_config(RunConfig, values)
 
 
 # Issue 33: one owner of the batch split, one rounding rule.
