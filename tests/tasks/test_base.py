@@ -145,6 +145,8 @@ def test_the_built_in_tasks_declare_what_they_differ_in():
     assert GanTask().default_tolerance() == GanTask.default_tolerance_rel == 0.25
     assert LanguageModelTask().default_tolerance() is None
     assert RegressionTask().default_tolerance() is None
+    from amptrain.tasks import PpoTask
+    assert PpoTask().default_tolerance() == 0.05
     assert dict(GanTask.loss_names) == {0: "d_loss", 1: "g_loss"}
     # Every task words its data and outputs itself (the runner's and resume's messages).
     for cls in TASKS.values():
