@@ -30,7 +30,7 @@ from ..errors import UserError, flag
 from .base import EvalResult, EvalSums, Metric, Task
 from .gan import unwrap
 from .rollout import (LossSettings, Rollout, distribution, explained_variance,
-                      log_prob_entropy, ppo_loss)
+                      log_prob, log_prob_entropy, ppo_loss)
 
 #: The model a ppo run trains when ``--model`` is left at its default (the image default,
 #: cnn, cannot act): the built-in policy and value MLPs (models/actor_critic.py).
@@ -293,8 +293,7 @@ class PpoTask(Task):
                     out, value = model(obs)
                 dist = distribution(out, log_std)
                 action = dist.sample()
-                logp, _ = log_prob_entropy(dist, action)
-                rollout.put(t, obs, action, logp, value)
+                rollout.put(t, obs, action, log_prob(dist, action), value)
                 _, reward, done, finals = stepper.step(action.cpu().numpy())
                 for i, final in finals.items():  # truncated: bootstrap the final value
                     with ctx.autocast():

@@ -45,14 +45,19 @@ def distribution(out: torch.Tensor, log_std: torch.Tensor | None) -> Distributio
     return Normal(mean, log_std.float().expand_as(mean).exp())
 
 
+def log_prob(dist: Distribution, actions: torch.Tensor) -> torch.Tensor:
+    """Per-sample log-probability of ``actions`` (summed over a continuous action's
+    dimensions): all that acting needs."""
+    logp = dist.log_prob(actions)
+    return logp.sum(-1) if isinstance(dist, Normal) else logp
+
+
 def log_prob_entropy(dist: Distribution, actions: torch.Tensor
                      ) -> tuple[torch.Tensor, torch.Tensor]:
     """Per-sample log-probability of ``actions`` and entropy (summed over a continuous
-    action's dimensions)."""
-    logp, entropy = dist.log_prob(actions), dist.entropy()
-    if isinstance(dist, Normal):
-        return logp.sum(-1), entropy.sum(-1)
-    return logp, entropy
+    action's dimensions): what an update needs."""
+    entropy = dist.entropy()
+    return log_prob(dist, actions), entropy.sum(-1) if isinstance(dist, Normal) else entropy
 
 
 @dataclass(frozen=True)
