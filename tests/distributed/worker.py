@@ -135,7 +135,7 @@ def scenario_loader(out: Path) -> dict[str, Any]:
     loader = DataLoader(tiny_classification(n=SAMPLES), batch_size=16, shuffle=True)
     val = DataLoader(tiny_classification(n=61, seed=1), batch_size=16)
     trainer = fit(DDPStrategy(torch.device("cpu")), data=loader, val=val, precision="32-true")
-    sampler = trainer.train_windows.loader.sampler
+    sampler = trainer.train_windows.reader.source.sampler
     single = trainer.evaluate(data=DataLoader(tiny_classification(n=1, seed=2), batch_size=16))
     return {"params": params(trainer), "sampler": type(sampler).__name__,
             "val": {"samples": trainer.last_eval.samples, "acc": trainer.last_eval.accuracy,
