@@ -53,7 +53,7 @@ class LogWriteError(AmptrainError):
     exit_code = 1
 
     def __init__(self, path: Path, exc: OSError) -> None:
-        from .checkpoint.files import saved_so_far
+        from .checkpoint.resume import saved_so_far
         from .pathkind import write_failure
 
         saved = saved_so_far(path.parent)

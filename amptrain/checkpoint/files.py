@@ -122,20 +122,6 @@ def _write_failure(path: Path, exc: OSError) -> str:
             f"--resume auto")
 
 
-def saved_so_far(out: str | Path) -> str:
-    """What a run in ``out`` can continue from, said truthfully for a message about a
-    failed write: its last checkpoint, or that none was saved."""
-    from .sharded import latest_sharded
-
-    directory = Path(out) / CHECKPOINT_DIR
-    found = [p for p in (directory / LAST,) if p.is_file()] + step_checkpoints(directory)[-1:]
-    sharded = latest_sharded(directory)
-    if found or sharded is not None:
-        latest = found[0] if found else sharded
-        return f"its last checkpoint {latest} is intact"
-    return "no checkpoint was saved yet"
-
-
 def _write(state: dict[str, Any], handle: BinaryIO) -> None:
     """``torch.save`` into an open file (the seam that fault-injection tests patch)."""
     global _writes_started

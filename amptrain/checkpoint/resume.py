@@ -235,3 +235,15 @@ def trim_metrics(path: str | Path, step: int) -> int:
         log.info("%s: dropped %d records logged after step %d (the resumed run logs them again)",
                  path, dropped, step)
     return dropped
+
+
+def saved_so_far(out: str | Path) -> str:
+    """What a run in ``out`` can continue from, said truthfully for a message about a
+    failed write: its last checkpoint, or that none was saved."""
+    directory = Path(out) / CHECKPOINT_DIR
+    found = [p for p in (directory / LAST,) if p.is_file()] + step_checkpoints(directory)[-1:]
+    shards = sharded.latest_sharded(directory)
+    if found or shards is not None:
+        latest = found[0] if found else shards
+        return f"its last checkpoint {latest} is intact"
+    return "no checkpoint was saved yet"
