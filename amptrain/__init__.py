@@ -3,8 +3,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from .errors import AmptrainWarning  # torch-free
-from .lazy import lazy_exports
+from .common.errors import AmptrainWarning
+from .common.lazy import lazy_exports
 from .version import __version__
 
 if TYPE_CHECKING:

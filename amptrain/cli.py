@@ -17,7 +17,7 @@ from typing import Any, NoReturn
 from .version import __version__
 from .commands import COMMANDS
 from .commands import load as load_command
-from .errors import AmptrainError, AmptrainWarning, Preempted, cli_spelling, forget_warnings
+from .common.errors import AmptrainError, AmptrainWarning, Preempted, cli_spelling, forget_warnings
 
 
 class _Parser(argparse.ArgumentParser):

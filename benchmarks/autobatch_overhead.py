@@ -19,7 +19,7 @@ import benchlib as bl
 import torch
 
 from amptrain.config import RunConfig, build_config
-from amptrain.runner import prepare_run
+from amptrain.workflows.runner import prepare_run
 from amptrain.trainer import Trainer
 
 

@@ -36,7 +36,7 @@ def child(argv: list[str]) -> None:
     """A training run that prints when its first step ended (wall clock)."""
     sys.path.insert(0, str(ROOT))
     from amptrain.config import RunConfig, build_config
-    from amptrain.runner import run_training
+    from amptrain.workflows.runner import run_training
 
     class FirstStep:
         def on_step_end(self, trainer: Any) -> None:

@@ -17,8 +17,8 @@ import torch
 
 from amptrain.config import RunConfig, build_config
 from amptrain.diagnose import RangeRecorder
-from amptrain.nonfinite import NonFiniteWatch
-from amptrain.runner import prepare_run
+from amptrain.common.nonfinite import NonFiniteWatch
+from amptrain.workflows.runner import prepare_run
 from amptrain.trainer import Trainer
 
 

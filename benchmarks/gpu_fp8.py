@@ -35,9 +35,9 @@ from typing import Any, Iterator
 import torch
 
 from amptrain.config import RunConfig, build_config
-from amptrain.errors import UserError, cli_spelling
+from amptrain.common.errors import UserError, cli_spelling
 from amptrain.precision import Precision
-from amptrain.runner import prepare_run
+from amptrain.workflows.runner import prepare_run
 from amptrain.trainer import Trainer
 
 TINY = {"d_model": 32, "layers": 1, "heads": 2, "ff": 64, "seq": 16, "batch_size": 8,

@@ -30,7 +30,7 @@ from typing import Any
 import benchlib as bl
 import torch
 
-from amptrain.errors import AmptrainWarning
+from amptrain.common.errors import AmptrainWarning
 from amptrain.precision.fp8 import plan_float8
 from amptrain.precision.lowbit import RECIPES
 

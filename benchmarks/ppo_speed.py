@@ -37,7 +37,7 @@ import benchlib as bl
 import ppo_reference
 
 from amptrain.config import RunConfig
-from amptrain.runner import assemble
+from amptrain.workflows.runner import assemble
 from amptrain.trainer import Trainer
 
 GOAL = 0.95

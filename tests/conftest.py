@@ -45,7 +45,7 @@ def _token_cache(tmp_path_factory):
 @pytest.fixture(autouse=True)
 def _fresh_amptrain_warnings():
     # amptrain says each AmptrainWarning once per process: every test starts afresh.
-    from amptrain.errors import forget_warnings
+    from amptrain.common.errors import forget_warnings
 
     forget_warnings()
     yield

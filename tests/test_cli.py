@@ -111,7 +111,7 @@ def round_two_inputs(root: Path, x: np.ndarray, rng: np.random.Generator) -> dic
     import torch
 
     from amptrain.config import RunConfig
-    from amptrain.runner import run_training
+    from amptrain.workflows.runner import run_training
 
     paths: dict[str, Path] = {}
     arrays = {

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from amptrain.errors import UserError
+from amptrain.common.errors import UserError
 
 EXAMPLES = Path(__file__).parents[1] / "examples"
 

@@ -31,7 +31,7 @@ from typing import Any
 
 import torch
 
-from .. import nested
+from ..common import nested
 from .files import remove_unfinished
 
 log = logging.getLogger("amptrain")

@@ -20,8 +20,8 @@ from typing import Any
 
 import torch
 
-from ..errors import UserError
-from ..pathkind import not_regular_reason
+from ..common.errors import UserError
+from ..common.pathkind import not_regular_reason
 
 METADATA_FILE = ".metadata"
 #: A .metadata larger than this is not one amptrain wrote (a few kB per parameter).

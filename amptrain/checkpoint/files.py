@@ -23,8 +23,8 @@ from typing import Any, BinaryIO
 
 import torch
 
-from ..errors import AmptrainError, UserError
-from ..pathkind import not_regular_reason, write_failure
+from ..common.errors import AmptrainError, UserError
+from ..common.pathkind import not_regular_reason, write_failure
 from .sections import check_sections
 
 log = logging.getLogger("amptrain")

@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from ..errors import UserError
+from ..common.errors import UserError
 from .stateful import Stateful
 
 #: The checkpoint key holding ``{section: format_version}`` of every registered part.

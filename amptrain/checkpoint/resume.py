@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from ..config.train import DEFAULT_EPOCHS
-from ..errors import UserError
+from ..common.errors import UserError
 from . import sharded
 from .files import CHECKPOINT_DIR, LAST, load, remove_unfinished, step_checkpoints
 

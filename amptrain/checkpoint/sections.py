@@ -12,8 +12,8 @@ from typing import Any
 
 import torch
 
-from ..errors import UserError
-from ..nested import tensors
+from ..common.errors import UserError
+from ..common.nested import tensors
 
 #: section -> the types it may have; ``None`` among them: the section may be None.
 REQUIRED: dict[str, tuple[type | None, ...]] = {

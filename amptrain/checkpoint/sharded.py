@@ -38,8 +38,8 @@ from typing import Any
 
 import torch
 
-from ..errors import UserError
-from ..pathkind import write_failure
+from ..common.errors import UserError
+from ..common.pathkind import write_failure
 from .dcp_metadata import UnsafeCheckpointError, read_metadata, safe_reader
 from .files import CheckpointWriteError, atomic_save, load
 

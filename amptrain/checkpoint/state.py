@@ -13,8 +13,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from ..errors import UserError
-from ..quiet import quiet_torchao
+from ..common.errors import UserError
+from ..common.quiet import quiet_torchao
 
 log = logging.getLogger("amptrain")
 

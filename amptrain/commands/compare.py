@@ -6,7 +6,7 @@ import logging
 from typing import Any
 
 from ..config import RunConfig, build_config, config_fields, replace_options
-from ..errors import UserError, flag
+from ..common.errors import UserError, flag
 from .common import add_config_flags, command_line, default_out, merged_values
 
 HELP = "A/B study: train in several precisions, compare speed, memory and accuracy"

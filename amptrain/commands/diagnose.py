@@ -4,9 +4,9 @@ from __future__ import annotations
 import argparse
 import logging
 
-from ..trainer import outdir
+from ..common import outdir
 from ..config import RunConfig, build_config, config_fields
-from ..errors import flag
+from ..common.errors import flag
 from .common import add_config_flags, merged_values, with_out
 
 HELP = "find which modules overflow or underflow in fp16 and what to do about it"

@@ -4,7 +4,7 @@ from __future__ import annotations
 import argparse
 import json
 
-from ..errors import UserError
+from ..common.errors import UserError
 
 HELP = "show versions, hardware and which precisions it supports"
 
@@ -24,7 +24,7 @@ def run(args: argparse.Namespace) -> int:
     """Print the report (or JSON)."""
     import torch
 
-    from ..env import format_env, run_bench
+    from ..workflows.env import format_env, run_bench
     from ..precision.hardware.probe import collect_env
 
     info = collect_env()

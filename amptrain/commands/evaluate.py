@@ -5,7 +5,7 @@ import argparse
 import math
 from pathlib import Path
 
-from ..errors import TrainingHalted
+from ..common.errors import TrainingHalted
 
 HELP = "evaluate a checkpoint"
 
@@ -27,7 +27,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Evaluate and print the headline metrics."""
-    from ..runner import run_evaluation
+    from ..workflows.runner import run_evaluation
 
     result, trained_with = run_evaluation(
         checkpoint_path=args.checkpoint, data=args.data, precision=args.precision, out=args.out,

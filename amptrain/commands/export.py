@@ -25,7 +25,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Export and print what was written."""
-    from ..export import export_checkpoint
+    from ..workflows.export import export_checkpoint
 
     out_dir, written = export_checkpoint(args.checkpoint, args.format, args.out, args.dtype)
     print(f"exported {args.format} ({args.dtype}) to {out_dir}/: "

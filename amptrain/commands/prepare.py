@@ -10,7 +10,7 @@ import shutil
 import time
 from pathlib import Path
 
-from ..errors import UserError
+from ..common.errors import UserError
 
 HELP = "tokenize a text corpus once into token shards for --data tokens:DIR"
 
@@ -39,7 +39,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     """Tokenize; print what was written and how to train on it."""
     from ..data.tokenizing import PARALLEL_BYTES, default_workers, prepare_corpus
-    from ..runner import text_encoder
+    from ..workflows.runner import text_encoder
 
     spec = str(args.data)
     kind, _, argument = spec.partition(":")

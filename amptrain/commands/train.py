@@ -5,7 +5,7 @@ import argparse
 from pathlib import Path
 
 from ..config import RunConfig
-from ..errors import TrainingHalted, UserError
+from ..common.errors import TrainingHalted, UserError
 from .common import add_config_flags, config_from_args, number, with_out
 
 HELP = "train a model in one precision"
@@ -13,7 +13,7 @@ HELP = "train a model in one precision"
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Every training option as a flag, ``--config``, and the launcher flags."""
-    from ..launch import add_launch_flags
+    from ..workflows.launch import add_launch_flags
 
     parser.add_argument("--config", help="YAML file of options (flags override it)")
     add_config_flags(parser, RunConfig)
@@ -23,9 +23,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     """Train; print the final metrics and where the outputs are (rank 0)."""
     from ..distributed import is_main_process
-    from ..launch import launch, launch_requested
+    from ..workflows.launch import launch, launch_requested
     from ..precision import label
-    from ..runner import run_training
+    from ..workflows.runner import run_training
 
     config = config_from_args(args)
     if config.checkpointing.resume == "auto" and not config.out:

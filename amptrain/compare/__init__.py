@@ -19,14 +19,14 @@ Three measurements, each done the fair way:
   allocation events of PyTorch's CPU allocator recorded by the profiler, because the
   process's peak RSS only ever grows and cannot separate precisions run in one process.
 
-The face is lazy (:mod:`amptrain.lazy`): ``compare --help`` reads :mod:`.options` (torch-free)
-without importing the study's torch-using modules.
+The face is lazy (:mod:`amptrain.common.lazy`): ``compare --help`` reads :mod:`.options`
+(torch-free) without importing the study's torch-using modules.
 """
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from ..lazy import lazy_exports
+from ..common.lazy import lazy_exports
 
 if TYPE_CHECKING:
     from .options import (

@@ -9,12 +9,12 @@ from typing import TYPE_CHECKING, Any
 
 # torch-free: `compare --help` builds its flags from CompareOptions without importing torch
 # (the precision layer is imported where a precision is resolved).
-from ..choices import WEIGHT_UPDATES
+from ..common.choices import WEIGHT_UPDATES
 from ..config import option
 from ..config.options import require_non_negative, require_positive
 from ..config.train import OPTIMIZERS
-from ..errors import UserError, flag
-from ..tolerance import SHARED_TOLERANCES, Tolerance, tolerance_for
+from ..common.errors import UserError, flag
+from ..common.tolerance import SHARED_TOLERANCES, Tolerance, tolerance_for
 
 if TYPE_CHECKING:
     import torch
@@ -98,7 +98,7 @@ class CompareOptions:
 
 def resolve_tolerance(options: CompareOptions, task: Any) -> Tolerance:
     """The tolerance of ``task``'s verdict for these options (see
-    :func:`~amptrain.tolerance.tolerance_for`)."""
+    :func:`~amptrain.common.tolerance.tolerance_for`)."""
     return tolerance_for(task, getattr(options, task.tolerance_option, None))
 
 

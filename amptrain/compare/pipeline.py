@@ -8,12 +8,12 @@ import time
 from pathlib import Path
 from typing import Any
 
-from ..trainer import outdir
+from ..common import outdir
 from ..trainer.reporting import banners_once
 from ..config import RunConfig, to_dict
 from ..precision.hardware.devices import resolve_device
 from ..precision.hardware.probe import collect_env
-from ..errors import UserError
+from ..common.errors import UserError
 from .options import CURVE_POINTS, CompareOptions, resolve_precisions, resolve_tolerance
 from .reliability import assess_timing, machine_load, usable_cores
 from .runs import train_runs
@@ -25,7 +25,7 @@ log = logging.getLogger("amptrain")
 
 def check_out(out: Path) -> None:
     """Refuse to mix a new study into a directory that already holds one, or to replace
-    any report file there (the rule of :mod:`amptrain.trainer.outdir`)."""
+    any report file there (the rule of :mod:`amptrain.common.outdir`)."""
     if (out / "compare.json").exists() or (out / "runs").exists():
         raise UserError(f"--out {out} already holds a compare study; choose another --out")
     outdir.claim(out, outdir.COMPARE_OUTPUTS)

@@ -13,9 +13,9 @@ from typing import Any
 import torch
 
 from ..config import RunConfig
-from ..errors import TrainingHalted
-from ..runner import assemble, run_training
-from ..forward import forward_batch
+from ..common.errors import TrainingHalted
+from ..workflows.runner import assemble, run_training
+from ..common.forward import forward_batch
 from ..trainer import Trainer
 from .options import row_options
 from .summary import finite

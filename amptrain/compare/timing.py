@@ -15,10 +15,10 @@ from typing import Any
 import torch
 
 from ..config import RunConfig, replace_options
-from ..errors import TrainingHalted
-from ..memory import MemoryMeter
+from ..common.errors import TrainingHalted
+from ..common.memory import MemoryMeter
 from ..precision.tf32 import MathSwitches
-from ..runner import assemble
+from ..workflows.runner import assemble
 from ..tasks import Task
 from ..trainer import Trainer
 from .ladder import inner_tensors, memory_ladder

@@ -19,8 +19,8 @@ from typing import Any, Iterable, Iterator
 
 import yaml
 
-from ..errors import UserError, bounded, flag
-from ..pathkind import not_regular_reason
+from ..common.errors import UserError, bounded, flag
+from ..common.pathkind import not_regular_reason
 
 
 def option(default: Any = None, help: str = "", *, choices: Iterable[str] | None = None,
@@ -62,7 +62,7 @@ def _carrying(config: Any, given: Iterable[str]) -> Any:
 def cli_flag(name: str) -> str:
     """The command-line spelling of an option: ``micro_batch_size`` -> ``--micro-batch-size``.
 
-    For building command lines; error messages use :func:`~amptrain.errors.flag`, which
+    For building command lines; error messages use :func:`~amptrain.common.errors.flag`, which
     names the keyword instead when the caller is the library.
     """
     return "--" + name.replace("_", "-")
@@ -405,7 +405,7 @@ def _bounded_yaml(text: str, path: Path) -> Any:
 def write_yaml(data: dict[str, Any], path: str | Path) -> None:
     """Write a resolved config as YAML, keys in field order: whole or not at all (a full
     disk is one line naming the file and the disk, and leaves no empty file behind)."""
-    from ..pathkind import write_failure
+    from ..common.pathkind import write_failure
 
     path = Path(path)
     tmp = path.with_name(f".{path.name}.tmp")

@@ -6,8 +6,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from ..choices import AUGMENTATIONS
-from ..errors import UserError, flag
+from ..common.choices import AUGMENTATIONS
+from ..common.errors import UserError, flag
 from .options import option, require_positive
 from .train import TrainConfig
 

@@ -6,10 +6,11 @@ import math
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
-from ..choices import (LOSSES, PRECISION_NAMES, TASK_CHOICES, TASK_NAMES,
-                       WEIGHT_UPDATES, canonical_name)
-from ..errors import UserError, flag
-from ..scaler_settings import SCALER_HELP, SCALER_SETTINGS, ScalerSettings, check_scaler_settings
+from ..common.choices import (LOSSES, PRECISION_NAMES, TASK_CHOICES, TASK_NAMES, WEIGHT_UPDATES,
+                              canonical_name)
+from ..common.errors import UserError, flag
+from ..common.scaler_settings import (SCALER_HELP, SCALER_SETTINGS, ScalerSettings,
+                                      check_scaler_settings)
 from ..loggers import parse_names as parse_logger_names
 from .options import (
     build_config,

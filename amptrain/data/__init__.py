@@ -14,7 +14,7 @@ A spec is ``name`` or ``name:argument`` -- a path for file formats (``npz:FILE``
 * :mod:`.module` -- ``module:pkg.mod.factory`` (the user's own Datasets)
 * :mod:`.gym` -- ``gym:ENV_ID`` (a Gymnasium environment's rollouts, for the ``ppo`` task)
 
-Every malformed input is a :class:`~amptrain.errors.UserError` naming ``--data``.
+Every malformed input is a :class:`~amptrain.common.errors.UserError` naming ``--data``.
 """
 from __future__ import annotations
 

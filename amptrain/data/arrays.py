@@ -6,7 +6,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from ..errors import UserError
+from ..common.errors import UserError
 from .core import (
     DataBundle,
     DataOptions,

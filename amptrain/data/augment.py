@@ -29,7 +29,7 @@ from typing import Any, Sequence
 import torch
 from torch.nn import functional as F
 
-from ..choices import AUGMENTATIONS
+from ..common.choices import AUGMENTATIONS
 
 
 def generator_for(device: torch.device, key: Sequence[int]) -> torch.Generator:

@@ -16,9 +16,9 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset
 
-from ..errors import UserError
-from ..registry import Registry
-from ..pathkind import special_kind
+from ..common.errors import UserError
+from ..common.registry import Registry
+from ..common.pathkind import special_kind
 
 #: Seed of the train/validation split of sources that have none. Fixed (not --seed) so
 #: that every run, and ``amptrain eval`` later, validates on exactly the same samples.

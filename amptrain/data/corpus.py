@@ -28,8 +28,8 @@ from typing import Any, Protocol
 import numpy as np
 import torch
 
-from ..errors import UserError, flag
-from ..pathkind import not_regular_reason
+from ..common.errors import UserError, flag
+from ..common.pathkind import not_regular_reason
 from .core import DataBundle, DataOptions, TensorData, register
 from .shards import open_stream
 from .tokenizing import cached_corpus

@@ -17,7 +17,7 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset
 
-from ..errors import UserError
+from ..common.errors import UserError
 from .augment import DeviceImages
 from .core import SPLIT_SEED, DataBundle, DataOptions, path_and_options, register, split_indices
 

@@ -34,7 +34,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from ..errors import UserError
+from ..common.errors import UserError
 from .core import DataBundle, DataOptions, TensorData, register
 
 #: Seed of evaluation episode k: EVAL_SEED + k (fixed, not --seed, like the split seed).

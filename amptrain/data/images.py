@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from ..errors import UserError
+from ..common.errors import UserError
 from .core import DataBundle, DataOptions, image_bundle, index_labels, path_and_options, register
 
 # ----------------------------------------------------------------------------- IDX

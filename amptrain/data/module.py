@@ -35,7 +35,7 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset, IterableDataset
 
-from ..errors import UserError
+from ..common.errors import UserError
 from .core import DataBundle, DataOptions, register
 from .protocol import DeviceFinish, batch_reader_of, columns_of, finish_of
 

@@ -6,7 +6,7 @@ implement it structurally: nothing has to inherit from a class of amptrain's, so
 ``TensorDataset`` is already :class:`ColumnData`.
 
 * :class:`MapData` -- what every indexable dataset is: ``len()`` and ``data[i]``. Data
-  without a length is a stream (:mod:`amptrain.streams`), read in order.
+  without a length is a stream (:mod:`amptrain.trainer.streams`), read in order.
 
 Optional capabilities, each a protocol of its own (a dataset has any of them, or none):
 

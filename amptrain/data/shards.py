@@ -28,8 +28,8 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import UserError
-from ..pathkind import not_regular_reason
+from ..common.errors import UserError
+from ..common.pathkind import not_regular_reason
 
 MAGIC = b"AMPTOKS1"
 VERSION = 1

@@ -20,7 +20,7 @@ from typing import Any, Iterable, Sequence
 
 import torch
 
-from ..errors import UserError
+from ..common.errors import UserError
 from .core import (
     DataBundle,
     DataOptions,

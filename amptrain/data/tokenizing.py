@@ -26,8 +26,8 @@ from typing import Any, Iterator
 
 import numpy as np
 
-from ..errors import UserError, flag
-from ..pathkind import not_regular_reason
+from ..common.errors import UserError, flag
+from ..common.pathkind import not_regular_reason
 from .shards import ShardsMeta, ShardWriter, dtype_for, open_stream
 
 log = logging.getLogger("amptrain")

@@ -4,7 +4,7 @@ A sample is a block of ``--seq-len`` ids and the same ids shifted by one (next-t
 targets), exactly as ``text:`` data. Blocks sit on a fixed grid (block ``i`` starts at
 token ``i * seq_len``), not at random offsets as nanoGPT's ``get_batch`` draws them:
 a grid makes the corpus a map-style dataset of known length, so the Trainer's
-:class:`~amptrain.batches.SampleOrder` applies unchanged -- an epoch sees every token
+:class:`~amptrain.trainer.windows.SampleOrder` applies unchanged -- an epoch sees every token
 once, the order depends only on the seed and the global batch, a resumed run continues
 with the very next window, and DDP ranks take disjoint shares of each global batch.
 Random offsets would need an RNG position in every checkpoint for the same guarantees.
@@ -22,7 +22,7 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset
 
-from ..errors import UserError, flag
+from ..common.errors import UserError, flag
 from .core import DataBundle, DataOptions, register
 from .shards import TokenStream, open_stream
 from .tokenizing import tokenizer_identity

@@ -25,12 +25,12 @@ from torch import nn
 from ..config import RunConfig, TrainConfig, replace_options
 from ..data import DataBundle
 from ..precision.hardware.devices import resolve_device
-from ..errors import AmptrainWarning, UserError
+from ..common.errors import AmptrainWarning, UserError
 from ..precision import NonFiniteHalt
 from ..precision.hardware.advice import emulation_warning, range_safe_choice
 from ..precision.hardware.support import device_features, supported_precisions
-from ..nonfinite import NonFiniteEvent, NonFiniteWatch
-from ..runner import assemble
+from ..common.nonfinite import NonFiniteEvent, NonFiniteWatch
+from ..workflows.runner import assemble
 from ..tasks import Task
 from ..trainer import Trainer
 from .ranges import FORMATS, FP16, FP16_MAX, SAMPLE_LIMIT, RangeRecorder, fractions
@@ -156,7 +156,7 @@ def diagnose(config: TrainConfig, steps: int = 20, *, data: DataBundle | None = 
     """Run the four diagnosis runs and build the report (a JSON-ready dict).
 
     ``config`` (a :class:`RunConfig`) names the model and data, built with
-    :func:`~amptrain.runner.assemble` (with the task the model or data picks), unless
+    :func:`~amptrain.workflows.runner.assemble` (with the task the model or data picks), unless
     ``data`` and ``model`` are given (then a plain :class:`TrainConfig` will do, and
     ``task`` picks the training step: default, the data's). Its training options (batch
     size, lr, seed, scaler settings, keep_fp32...) apply to every run.

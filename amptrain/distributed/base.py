@@ -19,7 +19,7 @@ import torch
 from torch import nn
 
 from ..precision.hardware.devices import resolve_device
-from ..errors import UserError
+from ..common.errors import UserError
 
 
 class Strategy:

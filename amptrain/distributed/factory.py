@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from ..precision.hardware.devices import resolve_device
-from ..errors import UserError
+from ..common.errors import UserError
 from .base import LaunchEnv, Strategy, init_process_group, process_device
 from .ddp import DDPStrategy
 from .dp import DataParallelStrategy

@@ -7,7 +7,7 @@ from typing import Any, cast
 import torch
 from torch import nn
 
-from ..errors import UserError
+from ..common.errors import UserError
 from ..precision import Precision
 from ..precision.master import FP32_NORM_TYPES
 from ..precision.islands import match_modules

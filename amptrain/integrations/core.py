@@ -9,7 +9,7 @@ events into its calls:
   down, counted as a skipped step); without one, one fused norm over the gradients before
   the optimizer step. The flags are read every ``check_every`` steps (one host sync).
 * **every ``every``-th step, and every step once a check has fired** -- a
-  :class:`~amptrain.nonfinite.NonFiniteWatch` (one device-side min/max per module output and
+  :class:`~amptrain.common.nonfinite.NonFiniteWatch` (one device-side min/max per module output and
   output gradient) names the module that first produced inf/NaN: its output (forward)
   or the gradient arriving at it (backward). Overflow recurs (an fp16 activation overflows
   on every step, a gradient at every scale the scaler tries again), so the module is
@@ -50,9 +50,9 @@ from ..diagnose.recommend import (
     recommend_loss_scale,
 )
 from ..diagnose.writer import finding_lines, strict_json, write_reports
-from ..errors import UserError
+from ..common.errors import UserError
 from ..precision.hardware.support import device_features, supported_precisions
-from ..nonfinite import NonFiniteEvent, NonFiniteWatch
+from ..common.nonfinite import NonFiniteEvent, NonFiniteWatch
 
 #: Streams whose values a loss scale multiplies (recorded unscaled).
 _GRADIENTS = ("gradient", "param_gradient")

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..errors import UserError
+from ..common.errors import UserError
 from .core import DiagnoseOptions, DiagnoseSession, check_version
 
 #: The oldest transformers with TrainerCallback.on_pre_optimizer_step (gradients complete).

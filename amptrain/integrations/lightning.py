@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..errors import UserError
+from ..common.errors import UserError
 from .core import DiagnoseOptions, DiagnoseSession, check_version
 
 #: The oldest Lightning with the ``lightning.pytorch`` package and its precision plugins.

@@ -13,7 +13,7 @@ import importlib
 from pathlib import Path
 from typing import Any
 
-from ..errors import UserError, flag
+from ..common.errors import UserError, flag
 
 #: tracker name -> module of this package (its ``create`` builds the sink).
 SINKS: dict[str, str] = {

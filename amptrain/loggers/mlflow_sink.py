@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from ..errors import UserError
+from ..common.errors import UserError
 from .base import Sink, numbers
 
 STORE = "mlruns"

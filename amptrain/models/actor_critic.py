@@ -23,7 +23,7 @@ import math
 import torch
 from torch import nn
 
-from ..errors import UserError
+from ..common.errors import UserError
 from .core import ModelInputs, parse_options, register, require_positive
 
 #: The data kinds of gym: environments (amptrain.data.gym).

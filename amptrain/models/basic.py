@@ -6,7 +6,7 @@ import math
 import torch
 from torch import nn
 
-from ..errors import UserError
+from ..common.errors import UserError
 from .core import ModelInputs, image_channels, parse_options, register, require_positive
 
 

@@ -10,8 +10,8 @@ from typing import Any, Callable
 import torch
 from torch import nn
 
-from ..errors import UserError
-from ..registry import Registry
+from ..common.errors import UserError
+from ..common.registry import Registry
 
 
 @dataclass(frozen=True)
@@ -38,12 +38,13 @@ ModelFactory = Callable[[str, ModelInputs], nn.Module]
 MODELS: Registry[ModelFactory] = Registry("--model")
 
 #: A model may offer ``model.amptrain_export(out_dir, fp32_state, info) -> Path``: after
-#: training :func:`amptrain.export.export_trained` (``runner.run_training``, rank 0) calls it
-#: with the trained fp32 weights and the run's info (model spec, task, class names), so a
+#: training :func:`amptrain.workflows.export.export_trained` (``runner.run_training``, rank
+#: 0) calls it with the trained fp32 weights and the run's info (model spec, task, class
+#: names), so a
 #: model from another framework is written back in that framework's format (``keras:``
 #: writes DIR/model.keras, ``hf:`` DIR/hf/); ``amptrain export --format NAME`` calls it
 #: for a checkpoint, NAME being the model's ``amptrain_export_format``. Every model gets
-#: DIR/model.safetensors besides (amptrain.export).
+#: DIR/model.safetensors besides (amptrain.workflows.export).
 EXPORT_HOOK = "amptrain_export"
 EXPORT_FORMAT = "amptrain_export_format"
 Exporter = Callable[[Path, dict[str, torch.Tensor], dict[str, Any]], Path]

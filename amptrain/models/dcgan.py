@@ -24,7 +24,7 @@ from typing import Sequence
 import torch
 from torch import nn
 
-from ..errors import UserError
+from ..common.errors import UserError
 from .core import ModelInputs, parse_options, register, require_positive
 
 #: The smallest image side the pair supports (one stride-2 step down to 2 pixels).

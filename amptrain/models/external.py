@@ -10,7 +10,7 @@ from typing import Any, Callable
 
 from torch import nn
 
-from ..errors import UserError
+from ..common.errors import UserError
 from .core import ModelInputs, image_channels, register, register_text_encoder
 
 

@@ -30,7 +30,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from ..errors import UserError
+from ..common.errors import UserError
 from .core import ModelInputs, parse_options, register, require_positive
 
 #: The defaults: small enough to learn a byte-level text on a CPU in a minute or two.

@@ -38,9 +38,9 @@ import torch  # noqa: E402
 import transformers  # noqa: E402
 from torch import nn  # noqa: E402
 
-from ..errors import UserError  # noqa: E402
+from ..common.errors import UserError
 from .core import ModelInputs, set_exporter  # noqa: E402
-from ..quiet import quiet_torchao  # noqa: E402
+from ..common.quiet import quiet_torchao
 
 log = logging.getLogger("amptrain")
 

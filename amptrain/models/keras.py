@@ -35,7 +35,7 @@ from typing import Any, Callable
 import torch
 from torch import nn
 
-from ..errors import UserError
+from ..common.errors import UserError
 from ..precision.islands import DEFAULT_KEEP_FP32
 from .core import ModelInputs, parse_options, register, set_exporter
 

@@ -11,7 +11,7 @@ import math
 import torch
 from torch import nn
 
-from ..errors import UserError
+from ..common.errors import UserError
 from .core import ModelInputs, register
 
 

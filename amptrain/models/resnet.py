@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from ..errors import UserError
+from ..common.errors import UserError
 from .core import ModelInputs, image_channels, parse_options, register, require_positive
 
 #: Smallest input side (pixels) for which ``stem=auto`` picks the ImageNet stem.

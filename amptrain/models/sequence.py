@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from ..errors import UserError
+from ..common.errors import UserError
 from .core import ModelInputs, parse_options, register, require_positive, sequence_vocab
 
 #: The ``transformer`` defaults: BERT-tiny's size (Turc et al. 2019).

@@ -18,7 +18,7 @@ The mode is decided once (:mod:`.resolve`); what devices support is :mod:`.hardw
 """
 from __future__ import annotations
 
-from ..choices import PRECISION_ALIASES, PRECISION_NAMES, WEIGHT_UPDATES, canonical_name
+from ..common.choices import PRECISION_ALIASES, PRECISION_NAMES, WEIGHT_UPDATES, canonical_name
 from .core import Precision, PrecisionOptions
 from .modes import MODES, ModeSpec, as_given, label
 from .outcome import NonFiniteHalt, StepOutcome

@@ -11,8 +11,8 @@ from typing import Any, ContextManager, Iterable
 import torch
 from torch import nn
 
-from ..errors import UserError, warn
-from ..scaler_settings import SCALER_SETTINGS, ScalerSettings
+from ..common.errors import UserError, warn
+from ..common.scaler_settings import SCALER_SETTINGS, ScalerSettings
 from .emulation import EmulatedAutocast
 from .fp8 import Float8Plan
 from .hardware.advice import emulation_warning
@@ -40,7 +40,7 @@ class Precision:
     """One precision mode: autocast, loss scaling, master weights and fp32 islands.
 
     Args:
-        name: a mode from :data:`~amptrain.choices.PRECISION_NAMES` (Lightning spellings
+        name: a mode from :data:`~amptrain.common.choices.PRECISION_NAMES` (Lightning spellings
             accepted) or ``auto``; or a decision already made
             (:class:`~amptrain.precision.resolve.ResolvedPrecision`), which is used as it is.
         device: where the model runs; default CUDA when available, else CPU.

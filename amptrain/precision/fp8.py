@@ -33,8 +33,8 @@ from typing import Iterable
 
 from torch import nn
 
-from ..errors import UserError, flag
-from ..quiet import quiet_torchao
+from ..common.errors import UserError, flag
+from ..common.quiet import quiet_torchao
 
 log = logging.getLogger("amptrain")
 

@@ -25,8 +25,8 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from .. import nested
-from ..errors import UserError
+from ..common import nested
+from ..common.errors import UserError
 
 
 #: A model may name the modules it wants in fp32 by default in this attribute (a list of

@@ -35,7 +35,7 @@ from typing import Any, Callable
 import torch
 from torch import nn
 
-from ..errors import flag, warn
+from ..common.errors import flag, warn
 from .fp8 import Float8Plan, convert_linears, plan_float8
 from .islands import ForwardPatches
 from .lowbit_formats import MX_BLOCK, NVFP4_BLOCK, Quantiser

@@ -11,7 +11,7 @@ from typing import Iterable
 import torch
 from torch import nn
 
-from ..errors import UserError, flag
+from ..common.errors import UserError, flag
 
 #: Norm layers whose statistics stay fp32 in half-weight modes (Apex O2's
 #: keep_batchnorm_fp32): their running variance is where fp16 loses first.

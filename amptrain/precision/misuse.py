@@ -21,7 +21,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from ..errors import UserError
+from ..common.errors import UserError
 
 
 def checked_arguments(device: Any, min_scale: Any, keep_fp32: Any, max_bad_steps: Any,

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ..choices import MODE_NAMES, PRECISION_ALIASES, check_table
+from ..common.choices import MODE_NAMES, PRECISION_ALIASES, check_table
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -78,7 +78,7 @@ MODES: dict[str, ModeSpec] = {spec.name: spec for spec in (
                           ("nvfp4", "NVFP4 (e2m1, e4m3 scale per 16)"))),
 )}
 
-# The names live in amptrain.choices (torch-free, for the CLI parser); this table must
+# The names live in amptrain.common.choices (torch-free, for the CLI parser); this table must
 # give each of them a spec.
 check_table("precision modes", MODES, MODE_NAMES)
 

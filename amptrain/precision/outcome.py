@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ..errors import TrainingHalted, flag
+from ..common.errors import TrainingHalted, flag
 from .hardware.advice import range_safe_choice
 
 

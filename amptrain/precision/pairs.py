@@ -14,7 +14,7 @@ from typing import Any, Iterator
 import torch
 from torch import nn
 
-from ..errors import UserError
+from ..common.errors import UserError
 from .outcome import SkipCounter
 from .policies import WeightPolicy
 

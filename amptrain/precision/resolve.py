@@ -16,8 +16,8 @@ from typing import Protocol
 
 import torch
 
-from ..choices import canonical_name
-from ..errors import UserError
+from ..common.choices import canonical_name
+from ..common.errors import UserError
 from .hardware.devices import resolve_device
 from .hardware.support import auto_mode, unsupported_reason
 from .modes import MODES, ModeSpec

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..errors import UserError
+from ..common.errors import UserError
 
 #: The checkpoint key the precision's state is stored under.
 SECTION = "precision"

@@ -7,7 +7,7 @@ import logging
 
 import torch
 
-from ..errors import warn
+from ..common.errors import warn
 from .modes import ModeSpec
 
 log = logging.getLogger("amptrain")

@@ -41,8 +41,8 @@ from typing import Any
 
 import torch
 
-from ..choices import WEIGHT_UPDATES
-from ..errors import UserError, flag
+from ..common.choices import WEIGHT_UPDATES
+from ..common.errors import UserError, flag
 from .modes import ModeSpec
 
 log = logging.getLogger("amptrain")

@@ -1,7 +1,7 @@
 """Tasks: what differs between kinds of learning problem (see :mod:`.base`).
 
 A new task is one module with a :class:`~amptrain.tasks.base.Task` subclass plus its line
-in :data:`TASKS` (and its name in :data:`amptrain.choices.TASK_NAMES`, for the CLI).
+in :data:`TASKS` (and its name in :data:`amptrain.common.choices.TASK_NAMES`, for the CLI).
 
 This module is also the one place that decides which task something is: a run's data and
 model (:func:`decide_task`, :func:`resolve_task`, :func:`infer_task`), a checkpoint
@@ -12,8 +12,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..choices import TASK_CHOICES, TASK_NAMES, check_table
-from ..errors import UserError, flag
+from ..common.choices import TASK_CHOICES, TASK_NAMES, check_table
+from ..common.errors import UserError, flag
 from .base import EvalResult, EvalSums, Metric, Task, targets_of
 from .classification import ClassificationTask
 from .gan import GanTask
@@ -27,7 +27,7 @@ TASKS: dict[str, type[Task]] = {"classification": ClassificationTask,
                                 "lm": LanguageModelTask,
                                 "gan": GanTask,
                                 "ppo": PpoTask}
-# The names live in amptrain.choices (torch-free, for the CLI parser); --task auto: see
+# The names live in amptrain.common.choices (torch-free, for the CLI parser); --task auto: see
 # infer_task.
 check_table("tasks", TASKS, TASK_NAMES)
 

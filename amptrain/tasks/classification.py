@@ -9,7 +9,7 @@ import numpy as np
 import torch
 from torch.nn import functional as F
 
-from ..errors import UserError, flag
+from ..common.errors import UserError, flag
 from .base import EvalResult, EvalSums, Metric, Task, targets_of
 
 log = logging.getLogger("amptrain")

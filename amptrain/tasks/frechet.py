@@ -35,7 +35,7 @@ import torch
 from torch.nn import functional as F
 
 from ..data.protocol import MapData, columns_of, finish_of
-from ..errors import UserError
+from ..common.errors import UserError
 
 if TYPE_CHECKING:
     from ..models.basic import SmallCNN

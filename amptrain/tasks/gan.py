@@ -28,7 +28,7 @@ from torch import nn
 from torch.nn import functional as F
 
 from ..data.protocol import columns_of
-from ..errors import UserError, flag
+from ..common.errors import UserError, flag
 from .base import EvalResult, EvalSums, Metric, Task
 from .frechet import (FEATURE_SEED, FEATURE_STEPS, FeatureSums, RealImages, features,
                       frechet_distance, images_of, train_feature_net)
@@ -259,7 +259,7 @@ class GanTask(Task):
     def images(self, samples: torch.Tensor | None) -> dict[str, Any]:
         """``{"samples": grid}``: the evaluation's generated images as one ``H x W x C``
         uint8 grid in the data's value range (TensorBoard's ``val/samples``)."""
-        from ..imagegrid import grid, to_uint8
+        from ..common.imagegrid import grid, to_uint8
 
         if samples is None or not len(samples):
             return {}
@@ -292,7 +292,7 @@ class GanTask(Task):
 
     def write_files(self, result: EvalResult, directory: Path) -> None:
         """eval/samples.png: a grid of the evaluation's first generated images."""
-        from ..imagegrid import save_grid
+        from ..common.imagegrid import save_grid
 
         images = result.details.get("samples")
         if images is None or not len(images):

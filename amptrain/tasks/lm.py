@@ -15,7 +15,7 @@ from typing import Any
 import torch
 from torch.nn import functional as F
 
-from ..errors import UserError, flag
+from ..common.errors import UserError, flag
 from .base import EvalResult, EvalSums, Metric, Task, targets_of
 
 #: Perplexity is exp(loss); beyond this loss it overflows a float and reads as inf.

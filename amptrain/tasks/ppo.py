@@ -26,7 +26,7 @@ import torch
 from torch import nn
 
 from ..config import given_options
-from ..errors import UserError, flag
+from ..common.errors import UserError, flag
 from .base import EvalResult, EvalSums, Metric, Task
 from .gan import unwrap
 from .rollout import (LossSettings, Rollout, distribution, explained_variance,

@@ -15,8 +15,8 @@ from typing import Any
 import torch
 from torch.nn import functional as F
 
-from ..choices import LOSSES
-from ..errors import UserError, flag
+from ..common.choices import LOSSES
+from ..common.errors import UserError, flag
 from .base import EvalResult, EvalSums, Metric, Task, targets_of
 
 

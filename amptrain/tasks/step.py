@@ -24,7 +24,7 @@ from typing import Any, ContextManager, Protocol
 import torch
 from torch import nn
 
-from ..forward import LossFn, forward_batch
+from ..common.forward import LossFn, forward_batch
 
 
 class StepContext(Protocol):

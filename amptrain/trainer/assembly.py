@@ -16,19 +16,20 @@ import torch
 from torch import nn
 from torch.utils.data import Dataset
 
-from . import datacheck, outdir
+from . import datacheck
+from ..common import outdir
 from .. import checkpoint
-from ..autobatch import MicroBatchPlanner
+from .autobatch import MicroBatchPlanner
 from ..config import TrainConfig, write_yaml
 from ..distributed import Strategy
-from ..errors import UserError, flag
-from ..forward import LossFn
-from ..inapplicable import warn_inapplicable
+from ..common.errors import UserError, flag
+from ..common.forward import LossFn
+from .inapplicable import warn_inapplicable
 from ..models import is_conv_net
-from ..optim import LrPlan, build_optimizer, build_scheduler
+from .optim import LrPlan, build_optimizer, build_scheduler
 from ..precision import Precision
-from ..reproducibility import TRAINING, seed_phase, tune_backends
-from ..streams import StreamWindows, as_dataset
+from ..common.reproducibility import TRAINING, seed_phase, tune_backends
+from .streams import StreamWindows, as_dataset
 from ..tasks import Task, resolve_task
 from .batching import search_micro_batch
 from .checkpointing import Checkpointer
@@ -58,7 +59,7 @@ def assemble_parts(model: nn.Module, train_data: Any, val_data: Any, *, config: 
     ``resolved()`` gives the config as run (each checkpoint holds it)."""
     c = config
     device = strategy.device
-    # A list of samples is a dataset (streams stay streams: see amptrain.streams).
+    # A list of samples is a dataset (streams stay streams: see amptrain.trainer.streams).
     train_data = as_dataset(train_data, "train_data")
     val_data = as_dataset(val_data, "val_data") if val_data is not None else None
     task = task or resolve_task(c.task, train_data, loss=c.loss, class_names=class_names)

@@ -1,7 +1,7 @@
 """Micro-batch planning in the Trainer: the ``auto`` search runs real steps at candidate
 sizes and puts the state back. The planning itself is
-:class:`~amptrain.autobatch.MicroBatchPlanner`'s; a smaller split after out-of-memory takes
-effect in the windows (:meth:`~amptrain.batches.Windows.resize`)."""
+:class:`~amptrain.trainer.autobatch.MicroBatchPlanner`'s; a smaller split after out-of-memory takes
+effect in the windows (:meth:`~amptrain.trainer.windows.Windows.resize`)."""
 from __future__ import annotations
 
 import logging
@@ -11,12 +11,12 @@ from typing import Any
 import torch
 from torch import nn
 
-from ..autobatch import MicroBatchPlanner, MicroBatchSplit
-from ..batches import DatasetWindows
+from .autobatch import MicroBatchPlanner, MicroBatchSplit
+from .windows import DatasetWindows
 from ..config import TrainConfig
 from ..distributed import Strategy
-from ..errors import UserError, flag
-from ..forward import LossFn, forward_batch
+from ..common.errors import UserError, flag
+from ..common.forward import LossFn, forward_batch
 from ..precision import Precision
 from .data import windows_of
 from .snapshot import TrainingSnapshot

@@ -13,12 +13,12 @@ from torch import nn
 
 from .. import checkpoint
 from ..checkpoint.stateful import Stateful
-from ..batches import Windows
+from .windows import Windows
 from ..version import __version__
 from ..config import TrainConfig, to_dict
 from ..distributed import Strategy
-from ..errors import UserError, flag
-from ..optim import LrPlan
+from ..common.errors import UserError, flag
+from .optim import LrPlan
 from ..precision import Precision
 from .optimizers import OptimizerSteps
 from .position import LoopPosition

@@ -23,14 +23,15 @@ from torch import nn
 from torch.utils.data import DataLoader, Dataset
 
 from .. import checkpoint
-from . import datacheck, outdir, preemption
-from ..autobatch import MicroBatchPlanner, MicroBatchSplit
+from . import datacheck, preemption
+from ..common import outdir
+from .autobatch import MicroBatchPlanner, MicroBatchSplit
 from ..config import TrainConfig, write_yaml
 from ..distributed import Strategy, build_strategy
-from ..errors import UserError, flag
-from ..forward import LossFn
+from ..common.errors import UserError, flag
+from ..common.forward import LossFn
 from ..precision import NonFiniteHalt, Precision, ResolvedPrecision
-from ..streams import as_dataset
+from .streams import as_dataset
 from ..tasks import EvalResult, Task, resolve_task
 from ..tasks.step import StepContext
 from .batching import agreement
@@ -175,7 +176,7 @@ class Trainer:
 
     def train_step(self, window: Any) -> None:
         """One optimizer step of every part on ``window`` (a
-        :class:`~amptrain.batches.StepBatch` on the device), without the loop's bookkeeping
+        :class:`~amptrain.trainer.windows.StepBatch` on the device), without the loop's bookkeeping
         (logging, evaluation, checkpoints, step counter)."""
         parts = self._ready()
         windows = parts.windows
@@ -335,7 +336,7 @@ class Trainer:
                 self._agree_on_stop()
                 if self._done():
                     break
-            # A stream (amptrain.streams) has no length: its epoch ends when it runs out.
+            # A stream (amptrain.trainer.streams) has no length: its epoch ends when it runs out.
             if position.window_in_epoch >= len(windows) or windows.ended:
                 position.next_epoch()
                 self._end_of_epoch()

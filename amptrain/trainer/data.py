@@ -1,5 +1,5 @@
 """How data reaches the model in the Trainer: global batches cut into per-device windows
-(:class:`~amptrain.batches.Windows`, one type for datasets, DataLoaders and streams),
+(:class:`~amptrain.trainer.windows.Windows`, one type for datasets, DataLoaders and streams),
 small in-memory datasets moved to the accelerator once, and the one-time check that the
 model's outputs fit the targets."""
 from __future__ import annotations
@@ -14,14 +14,14 @@ from torch import nn
 from torch.utils.data import DataLoader, Dataset
 
 from . import datacheck
-from ..batches import DatasetWindows, SampleOrder, Windows
+from .windows import DatasetWindows, SampleOrder, Windows
 from ..config import TrainConfig
 from ..distributed import Strategy
 from ..data import protocol
 from ..data.core import SPLIT_SEED
-from ..forward import LossFn, forward_batch
+from ..common.forward import LossFn, forward_batch
 from ..precision import Precision
-from ..streams import LoaderWindows, is_stream, stream_windows
+from .streams import LoaderWindows, is_stream, stream_windows
 from ..tasks import Task
 
 #: In-memory datasets up to this size are moved to the accelerator once, so batches
@@ -66,7 +66,7 @@ def output_check(train_data: Any, *, model: nn.Module, task: Task, loss_fn: Loss
 def windows_of(data: Any, *, micro: int, accumulate: int, shuffle: bool, config: TrainConfig,
                strategy: Strategy, sample_batches: int | None = None) -> Windows:
     """Windows of ``data`` (a list of samples already made a dataset where the data came
-    in: :func:`~amptrain.streams.as_dataset`); ``sample_batches`` (evaluation) restricts
+    in: :func:`~amptrain.trainer.streams.as_dataset`); ``sample_batches`` (evaluation) restricts
     them to a fixed sample of that many global batches (``--eval-batches``)."""
     device = strategy.device
     if is_stream(data):  # generators, IterableDatasets: read in order

@@ -16,7 +16,7 @@ from torch.utils.data import Dataset
 
 from ..data import protocol
 from ..data.module import MAX_SAMPLES
-from ..errors import UserError, flag
+from ..common.errors import UserError, flag
 from ..tasks import Task
 
 

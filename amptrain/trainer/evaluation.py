@@ -11,10 +11,10 @@ import torch
 from torch import nn
 
 from ..distributed import Strategy
-from ..logs import RunLogger
+from .logs import RunLogger
 from ..precision import Precision
 from ..config import TrainConfig
-from ..forward import LossFn, forward_batch
+from ..common.forward import LossFn, forward_batch
 from ..tasks import EvalResult, Task
 from .data import windows_of
 

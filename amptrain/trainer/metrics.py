@@ -1,6 +1,6 @@
 """The ``--log-every`` interval: what a training record averages, kept on the device between
 records (no host sync per step) and read once per record. (A "window" is one step's
-batch, :mod:`amptrain.batches`; the steps between two records are a log interval.)"""
+batch, :mod:`amptrain.trainer.windows`; the steps between two records are a log interval.)"""
 from __future__ import annotations
 
 import time

@@ -14,7 +14,7 @@ import torch
 from torch import nn
 
 from ..distributed import Strategy
-from ..errors import UserError
+from ..common.errors import UserError
 from ..precision import Precision, StepOutcome
 from .position import LoopPosition
 

@@ -11,8 +11,8 @@ from typing import Any
 
 from torch import nn
 
-from ..batches import Windows
-from ..optim import LrPlan
+from .windows import Windows
+from .optim import LrPlan
 from ..tasks import Task
 from .checkpointing import Checkpointer
 from .evaluation import Evaluator

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..config.train import DEFAULT_EPOCHS
-from ..errors import UserError, flag
+from ..common.errors import UserError, flag
 
 
 @dataclass

@@ -2,7 +2,7 @@
 
 Clusters pre-empt jobs with SIGTERM (then SIGKILL after a grace period); people stop
 runs with Ctrl-C. The first signal only asks the Trainer to stop: it finishes the
-current optimizer step, writes a checkpoint and raises :class:`~amptrain.errors.Preempted`
+current optimizer step, writes a checkpoint and raises :class:`~amptrain.common.errors.Preempted`
 (exit 128 + signal number: 143 for SIGTERM, 130 for SIGINT). A second signal exits at
 once, without a checkpoint; the previous one is still intact because checkpoint writes
 are atomic.
@@ -16,7 +16,7 @@ import threading
 from pathlib import Path
 from typing import Any, Iterator
 
-from ..errors import Preempted
+from ..common.errors import Preempted
 
 log = logging.getLogger("amptrain")
 

@@ -12,12 +12,12 @@ import numpy as np
 import torch
 from torch import nn
 
-from ..errors import UserError, flag
-from ..forward import forward_batch
-from ..logs import RunLogger
-from ..memory import MemoryMeter
-from ..nested import tensors
-from ..nonfinite import first_nonfinite_module
+from ..common.errors import UserError, flag
+from ..common.forward import forward_batch
+from .logs import RunLogger
+from ..common.memory import MemoryMeter
+from ..common.nested import tensors
+from ..common.nonfinite import first_nonfinite_module
 from ..precision import NonFiniteHalt, Precision, label
 from ..tasks import Task
 from .optimizers import OptimizerSteps

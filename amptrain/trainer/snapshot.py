@@ -8,7 +8,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from .. import nested
+from ..common import nested
 from ..precision import Precision
 
 

@@ -1,7 +1,7 @@
 """One training step: the :class:`~amptrain.tasks.step.StepContext` the task's step runs
 against, and :class:`StepRunner`, which runs it -- gradients zeroed, the step-start state
 saved, a step that ran out of memory redone in smaller micro-batches (through
-:class:`~amptrain.autobatch.MicroBatchPlanner`), the loss scale updated once, the logged
+:class:`~amptrain.trainer.autobatch.MicroBatchPlanner`), the loss scale updated once, the logged
 values counted once."""
 from __future__ import annotations
 
@@ -11,10 +11,10 @@ from typing import Any, ContextManager
 import torch
 from torch import nn
 
-from ..autobatch import MicroBatchPlanner, MicroBatchSplit, OutOfMemoryHalt, is_out_of_memory
-from ..batches import StepBatch
+from .autobatch import MicroBatchPlanner, MicroBatchSplit, OutOfMemoryHalt, is_out_of_memory
+from .windows import StepBatch
 from ..distributed import Strategy
-from ..forward import LossFn
+from ..common.forward import LossFn
 from ..precision import Precision
 from ..tasks.step import StepContext, supervised_step
 from .metrics import LogInterval

@@ -18,7 +18,7 @@ from torch import nn
 from amptrain import checkpoint
 from amptrain.checkpoint import CheckpointWriteError
 from amptrain.checkpoint import files as checkpoint_files
-from amptrain.errors import UserError
+from amptrain.common.errors import UserError
 from tests.checkpoint.helpers import (
     CLI_RUN,
     _assert_matches,

@@ -8,7 +8,7 @@ import pytest
 
 from amptrain.checkpoint import SECTIONS, RngState, StateRegistry
 from amptrain.checkpoint.stateful import Stateful
-from amptrain.errors import UserError
+from amptrain.common.errors import UserError
 
 
 class Counter:

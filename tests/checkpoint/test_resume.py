@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from amptrain import checkpoint
-from amptrain.errors import Preempted, UserError
+from amptrain.common.errors import Preempted, UserError
 from amptrain.trainer import Trainer
 from tests.checkpoint.helpers import (
     CLI_RUN,

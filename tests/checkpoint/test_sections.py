@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from amptrain.checkpoint.sections import check_finite_weights, check_sections, nonfinite_weights
-from amptrain.errors import UserError
+from amptrain.common.errors import UserError
 
 GOOD = {"model": {"w": torch.ones(2)}, "step": 3, "epoch": 0, "window_in_epoch": 3,
         "config": {}, "scheduler": None, "log_window": None, "precision_name": "32-true"}

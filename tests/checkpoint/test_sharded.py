@@ -16,7 +16,7 @@ from torch import nn
 
 from amptrain import checkpoint
 from amptrain.checkpoint import CheckpointWriteError, sharded
-from amptrain.errors import UserError
+from amptrain.common.errors import UserError
 
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning", "ignore::FutureWarning")
 

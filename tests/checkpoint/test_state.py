@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from amptrain import checkpoint
-from amptrain.errors import Preempted
+from amptrain.common.errors import Preempted
 from amptrain.trainer import Trainer
 from tests.checkpoint.helpers import (
     CLI_RUN,

@@ -13,9 +13,9 @@ import torch
 
 from amptrain.cli import main
 from amptrain.config import RunConfig, build_config
-from amptrain.export import INFO_NAME, SAFETENSORS_NAME, load_safetensors
-from amptrain.runner import run_training
-from amptrain.saved_run import load_run
+from amptrain.workflows.export import INFO_NAME, SAFETENSORS_NAME, load_safetensors
+from amptrain.workflows.runner import run_training
+from amptrain.workflows.saved_run import load_run
 
 from .helpers import amptrain
 

@@ -12,7 +12,7 @@ from torch import nn
 from amptrain.compare import CompareOptions, resolve_precisions, run_compare
 from amptrain.compare.ladder import LADDER_FIELDS, memory_ladder
 from amptrain.compare.options import row_options
-from amptrain.errors import UserError
+from amptrain.common.errors import UserError
 from amptrain.precision import Precision
 from tests.compare.conftest import SUMMARY_FIELDS, small_config
 

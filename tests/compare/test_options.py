@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from amptrain.compare import CompareOptions, resolve_precisions
-from amptrain.errors import UserError, cli_spelling
+from amptrain.common.errors import UserError, cli_spelling
 
 CPU = torch.device("cpu")
 

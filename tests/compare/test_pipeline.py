@@ -12,7 +12,7 @@ from PIL import Image
 from amptrain import report
 from amptrain.compare import CompareOptions, check_out, run_compare
 from amptrain.config import replace_options
-from amptrain.errors import UserError
+from amptrain.common.errors import UserError
 from amptrain.tasks import ClassificationTask, GanTask
 from tests.compare.conftest import PRECISIONS, SEEDS, SUMMARY_FIELDS, small_config
 

@@ -9,7 +9,7 @@ import torch
 
 from amptrain.compare import RunProbe, digest
 from amptrain.compare.runs import _check_comparable
-from amptrain.runner import prepare_run
+from amptrain.workflows.runner import prepare_run
 from amptrain.trainer import Trainer, forward_batch
 from tests.compare.conftest import PRECISIONS, SEEDS, small_config
 

@@ -7,7 +7,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from amptrain.batches import StepBatch
+from amptrain.trainer.windows import StepBatch
 from amptrain.compare import (
     MEMORY_STEPS,
     CompareOptions,
@@ -21,9 +21,9 @@ from amptrain.compare import (
     timing,
 )
 from amptrain.data import TensorData
-from amptrain.errors import TrainingHalted
+from amptrain.common.errors import TrainingHalted
 from amptrain.precision.tf32 import MathSwitches
-from amptrain.runner import prepare_run
+from amptrain.workflows.runner import prepare_run
 from amptrain.trainer import Trainer
 from tests.compare.conftest import small_config
 
@@ -269,7 +269,7 @@ def _alternate(config, options, tmp_path, compared, trained) -> None:
     """Two rounds of (compare's timing lane, a training run), each side's median step."""
     import statistics
 
-    from amptrain.runner import run_training
+    from amptrain.workflows.runner import run_training
 
     for round_ in range(2):
         lanes = measure_speed_and_memory(config, ["32-true"], options)

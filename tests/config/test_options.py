@@ -26,7 +26,7 @@ from amptrain.config import (
     to_dict,
     write_yaml,
 )
-from amptrain.errors import UserError, cli_spelling
+from amptrain.common.errors import UserError, cli_spelling
 
 
 # A small config of its own, so the machinery is checked apart from the real options.

@@ -6,7 +6,7 @@ import pytest
 
 from amptrain.config import RunConfig, TrainConfig, config_fields
 from amptrain.config.run import MAX_SEQ_LEN
-from amptrain.errors import UserError
+from amptrain.common.errors import UserError
 
 
 def test_run_config_adds_model_data_and_validation_share():

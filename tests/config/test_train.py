@@ -20,7 +20,7 @@ from amptrain.config import (
     TrainConfig,
     build_config,
 )
-from amptrain.errors import UserError, cli_spelling
+from amptrain.common.errors import UserError, cli_spelling
 
 
 # ------------------------------------------------------------- each section's checks

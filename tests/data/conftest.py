@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from amptrain.data import DataOptions, build_data
-from amptrain.errors import UserError
+from amptrain.common.errors import UserError
 
 
 def assert_data_error(spec: str, match: str, options: DataOptions | None = None) -> None:

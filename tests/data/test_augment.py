@@ -9,7 +9,7 @@ from amptrain import Trainer
 from amptrain.data import DataOptions, build_data
 from amptrain.data.augment import DeviceImages, flip, generator_for, pad_crop, \
     random_resized_crop
-from amptrain.errors import Preempted
+from amptrain.common.errors import Preempted
 from tests.data.test_folders import write_folder
 from tests.data.test_tokens import StopAt
 

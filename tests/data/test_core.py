@@ -16,7 +16,7 @@ from amptrain.data.core import (
     split,
     split_indices,
 )
-from amptrain.errors import UserError
+from amptrain.common.errors import UserError
 from tests.data.conftest import assert_data_error
 
 

@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from amptrain.data import ByteTokenizer, DataOptions, TokenBlocks, build_data
-from amptrain.errors import UserError
+from amptrain.common.errors import UserError
 
 TEXT = "the quick brown fox jumps over the lazy dog. " * 40
 

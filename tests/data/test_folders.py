@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from amptrain.data import DataOptions, build_data
-from amptrain.errors import UserError
+from amptrain.common.errors import UserError
 from tests.data.conftest import assert_data_error
 
 

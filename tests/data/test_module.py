@@ -7,7 +7,7 @@ import textwrap
 import pytest
 
 from amptrain.data import DataOptions, build_data
-from amptrain.errors import UserError
+from amptrain.common.errors import UserError
 from tests.commands.helpers import amptrain
 
 USER_MODULE = textwrap.dedent('''

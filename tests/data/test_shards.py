@@ -8,7 +8,7 @@ import pytest
 
 from amptrain.data.shards import (HEADER_BYTES, META, ShardsMeta, ShardWriter, dtype_for,
                                   open_stream, write_shard)
-from amptrain.errors import UserError
+from amptrain.common.errors import UserError
 
 PRINT = "ab" * 32
 

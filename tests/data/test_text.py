@@ -99,7 +99,7 @@ def sentiment_rows(n: int, seed: int, filler: int, sentiment: int) -> list[tuple
 @pytest.mark.slow
 def test_eval_feeds_other_data_through_the_training_preprocessing(tmp_path):
     from amptrain.config import RunConfig
-    from amptrain.runner import run_evaluation, run_training
+    from amptrain.workflows.runner import run_evaluation, run_training
 
     write_csv(tmp_path / "train.csv", sentiment_rows(400, 0, filler=5, sentiment=2))
     # The same words at other frequencies: a vocabulary built from this file would give

@@ -9,7 +9,7 @@ from amptrain.data import ByteTokenizer, DataOptions, build_data
 from amptrain.data import tokenizing
 from amptrain.data.shards import open_stream
 from amptrain.data.tokenizing import cache_root, cached_corpus, prepare_corpus
-from amptrain.errors import UserError
+from amptrain.common.errors import UserError
 
 
 def _corpus(directory):

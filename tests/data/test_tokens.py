@@ -11,7 +11,7 @@ from torch import nn
 from amptrain import Trainer
 from amptrain.data import ByteTokenizer, DataOptions, build_data
 from amptrain.data.tokenizing import prepare_corpus
-from amptrain.errors import Preempted, UserError
+from amptrain.common.errors import Preempted, UserError
 
 TEXT = "".join(f"line {i}: the quick brown fox jumps over the lazy dog\n" for i in range(120))
 

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from amptrain.distributed import process_device
-from amptrain.errors import UserError
+from amptrain.common.errors import UserError
 
 
 # ------------------------------------------------------------- unit checks

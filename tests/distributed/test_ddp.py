@@ -16,7 +16,7 @@ from torch.nn import functional as F
 from torch.utils.data import DataLoader, Subset
 
 from amptrain import checkpoint
-from amptrain.batches import SampleOrder
+from amptrain.trainer.windows import SampleOrder
 from amptrain.cli import build_parser
 from amptrain.commands.common import merged_values
 from amptrain.config import RunConfig, build_config
@@ -155,7 +155,7 @@ def test_killed_rank_restarts_and_resumes_from_the_checkpoint(tmp_path):
     state = checkpoint.load(out / "checkpoints" / "last.pt")
     assert state["step"] == 10
     # The interrupted 2-process run ends where an uninterrupted 1-process run ends.
-    from amptrain.runner import run_training
+    from amptrain.workflows.runner import run_training
 
     config = build_config(RunConfig, {**_flags_to_values(args), "out": str(tmp_path / "one")})
     run_training(config, strategy=Strategy(torch.device("cpu")))
@@ -187,7 +187,7 @@ import gc, sys
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 from amptrain.config import RunConfig
-from amptrain.runner import run_training
+from amptrain.workflows.runner import run_training
 
 run_training(RunConfig.from_options(model="mlp", data="digits", max_steps=2, batch_size=32,
                                     no_progress=True, out=sys.argv[1]))

@@ -6,7 +6,7 @@ import sys
 import pytest
 
 from amptrain.distributed import Strategy, build_strategy
-from amptrain.errors import UserError
+from amptrain.common.errors import UserError
 from amptrain.trainer import Trainer
 from tests.distributed.helpers import child_env, run
 

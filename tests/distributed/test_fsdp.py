@@ -18,7 +18,7 @@ from torch import nn
 
 from amptrain import checkpoint
 from amptrain.distributed.fsdp import _shard_units, fsdp_fp32_modules, fsdp_policy
-from amptrain.errors import UserError
+from amptrain.common.errors import UserError
 from amptrain.precision import Precision
 from tests.conftest import tiny_mlp
 from tests.distributed import worker

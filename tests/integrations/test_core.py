@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from amptrain.errors import UserError
+from amptrain.common.errors import UserError
 from amptrain.integrations.core import DiagnoseOptions, DiagnoseSession, check_version
 
 from .models import Overflowing

@@ -11,7 +11,7 @@ import pytest
 transformers = pytest.importorskip("transformers")
 pytest.importorskip("accelerate")
 
-from amptrain.errors import UserError  # noqa: E402
+from amptrain.common.errors import UserError
 from amptrain.integrations.core import check_version  # noqa: E402
 from amptrain.integrations.hf import DiagnoseCallback  # noqa: E402
 

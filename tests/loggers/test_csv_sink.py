@@ -5,7 +5,7 @@ from __future__ import annotations
 import csv
 import io
 
-from amptrain.logs import RunLogger
+from amptrain.trainer.logs import RunLogger
 
 
 def _rows(path):
@@ -52,7 +52,7 @@ def _train(out, **options):
 def test_a_users_metrics_csv_is_never_rewritten(tmp_path):
     import pytest
 
-    from amptrain.errors import UserError
+    from amptrain.common.errors import UserError
 
     (tmp_path / "metrics.csv").write_text("epoch,my own column\n1,2\n")
     with pytest.raises(UserError, match="already holds metrics.csv, which this command would "
@@ -67,7 +67,7 @@ def test_a_fifo_or_a_directory_named_metrics_csv_is_one_error_not_a_hang(tmp_pat
 
     import pytest
 
-    from amptrain.errors import UserError
+    from amptrain.common.errors import UserError
 
     os.mkfifo(tmp_path / "metrics.csv")
     with pytest.raises(UserError, match="metrics.csv is a FIFO"):
@@ -84,7 +84,7 @@ def test_a_fifo_or_a_directory_named_metrics_csv_is_one_error_not_a_hang(tmp_pat
 def test_the_sink_itself_refuses_a_file_it_did_not_write(tmp_path):
     import pytest
 
-    from amptrain.errors import UserError
+    from amptrain.common.errors import UserError
 
     (tmp_path / "metrics.csv").write_text("a,b\n")
     with pytest.raises(UserError, match="exists already"):

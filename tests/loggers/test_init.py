@@ -4,7 +4,7 @@ from __future__ import annotations
 import pytest
 
 from amptrain.config import TrainConfig, build_config
-from amptrain.errors import UserError
+from amptrain.common.errors import UserError
 from amptrain.loggers import SINKS, parse_names
 
 
@@ -26,7 +26,7 @@ def test_a_tracker_whose_package_is_missing_is_named(monkeypatch):
 
     import pytest
 
-    from amptrain.errors import UserError, cli_spelling
+    from amptrain.common.errors import UserError, cli_spelling
     from amptrain.loggers import check_installed
 
     monkeypatch.setitem(sys.modules, "mlflow", None)  # what Python does for "not installed"

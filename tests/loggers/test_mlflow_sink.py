@@ -11,9 +11,9 @@ pytest.importorskip("mlflow")
 from mlflow.tracking import MlflowClient  # noqa: E402
 
 from amptrain.config import RunConfig, build_config  # noqa: E402
-from amptrain.logs import RunLogger  # noqa: E402
+from amptrain.trainer.logs import RunLogger
 from amptrain.loggers.mlflow_sink import EXPERIMENT, flat_params  # noqa: E402
-from amptrain.runner import run_training  # noqa: E402
+from amptrain.workflows.runner import run_training
 
 
 def _run(client: MlflowClient):

@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from amptrain.errors import UserError
+from amptrain.common.errors import UserError
 from amptrain.models import ModelInputs, build_model
 from amptrain.models.actor_critic import ActorCritic
 

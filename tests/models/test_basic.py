@@ -5,7 +5,7 @@ import pytest
 import torch
 from torch import nn
 
-from amptrain.errors import UserError
+from amptrain.common.errors import UserError
 from amptrain.models import MLP, ModelInputs, SmallCNN, build_model
 from tests.models.conftest import (
     FEATURES,

@@ -7,10 +7,10 @@ import torch
 from torch import nn
 
 from amptrain.data import DataOptions, build_data
-from amptrain.errors import UserError
+from amptrain.common.errors import UserError
 from amptrain.models import ModelInputs, build_model
 from amptrain.models.dcgan import DCGAN, doublings
-from amptrain.runner import model_inputs
+from amptrain.workflows.runner import model_inputs
 from amptrain.tasks import GanTask
 from tests.data.test_folders import write_folder
 from tests.data.test_images import cifar_batch, write_cifar, write_idx

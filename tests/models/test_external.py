@@ -8,7 +8,7 @@ import textwrap
 import pytest
 import torch
 
-from amptrain.errors import UserError
+from amptrain.common.errors import UserError
 from amptrain.models import build_model
 from tests.models.conftest import FEATURES, IMAGES, SEQUENCES
 

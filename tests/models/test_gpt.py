@@ -9,7 +9,7 @@ from torch import nn
 from torch.nn import functional as F
 
 from amptrain.data import TensorData
-from amptrain.errors import UserError
+from amptrain.common.errors import UserError
 from amptrain.models import GPT, ModelInputs, build_model
 from amptrain.models.gpt import AttentionScores
 from amptrain.trainer import Trainer

@@ -16,12 +16,12 @@ import pytest
 import torch
 from torch import nn
 
-from amptrain.batches import DatasetWindows, SampleOrder
+from amptrain.trainer.windows import DatasetWindows, SampleOrder
 from amptrain.config import RunConfig
 from amptrain.data import DataOptions, TokenData, build_data
-from amptrain.errors import UserError
+from amptrain.common.errors import UserError
 from amptrain.models import ModelInputs, build_model, text_encoder_for
-from amptrain.runner import model_inputs, prepare_run, run_training
+from amptrain.workflows.runner import model_inputs, prepare_run, run_training
 from amptrain.trainer import Trainer
 
 ROOT = Path(__file__).parents[2]
@@ -271,7 +271,7 @@ def tiny_gpt2(tmp_path_factory):
 @pytest.mark.slow
 def test_causal_lm_fine_tunes_on_text_with_its_own_tokenizer(tiny_gpt2, tmp_path):
     from amptrain.config import build_config
-    from amptrain.generate import Sampling, generate_text
+    from amptrain.workflows.generate import Sampling, generate_text
     from amptrain.models.hf import CausalLMLogits
 
     model_dir, corpus = tiny_gpt2
@@ -321,9 +321,9 @@ def test_fp8_is_emulated_on_cpu_with_one_warning_line(local, tmp_path):
 def test_core_works_without_transformers_and_hf_says_what_to_install(tmp_path):
     script = (
         "import sys; sys.modules['transformers'] = None\n"   # import transformers -> ImportError
-        "import amptrain, amptrain.trainer, amptrain.runner, amptrain.cli\n"
+        "import amptrain, amptrain.trainer, amptrain.workflows.runner, amptrain.cli\n"
         "from amptrain.models import MODELS, ModelInputs, build_model, text_encoder_for\n"
-        "from amptrain.errors import UserError\n"
+        "from amptrain.common.errors import UserError\n"
         "assert 'hf' in MODELS and 'amptrain.models.hf' not in sys.modules\n"
         "for call in (lambda: build_model('hf:x', ModelInputs(2, (8,), 'sequence', 10)),\n"
         "             lambda: text_encoder_for('hf:x')):\n"

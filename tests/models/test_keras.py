@@ -21,11 +21,11 @@ keras = pytest.importorskip("keras", reason="keras 3 is an optional extra: amptr
 
 from amptrain import checkpoint  # noqa: E402
 from amptrain.config import RunConfig, build_config  # noqa: E402
-from amptrain.errors import UserError  # noqa: E402
+from amptrain.common.errors import UserError
 from amptrain.models import ModelInputs, build_model, exporter_of  # noqa: E402
 from amptrain.models import keras as keras_models  # noqa: E402
 from amptrain.precision.islands import default_keep_fp32  # noqa: E402
-from amptrain.runner import run_training  # noqa: E402
+from amptrain.workflows.runner import run_training
 from tests.distributed.helpers import ROOT, child_env, free_port, run  # noqa: E402
 
 DIGITS = ModelInputs(num_classes=10, input_shape=(1, 8, 8), kind="image")

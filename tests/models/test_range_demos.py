@@ -6,7 +6,7 @@ import pytest
 import torch
 from torch import nn
 
-from amptrain.errors import UserError
+from amptrain.common.errors import UserError
 from amptrain.models import MODELS, build_model
 from amptrain.models.range_demos import RangeDemo, Scale
 from tests.models.conftest import FEATURES, IMAGES, SEQUENCES, batch_for

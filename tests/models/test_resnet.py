@@ -5,7 +5,7 @@ import pytest
 import torch
 from torch import nn
 
-from amptrain.errors import UserError
+from amptrain.common.errors import UserError
 from amptrain.models import ModelInputs, ResNet, build_model
 from amptrain.models.resnet import BasicBlock, Bottleneck
 from tests.models.conftest import (

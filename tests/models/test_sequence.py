@@ -4,7 +4,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from amptrain.errors import UserError
+from amptrain.common.errors import UserError
 from amptrain.models import (
     LSTMClassifier,
     ModelInputs,

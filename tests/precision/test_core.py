@@ -9,7 +9,7 @@ from torch import nn
 from torch.nn import functional as F
 
 from amptrain import Precision
-from amptrain.errors import TrainingHalted, UserError
+from amptrain.common.errors import TrainingHalted, UserError
 from tests.conftest import tiny_classification, tiny_mlp
 
 

@@ -21,10 +21,10 @@ from torch import nn
 
 from amptrain.precision.hardware import probe, support
 from amptrain.config import RunConfig
-from amptrain.errors import UserError, cli_spelling
+from amptrain.common.errors import UserError, cli_spelling
 from amptrain.precision import MODES, Precision
 from amptrain.precision.fp8 import plan_float8
-from amptrain.runner import prepare_run
+from amptrain.workflows.runner import prepare_run
 from amptrain.trainer import Trainer
 from tests import conftest
 
@@ -195,7 +195,7 @@ def test_fp8_trains_and_checkpoints_load_without_torchao(fp8_on_cpu, tmp_path):
                        data="synthetic-seq:samples=160,length=16,vocab=100,signal=0.5",
                        precision="fp8", device="cpu", epochs=3, batch_size=16, lr=3e-3,
                        log_every=4, no_progress=True, out=str(tmp_path / "run"))
-    from amptrain.runner import run_training
+    from amptrain.workflows.runner import run_training
     result = run_training(config)
     assert result.precision == "fp8" and result.skipped_steps == 0
     losses = [r["loss"] for r in result.history if "loss" in r]

@@ -27,7 +27,7 @@ from amptrain.precision.hardware.devices import cpu_isa, cpu_reaches
 from amptrain.models import build_model
 from amptrain.precision import Precision
 from amptrain.precision.islands import CPU_FP16_FP32_TYPES
-from amptrain.runner import model_inputs, run_training
+from amptrain.workflows.runner import model_inputs, run_training
 from amptrain.trainer import Trainer
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -230,7 +230,7 @@ def test_every_recurrent_and_conv_model_trains_in_bf16_on_older_cpu_classes(tmp_
         "import logging\n"
         "logging.basicConfig(level=logging.INFO, format='%(message)s')\n"
         "from amptrain.config import RunConfig\n"
-        "from amptrain.runner import run_training\n"
+        "from amptrain.workflows.runner import run_training\n"
         "for model, data in [('lstm', 'synthetic-seq:samples=64'), ('cnn', 'digits'),\n"
         "                    ('transformer', 'synthetic-seq:samples=64')]:\n"
         "    for precision in ('bf16-mixed', 'bf16-true', '16-mixed'):\n"

@@ -16,11 +16,11 @@ import pytest
 import torch
 from torch import nn
 
-from amptrain.errors import AmptrainWarning, cli_spelling
+from amptrain.common.errors import AmptrainWarning, cli_spelling
 from amptrain.precision import MODES, Precision
 from amptrain.precision.lowbit import RECIPES, lowbit_linear
 from amptrain.precision.hardware.support import support_table
-from amptrain.quiet import quiet_torchao
+from amptrain.common.quiet import quiet_torchao
 from tests import conftest
 
 ROOT = Path(__file__).parents[2]
@@ -148,7 +148,7 @@ def test_gpus_run_fp8_natively_from_ada_on_and_emulate_the_rest(monkeypatch, gpu
 
 def test_a_gpu_without_bf16_refuses_the_formats(monkeypatch):
     conftest.fake_gpu(monkeypatch, "Tesla T4", 7, 5)
-    from amptrain.errors import UserError
+    from amptrain.common.errors import UserError
     with cli_spelling(), pytest.raises(UserError, match=r"--precision mxfp4 needs a GPU with bf16"):
         Precision("mxfp4", device="cuda")
 
@@ -182,7 +182,7 @@ def test_cli_trains_mxfp4_and_its_checkpoint_loads_without_torchao(tmp_path):
 def test_env_lists_each_format_as_emulated_with_what_native_needs():
     if torch.cuda.is_available():
         pytest.skip("checks the CPU report")
-    from amptrain import env
+    from amptrain.workflows import env
     from amptrain.precision.hardware.probe import collect_env
     text = env.format_env(collect_env())
     rows = {line.split()[0]: line for line in text.splitlines() if line.startswith("  ")

@@ -13,7 +13,7 @@ from amptrain.precision.lowbit_formats import (E2M1_MAX, E4M3_MAX, E5M2_MAX, Qua
                                                e8m0_exponent, flushed_and_saturated,
                                                qdq_mx, qdq_nvfp4, qdq_rowwise,
                                                qdq_tensorwise, round_e2m1, round_fp8)
-from amptrain.quiet import quiet_torchao
+from amptrain.common.quiet import quiet_torchao
 
 HAS_TORCHAO = importlib.util.find_spec("torchao") is not None
 needs_torchao = pytest.mark.skipif(not HAS_TORCHAO, reason="torchao is not installed")

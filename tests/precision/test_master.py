@@ -8,7 +8,7 @@ import pytest
 import torch
 from torch import nn
 
-from amptrain.errors import UserError
+from amptrain.common.errors import UserError
 from amptrain.precision.master import MasterWeights, cast_model, modules_kept_fp32
 
 HALF = [torch.float16, torch.bfloat16]

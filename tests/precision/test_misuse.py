@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from amptrain.errors import UserError
+from amptrain.common.errors import UserError
 from amptrain.precision import Precision
 
 # (id, Precision keywords, a fragment of the error)

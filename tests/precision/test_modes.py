@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from amptrain import Precision
-from amptrain.errors import UserError, cli_spelling
+from amptrain.common.errors import UserError, cli_spelling
 from amptrain.precision import MODES, PRECISION_ALIASES, PRECISION_NAMES, ModeSpec, canonical_name
 
 HALF = (torch.float16, torch.bfloat16)

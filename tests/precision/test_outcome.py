@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import torch
 
-from amptrain.errors import TrainingHalted
+from amptrain.common.errors import TrainingHalted
 from amptrain.precision import NonFiniteHalt, StepOutcome
 
 

@@ -12,7 +12,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from amptrain.errors import UserError
+from amptrain.common.errors import UserError
 from amptrain.precision import MODES, Precision
 
 MODE_NAMES = list(MODES)

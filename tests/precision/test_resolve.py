@@ -6,11 +6,11 @@ import pytest
 import torch
 
 from amptrain.config import RunConfig, TrainConfig
-from amptrain.errors import UserError
+from amptrain.common.errors import UserError
 from amptrain.precision import MODES, Precision, ResolvedPrecision, resolve_precision
 from amptrain.precision import resolve as resolve_module
 from amptrain.precision.hardware.support import auto_mode
-from amptrain.runner import run_training
+from amptrain.workflows.runner import run_training
 from amptrain.trainer import Trainer
 from tests.conftest import tiny_classification, tiny_mlp
 

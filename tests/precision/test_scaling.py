@@ -23,7 +23,7 @@ from torch.nn import functional as F
 import amptrain
 from amptrain import Precision
 from amptrain.config import TrainConfig
-from amptrain.optim import build_optimizer, parameter_groups
+from amptrain.trainer.optim import build_optimizer, parameter_groups
 from tests.conftest import tiny_classification, tiny_mlp
 
 MODES = ["32-true", "bf16-mixed", "16-mixed", "bf16-master", "16-master", "bf16-true",

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from amptrain.checkpoint.stateful import Stateful
-from amptrain.errors import UserError
+from amptrain.common.errors import UserError
 from amptrain.precision import Precision
 from amptrain.precision.state import FORMAT_VERSION, SECTION, migrate_state
 from amptrain.trainer import Trainer

@@ -4,7 +4,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from amptrain.errors import AmptrainWarning
+from amptrain.common.errors import AmptrainWarning
 from amptrain.precision import MODES
 from amptrain.precision.tf32 import MathSwitches, set_tf32
 from tests.conftest import fake_gpu

@@ -13,7 +13,7 @@ import torch
 from torch import nn
 
 from amptrain import checkpoint
-from amptrain.errors import Preempted, UserError
+from amptrain.common.errors import Preempted, UserError
 from amptrain.precision import Precision
 from amptrain.precision.weight_update import CHUNK_ELEMENTS, WeightUpdate, stochastic_round
 from tests.checkpoint.helpers import StopAt, _train
@@ -90,7 +90,7 @@ OPTIMIZERS = {
 @pytest.mark.parametrize("optimizer", list(OPTIMIZERS))
 @pytest.mark.parametrize("rule", ["kahan", "stochastic"])
 def test_a_skipped_step_changes_nothing(rule, optimizer, mode, first):
-    from amptrain.optim import parameter_groups
+    from amptrain.trainer.optim import parameter_groups
 
     model = _model().to(memory_format=torch.channels_last)
     opt = OPTIMIZERS[optimizer](parameter_groups(model, 0.1))

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from amptrain.data import TensorData
-from amptrain.errors import UserError
+from amptrain.common.errors import UserError
 from amptrain.tasks import ClassificationTask, build_task
 
 X = torch.randn(20, 4)

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from amptrain.data import TensorData
-from amptrain.errors import UserError
+from amptrain.common.errors import UserError
 from amptrain.tasks import frechet
 
 

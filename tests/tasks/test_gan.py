@@ -13,11 +13,11 @@ from PIL import Image
 from torch import nn
 
 from amptrain import Precision
-from amptrain.batches import DatasetWindows, SampleOrder
+from amptrain.trainer.windows import DatasetWindows, SampleOrder
 from amptrain.data import DataOptions, TensorData, build_data
 from amptrain.distributed import Strategy
-from amptrain.errors import UserError
-from amptrain.logs import RunLogger
+from amptrain.common.errors import UserError
+from amptrain.trainer.logs import RunLogger
 from amptrain.models import ModelInputs, build_model
 from amptrain.tasks import GanTask, build_task
 from amptrain.tasks.frechet import FeatureSums, frechet_distance

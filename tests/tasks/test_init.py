@@ -6,7 +6,7 @@ import pytest
 import torch
 from torch.utils.data import TensorDataset
 
-from amptrain.errors import UserError
+from amptrain.common.errors import UserError
 from amptrain.tasks import (DEFAULT_TASK, TASKS, ClassificationTask, GanTask,
                             LanguageModelTask, RegressionTask, Task, data_task, decide_task,
                             output_noun, saved_task_name, task_class, task_of_summary)

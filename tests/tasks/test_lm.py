@@ -13,8 +13,8 @@ from amptrain import checkpoint
 from amptrain.compare import CompareOptions, run_compare
 from amptrain.config import RunConfig, build_config
 from amptrain.data import TensorData, TokenBlocks
-from amptrain.errors import Preempted, UserError
-from amptrain.runner import run_training
+from amptrain.common.errors import Preempted, UserError
+from amptrain.workflows.runner import run_training
 from amptrain.tasks import LanguageModelTask, infer_task
 
 

@@ -16,9 +16,9 @@ from torch import nn
 
 from amptrain.config import RunConfig
 from amptrain.data import DataOptions, build_data
-from amptrain.errors import UserError
+from amptrain.common.errors import UserError
 from amptrain.models.actor_critic import ActorCritic
-from amptrain.runner import assemble
+from amptrain.workflows.runner import assemble
 from amptrain.tasks.ppo import PpoTask, iqm
 from amptrain.trainer import Trainer
 
@@ -148,7 +148,7 @@ def test_evaluation_plays_deterministic_episodes(tmp_path):
 
 
 def test_eval_episodes_refused_for_a_checkpoint_of_samples(tmp_path):
-    from amptrain.runner import run_evaluation, run_training
+    from amptrain.workflows.runner import run_evaluation, run_training
 
     run_training(RunConfig.from_options(model="mlp", data="digits", max_steps=1,
                                         batch_size=16, no_progress=True, logger="none",

@@ -9,7 +9,7 @@ import torch
 from torch import nn
 
 from amptrain.data import TensorData
-from amptrain.errors import UserError
+from amptrain.common.errors import UserError
 from amptrain.tasks import EvalResult, RegressionTask, build_task, infer_task, resolve_task
 from amptrain.trainer import Trainer
 

@@ -5,7 +5,7 @@ import pytest
 import torch
 from torch import nn
 
-from amptrain.errors import UserError
+from amptrain.common.errors import UserError
 from amptrain.tasks import ClassificationTask
 from amptrain.trainer import Trainer
 from tests.distributed.two_part_worker import ToyGan, TwoPartTask, data

@@ -6,11 +6,11 @@ import pytest
 import yaml
 from torch.utils.data import DataLoader
 
-from amptrain.autobatch import MicroBatchSplit
-from amptrain.errors import UserError
+from amptrain.trainer.autobatch import MicroBatchSplit
+from amptrain.common.errors import UserError
 from amptrain.trainer import Trainer
 from tests.conftest import tiny_classification, tiny_mlp
-from tests.test_autobatch import _train
+from tests.trainer.test_autobatch import _train
 
 
 def test_auto_needs_a_dataset_that_amptrain_batches():

@@ -27,7 +27,7 @@ def _fit(data, **options):
 
 def test_resolved_config_reruns_with_the_lr_actually_used(tmp_path):
     from amptrain.config import RunConfig, build_config, load_yaml
-    from amptrain.optim import scaled_lr
+    from amptrain.trainer.optim import scaled_lr
 
     data = tiny_classification(n=64)
     trainer, _ = _fit(data, batch_size=32, lr=0.01, lr_scaling="linear", base_batch_size=8,
@@ -39,7 +39,7 @@ def test_resolved_config_reruns_with_the_lr_actually_used(tmp_path):
 
 
 def test_second_fit_into_the_same_out_is_refused_and_a_finished_run_resumes_quietly(tmp_path):
-    from amptrain.errors import UserError
+    from amptrain.common.errors import UserError
 
     data = tiny_classification(n=200)
     options = dict(no_progress=True, epochs=1, batch_size=32, out=str(tmp_path),
@@ -147,7 +147,7 @@ def test_a_format_1_checkpoint_resumes_as_exactly_as_todays(tmp_path, precision)
 ], ids=["newer-layout", "section-missing", "layout-not-a-number", "position-negative"])
 def test_an_edited_section_is_refused_in_one_line(tmp_path, edit, fragment):
     from amptrain import checkpoint
-    from amptrain.errors import UserError
+    from amptrain.common.errors import UserError
 
     data = tiny_classification(n=64)
     _fit(data, batch_size=32, max_steps=2, out=str(tmp_path))

@@ -307,7 +307,7 @@ class _Keyword(nn.Module):
 @pytest.mark.parametrize("name,options,arguments,fragment", LIBRARY_HOSTILE,
                          ids=[c[0] for c in LIBRARY_HOSTILE])
 def test_library_errors_name_the_keyword(name, options, arguments, fragment, tmp_path):
-    from amptrain.errors import UserError
+    from amptrain.common.errors import UserError
 
     data = tiny_classification(n=200)
     with pytest.raises(UserError) as error:
@@ -399,7 +399,7 @@ def test_fit_gives_the_forward_back_when_the_loss_raises_at_step_2():
 
 
 def test_a_failed_set_up_gives_the_forward_back():
-    from amptrain.errors import UserError
+    from amptrain.common.errors import UserError
 
     data = tiny_classification(n=64)
     model = _islands_model()
@@ -413,7 +413,7 @@ def test_a_failed_set_up_gives_the_forward_back():
 
 def test_the_progress_bar_counts_epochs_like_the_log_lines(monkeypatch):
     # One numbering everywhere, from 0: metrics.jsonl's epoch, the log lines, the bar.
-    from amptrain.logs import RunLogger
+    from amptrain.trainer.logs import RunLogger
 
     descs: list[str] = []
     bar = RunLogger.bar

@@ -8,10 +8,10 @@ from torch import nn
 from torch.nn import functional as F
 from torch.utils.data import DataLoader
 
-from amptrain.batches import DatasetWindows
-from amptrain.streams import LoaderWindows
+from amptrain.trainer.windows import DatasetWindows
+from amptrain.trainer.streams import LoaderWindows
 from amptrain.data import TensorData
-from amptrain.errors import UserError
+from amptrain.common.errors import UserError
 from amptrain.trainer import DEVICE_DATA_LIMIT_BYTES, Trainer
 from amptrain.trainer.data import maybe_on_device, windows_of
 from tests.conftest import tiny_classification, tiny_mlp
@@ -140,6 +140,6 @@ def test_data_wait_is_logged_as_a_share_of_training_time(tmp_path):
     waits = [r["data_wait_frac"] for r in records if "loss" in r]
     assert len(waits) == 2 and all(0.0 <= w <= 1.0 for w in waits)
     assert result.data_wait_frac == pytest.approx(sum(waits) / 2)  # the median of two
-    from amptrain.logs import tb_tag
+    from amptrain.trainer.logs import tb_tag
 
     assert tb_tag("data_wait_frac") == "train/data_wait_frac"

@@ -7,7 +7,7 @@ import torch
 
 from amptrain.trainer import datacheck
 from amptrain.data import TensorData
-from amptrain.errors import UserError
+from amptrain.common.errors import UserError
 from tests.conftest import tiny_mlp
 
 X = torch.randn(20, 4)

@@ -8,10 +8,10 @@ from torch import nn
 from torch.nn import functional as F
 
 from amptrain import Precision
-from amptrain.batches import DatasetWindows, SampleOrder
+from amptrain.trainer.windows import DatasetWindows, SampleOrder
 from amptrain.distributed import Strategy
 from amptrain.trainer.evaluation import evaluate
-from amptrain.logs import RunLogger
+from amptrain.trainer.logs import RunLogger
 from amptrain.tasks import ClassificationTask
 from tests.conftest import tiny_classification, tiny_mlp
 

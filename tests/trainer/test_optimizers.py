@@ -11,7 +11,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from amptrain.errors import UserError
+from amptrain.common.errors import UserError
 from amptrain.tasks import ClassificationTask
 from amptrain.trainer import Trainer
 from tests.checkpoint.helpers import StopAt

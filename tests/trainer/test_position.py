@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import pytest
 
-from amptrain.errors import UserError
+from amptrain.common.errors import UserError
 from amptrain.trainer.position import LoopPosition, RunLength
 
 

@@ -15,7 +15,7 @@ from types import SimpleNamespace
 import pytest
 
 from amptrain.trainer import preemption
-from amptrain.errors import Preempted
+from amptrain.common.errors import Preempted
 from amptrain.trainer.preemption import STOP_SIGNALS, exit_code, preempted, stop_on_signals
 
 

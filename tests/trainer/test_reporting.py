@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from amptrain.data import TensorData
-from amptrain.errors import TrainingHalted
+from amptrain.common.errors import TrainingHalted
 from amptrain.models import MLP
 from amptrain.precision import MODES
 from amptrain.precision.hardware.support import auto_mode

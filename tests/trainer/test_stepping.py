@@ -7,7 +7,7 @@ import pytest
 import torch
 from torch.nn import functional as F
 
-from amptrain.errors import UserError
+from amptrain.common.errors import UserError
 from amptrain.trainer import Trainer
 from tests.conftest import tiny_classification, tiny_mlp
 

@@ -19,8 +19,8 @@ from collections.abc import Mapping
 
 import torch
 
-from ...errors import flag
-from ...choices import canonical_name
+from ...common.errors import flag
+from ...common.choices import canonical_name
 from ..modes import MODES
 from .support import auto_mode, device_features, emulated_precisions, onednn_has_bf16_kernels
 

@@ -6,7 +6,7 @@ from typing import Any
 
 import torch
 
-from ...errors import UserError, flag
+from ...common.errors import UserError, flag
 
 #: /proc/cpuinfo flags that decide how fast reduced precision is on an x86 CPU.
 CPU_FLAGS = {"amx_bf16": "AMX-BF16", "amx_fp16": "AMX-FP16", "amx_tile": "AMX-TILE",

@@ -14,7 +14,7 @@ from typing import Any
 
 import torch
 
-from ...errors import flag
+from ...common.errors import flag
 from ..emulation import emulation_switched_on
 from ..modes import MODES, ModeSpec
 from .devices import cpu_flags

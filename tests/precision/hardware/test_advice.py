@@ -11,9 +11,9 @@ import torch
 from torch import nn
 
 from amptrain import Precision
-from amptrain.env import format_env
+from amptrain.workflows.env import format_env
 from amptrain.precision.hardware.probe import collect_env
-from amptrain.errors import AmptrainWarning, TrainingHalted
+from amptrain.common.errors import AmptrainWarning, TrainingHalted
 from amptrain.precision.hardware import advice, support
 from amptrain.report.tables import format_table, recommendation
 from tests.conftest import tiny_mlp

@@ -15,7 +15,7 @@ from amptrain.precision.hardware.devices import (
     read_cpu_flags,
     resolve_device,
 )
-from amptrain.errors import UserError, cli_spelling
+from amptrain.common.errors import UserError, cli_spelling
 from tests.conftest import fake_gpu
 
 

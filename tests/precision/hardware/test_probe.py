@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from amptrain import env
+from amptrain.workflows import env
 from amptrain.precision import MODES
 from amptrain.precision.hardware import probe, support
 from amptrain.precision.hardware.support import onednn_may_use

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from amptrain.errors import UserError, cli_spelling
+from amptrain.common.errors import UserError, cli_spelling
 from amptrain.precision.hardware import support
 from amptrain.precision.resolve import resolve_precision
 from tests.conftest import fake_gpu

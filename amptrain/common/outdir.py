@@ -1,0 +1,331 @@
+"""The output directory (``--out``) of every command: a place that can be written and
+holds nothing that the command would replace.
+
+One rule for every command: amptrain never replaces a file it did not write in this
+invocation. Each command names what it writes (:data:`TRAIN_OUTPUTS`, ...); :func:`claim`
+refuses an ``--out`` where one of those entries exists already (or has the wrong kind: a
+file where a directory goes), before anything is built or written, so a bad ``--out``
+costs the user one line instead of a traceback after training, and an earlier run, an
+earlier report or the user's own file is never overwritten. Only ``train --resume``
+continues what its own earlier invocation wrote.
+
+The same rule holds for every single file the package writes (:func:`new_file`: created
+exclusively, never opened through a FIFO, a device or a link), and for two runs started
+together on one ``--out``: :func:`prepare_run` takes an exclusive lock on the directory
+(``.amptrain.lock``, ``flock``) and checks again under it, so exactly one of them runs and
+the other is one line, exit 2.
+"""
+from __future__ import annotations
+
+import contextlib
+import errno
+import fcntl
+import os
+import stat
+from pathlib import Path
+from typing import IO, Any, Callable
+
+from .errors import UserError, flag
+from .pathkind import special_kind
+
+#: Files whose presence means a directory already holds a run.
+RUN_MARKERS = ("checkpoints/last.pt", "metrics.jsonl")
+
+#: What each command writes into its ``--out`` (a trailing "/" marks a directory).
+TRAIN_OUTPUTS = ("config.yaml", "metrics.jsonl", "tb/", "checkpoints/", "eval/")
+EVAL_OUTPUTS = ("eval/",)
+DIAGNOSE_OUTPUTS = ("diagnose.json", "diagnose.md")
+COMPARE_OUTPUTS = ("compare.json", "study.json", "report.md", "report.html", "compare.png",
+                   "runs/")
+
+
+#: The lock file a training run holds in its ``--out`` while it writes there.
+LOCK_NAME = ".amptrain.lock"
+#: Locks this process holds: resolved ``--out`` -> the locked file's descriptor.
+_HELD: dict[str, int] = {}
+
+
+def train_outputs(loggers: str | list[str] | tuple[str, ...] = "tensorboard"
+                  ) -> tuple[str, ...]:
+    """What ``train`` writes: :data:`TRAIN_OUTPUTS` and each chosen tracker's files
+    (``--logger csv``: metrics.csv; mlflow: mlruns/). A tracker whose package is missing
+    is refused here, so before the run writes anything."""
+    from ..loggers import SINK_OUTPUTS, check_installed, parse_names
+
+    names = parse_names(loggers)
+    check_installed(names)
+    extra = [entry for name in names for entry in SINK_OUTPUTS[name]]
+    return tuple(dict.fromkeys((*TRAIN_OUTPUTS, *extra)))
+
+
+def holds_run(out: Path) -> bool:
+    """True when ``out`` already holds a training run's checkpoint or metrics."""
+    return any((out / marker).exists() for marker in RUN_MARKERS)
+
+
+def check(out: str | os.PathLike[str], *, resume: bool,
+          outputs: tuple[str, ...] = TRAIN_OUTPUTS) -> Path:
+    """Raise :class:`UserError` naming ``--out`` when ``out`` cannot hold a new run.
+
+    ``out`` must be a directory or not exist yet; the nearest existing folder on its
+    path must not be a file and must be writable; without ``resume`` it must not hold
+    a run already, nor any other entry a run writes. Nothing is created.
+    """
+    path = _writable(out)
+    _check_entries(path, outputs, replace_allowed=True)  # kinds first
+    if not resume and path.is_dir() and holds_run(path):
+        raise UserError(f"{flag('out')} {path} already holds a run; continue it with "
+                        f"{flag('resume')} auto or choose another {flag('out')}")
+    _check_entries(path, outputs, replace_allowed=resume)
+    return path
+
+
+def claim(out: str | os.PathLike[str], outputs: tuple[str, ...]) -> Path:
+    """Check that ``out`` can take a command's ``outputs`` without replacing anything
+    (see the module's rule). Raises :class:`UserError` naming ``--out``; creates nothing."""
+    path = _writable(out)
+    _check_entries(path, outputs, replace_allowed=False)
+    return path
+
+
+def _check_entries(path: Path, outputs: tuple[str, ...], *, replace_allowed: bool) -> None:
+    """Each entry a command writes is absent, an empty directory, or (``replace_allowed``:
+    a resumed run's own outputs) of the kind the command writes."""
+    if not path.is_dir():
+        return
+    for entry in outputs:
+        target = path / entry.rstrip("/")
+        if not (target.exists() or target.is_symlink()):
+            continue
+        wants_dir = entry.endswith("/")
+        if target.is_symlink() or (not wants_dir and not target.is_dir()
+                                   and not target.is_file()):
+            kind = "a symbolic link" if target.is_symlink() else special_kind(target)
+            raise UserError(f"{flag('out')} {path}: {target} is {kind or 'not a regular file'}"
+                            f", where amptrain writes a {'directory' if wants_dir else 'file'} "
+                            f"of its own (it never writes through one); move it away or "
+                            f"choose another {flag('out')}")
+        if wants_dir != target.is_dir():
+            have, want = ("a directory", "a file") if target.is_dir() else ("a file" if
+                          target.is_file() else "not a regular file", "a directory")
+            raise UserError(f"{flag('out')} {path}: {target} is {have}, but amptrain writes "
+                            f"{want} there; move it away or choose another {flag('out')}")
+        if replace_allowed or (wants_dir and not any(target.iterdir())):
+            continue
+        raise UserError(f"{flag('out')} {path} already holds {entry}, which this command "
+                        f"would replace (amptrain never overwrites what it did not write in "
+                        f"this invocation); choose another {flag('out')}")
+
+
+def _writable(out: str | os.PathLike[str]) -> Path:
+    path = Path(out)
+    name = f"{flag('out')} {path}"
+    limit = _name_max(path)
+    too_long = [part for part in path.parts if len(os.fsencode(part)) > limit]
+    if too_long or len(os.fsencode(path)) >= 4096:
+        what = (f"the name {too_long[0][:40]}... is {len(os.fsencode(too_long[0]))} bytes, "
+                f"over the file system's {limit}" if too_long
+                else "the path is over the system's 4096 bytes")
+        raise UserError(f"{flag('out')} {str(path)[:60]}...: {what}; choose a shorter "
+                        f"{flag('out')}")
+    if path.exists() and not path.is_dir():
+        raise UserError(f"{name} is {special_kind(path) or 'a file'}, not a directory: choose "
+                        f"another {flag('out')}")
+    existing = path
+    while not existing.exists() and existing != existing.parent:
+        existing = existing.parent
+    if existing.exists() and not existing.is_dir():
+        raise UserError(f"{name}: {existing} is a file, so no directory can be made under it")
+    if not os.access(existing, os.W_OK | os.X_OK):
+        raise UserError(f"{name}: {existing} is not writable; choose a directory you can write")
+    return path
+
+
+def _name_max(path: Path) -> int:
+    """The longest file name the file system under ``path`` takes (255 where unknown)."""
+    existing = path
+    while not _exists(existing) and existing != existing.parent:
+        existing = existing.parent
+    try:
+        return os.pathconf(existing, "PC_NAME_MAX")
+    except (OSError, ValueError):
+        return 255
+
+
+def _exists(path: Path) -> bool:
+    """``path.exists()`` that says False for a name too long to look up (ENAMETOOLONG)."""
+    try:
+        os.stat(path)
+    except (OSError, ValueError):
+        return False
+    return True
+
+
+def prepare(out: str | os.PathLike[str], *, resume: bool,
+            outputs: tuple[str, ...] = TRAIN_OUTPUTS) -> Path:
+    """:func:`check`, then create the directory (one line naming ``--out`` if that fails)."""
+    return make(check(out, resume=resume, outputs=outputs))
+
+
+def prepare_run(out: str | os.PathLike[str], *, resume: bool,
+                outputs: tuple[str, ...] = TRAIN_OUTPUTS) -> Path:
+    """:func:`prepare` for a training run, which then locks the directory for this process
+    (:func:`lock`, until :func:`release`) and checks again under the lock: of two runs
+    started together on one ``--out``, the second is refused before it writes anything."""
+    forget(out)  # from here on the directory holds what this run writes
+    path = prepare(out, resume=resume, outputs=outputs)
+    lock(path)
+    try:
+        return check(path, resume=resume, outputs=outputs)
+    except UserError:
+        release(path)
+        raise
+
+
+def lock(path: Path) -> None:
+    """Hold an exclusive ``flock`` on ``path``/:data:`LOCK_NAME` until :func:`release` or
+    the process ends (the kernel drops it then, also after a SIGKILL). Refuses, naming
+    ``--out``, while another process holds it."""
+    key = os.path.realpath(path)
+    if key in _HELD:
+        return
+    file = path / LOCK_NAME
+    try:
+        fd = os.open(file, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK
+                     | os.O_CLOEXEC, 0o644)
+    except OSError as exc:
+        raise UserError(f"{flag('out')} {path}: cannot lock it with {file} "
+                        f"({exc.strerror or type(exc).__name__})") from None
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise UserError(f"{flag('out')} {path}: {file} is not a regular file; move it away")
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError as exc:
+        os.close(fd)
+        if exc.errno in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
+            raise UserError(f"{flag('out')} {path} is in use by another amptrain run "
+                            f"(it holds {LOCK_NAME}); wait for it to end or choose another "
+                            f"{flag('out')}") from None
+        raise UserError(f"{flag('out')} {path}: cannot lock it "
+                        f"({exc.strerror or type(exc).__name__})") from None
+    try:  # the file locked must still be the lock: a run that ended may have removed it
+        same = os.stat(file, follow_symlinks=False).st_ino == os.fstat(fd).st_ino
+    except OSError:
+        same = False
+    if not same:
+        os.close(fd)
+        raise UserError(f"{flag('out')} {path} is in use by another amptrain run (its lock "
+                        f"changed hands); wait for it to end or choose another {flag('out')}")
+    _HELD[key] = fd
+
+
+def release(path: str | os.PathLike[str] | None) -> None:
+    """Give up this process's lock on ``path`` (nothing when it holds none)."""
+    if path is None:
+        return
+    fd = _HELD.pop(os.path.realpath(path), None)
+    if fd is not None:
+        # Removed while still held (no other run can have it), then unlocked by closing.
+        with contextlib.suppress(OSError):
+            os.unlink(Path(path) / LOCK_NAME)
+        os.close(fd)
+
+
+def new_file(path: str | os.PathLike[str], *, option: str = "out") -> IO[bytes]:
+    """``path`` opened for writing as a new regular file: an existing entry of any kind
+    (the user's file, a FIFO, a device, a link) is refused naming ``option``, never
+    replaced or waited on. Every writer of a file that is not its own earlier output uses
+    this (image grids, ``generate``'s samples, a new tracker file)."""
+    path = Path(path)
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW
+                     | os.O_CLOEXEC, 0o644)
+    except FileExistsError:
+        raise UserError(f"{flag(option)}: {path} exists already and amptrain never replaces "
+                        f"what it did not write; move it away or choose another "
+                        f"{flag(option)}") from None
+    except OSError as exc:
+        raise UserError(f"{flag(option)}: cannot create {path} "
+                        f"({exc.strerror or type(exc).__name__})") from None
+    return os.fdopen(fd, "wb")
+
+
+def make(path: Path) -> Path:
+    """Create the directory ``path`` (and its parents); one line naming ``--out`` if that
+    fails."""
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise UserError(f"{flag('out')} {path}: cannot create it "
+                        f"({exc.strerror or type(exc).__name__})") from None
+    return path
+
+
+#: A training run's ``--out`` passed by :func:`check_on_main` (``remember=True``) before
+#: its command loaded the data and the model: resolved path -> (resume, outputs). The
+#: Trainer's own check of that directory is this verdict (used once); nothing was
+#: written there in between. :func:`prepare_run` (the first write) and :func:`forget`
+#: drop it.
+_VERDICTS: dict[str, tuple[bool, tuple[str, ...]]] = {}
+
+
+def _verdict_key(out: str | os.PathLike[str]) -> str:
+    return os.path.abspath(os.fspath(out))
+
+
+def check_on_main(out: str | os.PathLike[str], *, resume: bool, is_main: bool,
+                  broadcast: Callable[[Any], Any],
+                  outputs: tuple[str, ...] = TRAIN_OUTPUTS, remember: bool = False) -> None:
+    """:func:`check` on the main process, whose verdict every process follows.
+
+    Each process checking for itself would race: rank 0 may already have written
+    metrics.jsonl into ``out`` when a slower rank looks, and that rank would then refuse
+    the very run it belongs to.
+
+    The check is made once per run: ``remember`` keeps a passing verdict (a command
+    checks before it loads anything) for the run's Trainer, whose own check of the same
+    directory, resume and outputs then takes it instead of looking again.
+    """
+    if _VERDICTS.pop(_verdict_key(out), None) == (resume, tuple(outputs)):
+        return
+    problem = None
+    if is_main:
+        try:
+            check(out, resume=resume, outputs=outputs)
+        except UserError as exc:
+            problem = str(exc)
+    problem = broadcast(problem)
+    if problem:
+        raise UserError(problem)
+    if remember:
+        _VERDICTS[_verdict_key(out)] = (resume, tuple(outputs))
+
+
+def forget(out: str | os.PathLike[str]) -> None:
+    """Drop a remembered verdict on ``out`` (the command's run is over)."""
+    _VERDICTS.pop(_verdict_key(out), None)
+
+
+def write_bytes(path: str | os.PathLike[str], data: bytes, *, replace: bool,
+                option: str = "out") -> Path:
+    """Write ``data`` to the file ``path``. Without ``replace`` the file must be new
+    (:func:`new_file`); with it (a command's own earlier output, e.g. a resumed run's
+    eval/samples.png) an existing regular file is replaced atomically, but a link, a FIFO,
+    a device or a directory there is refused naming ``option``: never written through,
+    never waited on."""
+    path = Path(path)
+    if not replace or not (path.exists() or path.is_symlink()):
+        with new_file(path, option=option) as f:
+            f.write(data)
+        return path
+    if path.is_symlink() or not path.is_file():
+        kind = "a symbolic link" if path.is_symlink() else \
+            "a directory" if path.is_dir() else special_kind(path) or "not a regular file"
+        raise UserError(f"{flag(option)}: {path} is {kind}; amptrain writes a file of its "
+                        f"own there; move it away or choose another {flag(option)}")
+    partial = path.with_name(f".{path.name}.{os.getpid()}.partial")
+    with new_file(partial, option=option) as f:
+        f.write(data)
+    os.replace(partial, path)
+    return path
