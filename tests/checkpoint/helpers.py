@@ -33,6 +33,27 @@ def dropout_mlp(seed: int = 0) -> nn.Module:
         head=nn.Linear(16, 3)))
 
 
+def adamw_pair(seed: int = 0) -> tuple[nn.Module, torch.optim.Optimizer]:
+    """A small model and its AdamW (the sharded-checkpoint tests)."""
+    torch.manual_seed(seed)
+    model = nn.Sequential(nn.Linear(4, 8), nn.Tanh(), nn.Linear(8, 3))
+    return model, torch.optim.AdamW(model.parameters(), lr=0.1)
+
+
+def adamw_step(model: nn.Module, optimizer: torch.optim.Optimizer, seed: int) -> None:
+    """One optimizer step on a batch drawn from ``seed``."""
+    generator = torch.Generator().manual_seed(seed)
+    model(torch.randn(5, 4, generator=generator)).square().sum().backward()
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+
+
+def plain_state(step: int) -> dict:
+    """The plain (non-tensor) entries of a checkpoint at ``step``."""
+    return {"format": checkpoint.FORMAT, "format_version": checkpoint.FORMAT_VERSION,
+            "step": step, "epoch": 0, "window_in_epoch": step, "config": {}, "rng": {}}
+
+
 TRAIN = tiny_classification(n=200)          # batch 32: 7 steps per epoch, the last partial
 VAL = tiny_classification(n=64, seed=1)
 OPTIONS = {"device": "cpu", "deterministic": True, "no_progress": True, "batch_size": 32,
