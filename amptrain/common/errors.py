@@ -113,7 +113,8 @@ class AmptrainWarning(UserWarning):
 def _caller_stacklevel() -> int:
     """The stacklevel of the first frame outside amptrain, so that a warning names the
     user's line (where ``Trainer.fit`` or ``Precision.setup`` was called), not ours."""
-    package = os.path.dirname(os.path.abspath(__file__)) + os.sep
+    # amptrain/ itself (this module lives in amptrain/common/).
+    package = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
     frame: FrameType | None = sys._getframe(2)  # warn()'s caller's caller: stacklevel 2
     level = 2
     while frame is not None and os.path.abspath(frame.f_code.co_filename).startswith(package):
