@@ -223,14 +223,33 @@ def trainer_vs_raw(device: torch.device, results: Results, rounds: int, block: i
     results.add("Trainer vs hand-written loop (small models)", rows, table, notes)
 
 
+def big_rows(spec: str | None) -> list[tuple[str, str]]:
+    """``--big-rows`` as (model, precision) pairs in the order given: ``resnet50:bf16-mixed``
+    one row, ``gpt2-small`` every precision of it; None: every model, every precision."""
+    if not spec:
+        return [(name, p) for name in BIG_WORKLOADS for p in PRECISIONS]
+    pairs = []
+    for item in spec.split(","):
+        name, _, precision = item.partition(":")
+        if name not in BIG_WORKLOADS or (precision and precision not in PRECISIONS):
+            raise SystemExit(f"--big-rows: {item!r} is not MODEL[:PRECISION] of "
+                             f"{sorted(BIG_WORKLOADS)} x {PRECISIONS}")
+        pairs += [(name, p) for p in ([precision] if precision else PRECISIONS)]
+    return pairs
+
+
 def big_models(device: torch.device, results: Results, rounds: int, block: int,
-               peak_override: float | None) -> None:
+               peak_override: float | None, only: str | None = None) -> None:
     rows = []
+    wanted = big_rows(only)
     for name, workload in BIG_WORKLOADS.items():
+        precisions = [p for n, p in wanted if n == name]
+        if not precisions:
+            continue
         channels_last = name == "resnet50"
         model, data = workload.build()
         flops = None
-        for precision in PRECISIONS:
+        for precision in precisions:
             if results.left_s() < 45:
                 rows.append({"model": name, "precision": precision, "skipped": "time budget"})
                 continue
@@ -383,6 +402,9 @@ def main() -> int:
     parser.add_argument("--peak-tflops", type=float, default=None,
                         help="the GPU's dense peak for MFU when it is not in the table")
     parser.add_argument("--sections", default="sync,overhead,big,synccost,frameworks")
+    parser.add_argument("--big-rows", default=None,
+                        help="the big section's rows, in order: MODEL[:PRECISION],... "
+                             "(default: resnet50 and gpt2-small in every precision)")
     args = parser.parse_args()
     if not torch.cuda.is_available():
         print(f"benchmarks/gpu.py needs a CUDA GPU (made for an H100/H200), and none is visible "
@@ -399,7 +421,7 @@ def main() -> int:
         "sync": lambda: sync_check(device, results),
         "overhead": lambda: trainer_vs_raw(device, results, args.rounds, block=20),
         "big": lambda: big_models(device, results, max(4, args.rounds // 2), 5,
-                                  args.peak_tflops),
+                                  args.peak_tflops, args.big_rows),
         "synccost": lambda: sync_cost(device, results, args.rounds, block=20),
         "frameworks": lambda: frameworks(device, results, args.rounds, block=20),
     }

@@ -105,6 +105,32 @@ def test_gpu_script_helpers_need_no_gpu():
     assert gpu.peak_tflops("bf16-mixed", 123.0) == 123.0
 
 
+def test_gpu_big_rows_keep_the_order_given():
+    import gpu
+
+    assert gpu.big_rows("gpt2-small:bf16-mixed,resnet50") == \
+        [("gpt2-small", "bf16-mixed")] + [("resnet50", p) for p in gpu.PRECISIONS]
+    assert len(gpu.big_rows(None)) == len(gpu.BIG_WORKLOADS) * len(gpu.PRECISIONS)
+    with pytest.raises(SystemExit, match="--big-rows: 'resnet50:fp8'"):
+        gpu.big_rows("resnet50:fp8")
+
+
+@pytest.mark.slow
+def test_compare_lane_prints_the_lane_against_the_training_loop(tmp_path):
+    """benchmarks/compare_lane.py on the tiny BERT: one round, a row with every column."""
+    pytest.importorskip("transformers")
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / "compare_lane.py"), "--rounds", "1",
+         "--epochs", "1", "--threads", "1"],
+        capture_output=True, text=True, timeout=600, cwd=tmp_path,
+        env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    row = next(line for line in proc.stdout.splitlines() if line.startswith("| 32-true |"))
+    cells = [c.strip() for c in row.strip("|").split("|")]
+    assert len(cells) == 6 and all(float(c) > 0 for c in cells[1:4])
+    assert float(cells[4].strip("*")) > 0
+
+
 def test_wide_mlp_overhead_measures_every_lane_without_timing_assertions():
     import wide_mlp_overhead as wide
 
