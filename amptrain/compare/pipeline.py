@@ -14,8 +14,9 @@ from ..config import RunConfig, to_dict
 from ..precision.hardware.devices import resolve_device
 from ..precision.hardware.probe import collect_env
 from ..common.errors import UserError
+from ..tasks import Task
 from .options import CURVE_POINTS, CompareOptions, resolve_precisions, resolve_tolerance
-from .reliability import assess_timing, machine_load, usable_cores
+from .reliability import assess_timing, check_against_training, machine_load, usable_cores
 from .runs import train_runs
 from .summary import summarise
 from .timing import measure_speed_and_memory, memory_method, speed_figures
@@ -67,28 +68,17 @@ def _study(config: RunConfig, options: CompareOptions, *, command: str | None,
     log.info("compare: timing %s (%d warm-up + %d timed steps each, %s)", ", ".join(precisions),
              options.timing_warmup, options.timed_steps,
              "interleaved" if options.interleave else "one after another")
-    load_before = machine_load()
-    contenders = measure_speed_and_memory(config, precisions, options)
-    speed = {p: speed_figures(c) for p, c in contenders.items()}
-    task = contenders[baseline].task  # the set-up Trainer's: names compare's metric fields
-    assert task is not None, "build_contender sets every contender's task"
-    # The higher of the two: a load that rose during the timing counts as much as one
-    # that was there before it.
-    loads = [x for x in (load_before, machine_load()) if x is not None]
-    load, cores = (max(loads) if loads else None), usable_cores()
-    timing_load = {"load_average": load, "cores": cores}
-    reliability = assess_timing({p: s.get("step_times_ms", []) for p, s in speed.items()},
-                                baseline, speed[baseline].get("control_step_times_ms", []),
-                                load=load, cores=cores, interleaved=options.interleave)
-    for p, fields in reliability.items():
-        speed[p].update(fields)
+    timing_config = config  # a second timing (below) must time the same steps
+    speed, task, timing_load = time_precisions(timing_config, precisions, options)
     # Records every few steps for smooth curves, but lines printed as `train` prints them.
     print_every = config.logging.log_every
     if pick_log_every:
-        steps = contenders[baseline].total_steps
+        steps = speed[baseline]["total_steps"]
         config = config.with_options(log_every=max(1, steps // CURVE_POINTS))
     runs = [] if options.speed_only else train_runs(config, precisions, seeds, out,
                                                     print_every=print_every)
+    speed, timing_load = _match_training(timing_config, precisions, options, runs, speed,
+                                         timing_load)
 
     tolerance = resolve_tolerance(options, task)
     log.info("compare: verdict tolerance %s", tolerance.why)
@@ -113,3 +103,51 @@ def _study(config: RunConfig, options: CompareOptions, *, command: str | None,
     (out / "study.json").write_text(json.dumps(study, indent=2) + "\n")
     report.write_reports(out)
     return result
+
+
+def time_precisions(config: RunConfig, precisions: list[str], options: CompareOptions
+                    ) -> tuple[dict[str, dict[str, Any]], Task, dict[str, Any]]:
+    """Speed and memory of every precision (``precisions[0]`` the baseline) with the
+    reliability fields, the task the runs learn, and the load the timing ran under."""
+    load_before = machine_load()
+    contenders = measure_speed_and_memory(config, precisions, options)
+    speed = {p: {**speed_figures(c), "total_steps": c.total_steps}
+             for p, c in contenders.items()}
+    task = contenders[precisions[0]].task  # the set-up Trainer's: names the metric fields
+    assert task is not None, "build_contender sets every contender's task"
+    # The higher of the two: a load that rose during the timing counts as much as one
+    # that was there before it.
+    loads = [x for x in (load_before, machine_load()) if x is not None]
+    load, cores = (max(loads) if loads else None), usable_cores()
+    reliability = assess_timing({p: s.get("step_times_ms", []) for p, s in speed.items()},
+                                precisions[0],
+                                speed[precisions[0]].get("control_step_times_ms", []),
+                                load=load, cores=cores, interleaved=options.interleave)
+    for p, fields in reliability.items():
+        speed[p].update(fields)
+    return speed, task, {"load_average": load, "cores": cores}
+
+
+def _match_training(config: RunConfig, precisions: list[str], options: CompareOptions,
+                    runs: list[dict[str, Any]], speed: dict[str, dict[str, Any]],
+                    timing_load: dict[str, Any]
+                    ) -> tuple[dict[str, dict[str, Any]], dict[str, Any]]:
+    """The timing held against the step times the training runs logged: where a precision's
+    timed step is far off its runs' (the machine was busy for a while, issue 38's 40x), it
+    is timed once more, now; the second timing is kept where it agrees with training, else
+    the first stays, marked not reliable, with both numbers in its note."""
+    notes = check_against_training(speed, runs)
+    if not notes:
+        return speed, timing_load
+    log.warning("compare: the timing is not the speed training has (%s); timing again",
+                "; ".join(notes))
+    again, _, load_again = time_precisions(config, precisions, options)
+    if check_against_training(again, runs):
+        log.warning("compare: timed again, still not the speed training has: the speed "
+                    "table is marked not reliable, and study.json holds the runs' step times")
+        return speed, timing_load
+    first = "; ".join(notes)
+    for s in again.values():
+        s["first_timing_note"] = first  # study.json: why it was timed twice
+    log.info("compare: the second timing agrees with the training runs")
+    return again, load_again

@@ -95,3 +95,47 @@ def assess_timing(step_times: dict[str, list[float]], baseline: str,
                              "timing_note": "; ".join(reasons) or None}
     return fields
 
+
+
+#: compare's timing lane and its training runs step the same model on the same batches:
+#: a lane this many times slower (or faster) than the runs measured something other than
+#: training (issue 38: a lane at 40x the runs' step went out as the speed).
+LANE_TRAINING_LIMIT = 3.0
+
+
+def training_step_ms(runs: list[dict[str, Any]], precision: str,
+                     batch_samples: int | None) -> float | None:
+    """The step time ``precision``'s training runs logged themselves: the median over its
+    seeds of ``batch_samples`` over the run's median ``samples_per_s``, its share of time
+    waiting for data taken out (the timing lane's batches are already in memory)."""
+    if not batch_samples:
+        return None
+    steps = [batch_samples / r["train_samples_per_s"] * 1e3 * (1 - (r.get("data_wait_frac") or 0))
+             for r in runs
+             if r["precision"] == precision and r.get("train_samples_per_s")]
+    return statistics.median(steps) if steps else None
+
+
+def check_against_training(speed: dict[str, dict[str, Any]],
+                           runs: list[dict[str, Any]]) -> list[str]:
+    """Hold each precision's timed step against the step its own training runs logged.
+
+    Adds ``train_step_time_ms`` (None without runs) to every ``speed[p]``; where the timing
+    lane's median step is more than :data:`LANE_TRAINING_LIMIT` times off the runs', the
+    row's timing is not reliable and its ``timing_note`` names both. Returns those notes."""
+    notes = []
+    for precision, s in speed.items():
+        lane_ms = s.get("step_time_ms")
+        train_ms = training_step_ms(runs, precision, s.get("batch_samples"))
+        s["train_step_time_ms"] = train_ms
+        if not lane_ms or not train_ms:
+            continue
+        ratio = lane_ms / train_ms
+        if 1 / LANE_TRAINING_LIMIT <= ratio <= LANE_TRAINING_LIMIT:
+            continue
+        note = (f"its timed step ({lane_ms:.4g} ms) is {ratio:.2g}x the step its training "
+                f"runs logged ({train_ms:.4g} ms)")
+        s["timing_reliable"] = False
+        s["timing_note"] = "; ".join(filter(None, [note, s.get("timing_note")]))
+        notes.append(f"{precision}: {note}")
+    return notes

@@ -16,7 +16,12 @@ import torch
 
 from amptrain.compare import CompareOptions, assess_timing, run_compare
 from amptrain.compare import pipeline as study_module
-from amptrain.compare.reliability import AA_LIMIT, SPREAD_LIMIT
+from amptrain.compare.reliability import (
+    AA_LIMIT,
+    LANE_TRAINING_LIMIT,
+    SPREAD_LIMIT,
+    check_against_training,
+)
 from amptrain.report import format_table, timing_warning
 from amptrain.trainer import Trainer
 from tests.compare.conftest import small_config
@@ -158,3 +163,144 @@ def test_a_study_timed_on_a_busy_machine_says_its_speedups_are_not_reliable(tmp_
     study = json.loads((out / "study.json").read_text())
     assert study["timing_load"]["cores"] >= 1
     assert "control_step_times_ms" in study["speed"]["32-true"]
+
+
+# ------------------------------------- the timed step against the training runs' (issue 38)
+def _run(precision: str, samples_per_s: float | None, wait: float | None = 0.0) -> dict:
+    return {"precision": precision, "seed": 0, "train_samples_per_s": samples_per_s,
+            "data_wait_frac": wait}
+
+
+def _timed(step_ms: float, batch: int = 16) -> dict:
+    return {"step_time_ms": step_ms, "batch_samples": batch, "timing_reliable": True,
+            "timing_note": None}
+
+
+def test_a_timed_step_40x_the_training_runs_is_not_reliable_and_names_both():
+    # issue 38's numbers: 1184 ms timed, 584 samples/s of 16 in training (27.4 ms a step)
+    speed = {"32-true": _timed(1184.0), "bf16-mixed": _timed(30.0)}
+    runs = [_run("32-true", 584.0), _run("32-true", 600.0), _run("bf16-mixed", 560.0)]
+    notes = check_against_training(speed, runs)
+    slow = speed["32-true"]
+    assert slow["timing_reliable"] is False
+    # the median of the seeds' steps (27.40 and 26.67 ms)
+    assert slow["train_step_time_ms"] == pytest.approx((16 / 584 + 16 / 600) / 2 * 1e3)
+    assert slow["timing_note"] == ("its timed step (1184 ms) is 44x the step its training "
+                                   "runs logged (27.03 ms)")
+    assert notes == [f"32-true: {slow['timing_note']}"]
+    # 30 ms against 28.6 ms is the same speed: the row is left as it was
+    assert speed["bf16-mixed"]["timing_reliable"] is True
+    assert speed["bf16-mixed"]["timing_note"] is None
+    assert speed["bf16-mixed"]["train_step_time_ms"] == pytest.approx(16 / 560 * 1e3)
+
+
+def test_the_limit_holds_both_ways_and_earlier_reasons_are_kept():
+    low, high = 1 / LANE_TRAINING_LIMIT, LANE_TRAINING_LIMIT
+    speed = {"a": _timed(10.0 * high * 0.99), "b": _timed(10.0 * high * 1.01),
+             "c": _timed(10.0 * low * 1.01), "d": {**_timed(10.0 * low * 0.99),
+                                                   "timing_note": "only 3 timed rounds"}}
+    runs = [_run(p, 1600.0) for p in "abcd"]  # 16 samples in 10 ms
+    check_against_training(speed, runs)
+    assert [speed[p]["timing_reliable"] for p in "abcd"] == [True, False, True, False]
+    assert speed["d"]["timing_note"].endswith("; only 3 timed rounds")
+
+
+def test_the_training_runs_time_waiting_for_data_is_taken_out():
+    # Half of training's time went to waiting for data, which the timed step (batches
+    # already in memory) never does: 20 ms logged is a 10 ms step.
+    speed = {"32-true": _timed(10.0)}
+    check_against_training(speed, [_run("32-true", 800.0, wait=0.5)])
+    assert speed["32-true"]["train_step_time_ms"] == pytest.approx(10.0)
+    assert speed["32-true"]["timing_reliable"] is True
+
+
+def test_without_runs_or_timing_nothing_is_judged():
+    speed = {"32-true": _timed(10.0), "16-mixed": {"step_time_ms": None, "batch_samples": 0,
+                                                   "timing_reliable": None,
+                                                   "timing_note": "not timed"}}
+    assert check_against_training(speed, []) == []  # --speed-only trains nothing
+    assert speed["32-true"]["train_step_time_ms"] is None
+    assert speed["32-true"]["timing_reliable"] is True
+    check_against_training(speed, [_run("32-true", None), _run("16-mixed", 1000.0)])
+    assert speed["32-true"]["train_step_time_ms"] is None  # a halted run logs no speed
+    assert speed["16-mixed"]["timing_note"] == "not timed"
+
+
+def test_a_study_whose_timing_lane_is_slower_than_its_training_says_so(tmp_path, monkeypatch,
+                                                                       caplog):
+    """The lane made 0.1 s a step slower than training (what issue 38 saw, 40x): compare
+    still reports what it timed, but every row says that this is not the speed its
+    training runs had, with both numbers, in compare.json, study.json and the console."""
+    monkeypatch.setattr(study_module, "machine_load", lambda: 0.0)
+    timing = {"on": False}
+    original_step, original_measure = Trainer.train_step, study_module.measure_speed_and_memory
+
+    def step(trainer, window):
+        if timing["on"]:
+            time.sleep(0.1)
+        return original_step(trainer, window)
+
+    def measure(*args, **kwargs):
+        timing["on"] = True
+        try:
+            return original_measure(*args, **kwargs)
+        finally:
+            timing["on"] = False
+
+    monkeypatch.setattr(Trainer, "train_step", step)
+    monkeypatch.setattr(study_module, "measure_speed_and_memory", measure)
+    out = tmp_path / "study"
+    options = CompareOptions(precisions="32-true,bf16-mixed", timing_steps=5, timing_warmup=1,
+                             seeds=1)
+    with caplog.at_level("WARNING", logger="amptrain"):
+        result = run_compare(small_config(out, log_every=2), options, pick_log_every=False)
+    study = json.loads((out / "study.json").read_text())
+    for row in result["summary"]:
+        assert row["timing_reliable"] is False
+        assert "the step its training runs logged" in row["timing_note"]
+        trained = study["speed"][row["precision"]]["train_step_time_ms"]
+        assert 0 < trained < row["step_time_ms"] / LANE_TRAINING_LIMIT
+        assert f"({trained:.4g} ms)" in row["timing_note"]
+    assert "not the speed training has (32-true: its timed step" in caplog.text
+    assert "timed again, still not the speed training has" in caplog.text
+    assert "Timing not reliable (32-true, bf16-mixed)" in (out / "report.md").read_text()
+
+
+def test_a_timing_slowed_for_a_while_is_timed_again_and_the_agreeing_one_kept(
+        tmp_path, monkeypatch, caplog):
+    """The first timing slowed (another job on the machine for a while), the second not:
+    compare keeps the second, which agrees with the training runs, and says in
+    study.json why it timed twice."""
+    monkeypatch.setattr(study_module, "machine_load", lambda: 0.0)
+    timings = {"count": 0, "on": False}
+    original_step, original_measure = Trainer.train_step, study_module.measure_speed_and_memory
+
+    def step(trainer, window):
+        if timings["on"] and timings["count"] == 1:
+            time.sleep(0.1)
+        return original_step(trainer, window)
+
+    def measure(*args, **kwargs):
+        timings["count"] += 1
+        timings["on"] = True
+        try:
+            return original_measure(*args, **kwargs)
+        finally:
+            timings["on"] = False
+
+    monkeypatch.setattr(Trainer, "train_step", step)
+    monkeypatch.setattr(study_module, "measure_speed_and_memory", measure)
+    out = tmp_path / "study"
+    options = CompareOptions(precisions="32-true,bf16-mixed", timing_steps=5, timing_warmup=1,
+                             seeds=1)
+    with caplog.at_level("INFO", logger="amptrain"):
+        result = run_compare(small_config(out, log_every=2), options, pick_log_every=False)
+    assert timings["count"] == 2
+    study = json.loads((out / "study.json").read_text())
+    for row in result["summary"]:
+        speed = study["speed"][row["precision"]]
+        # the kept timing is the second: within the limit of the runs' step time
+        assert row["step_time_ms"] < speed["train_step_time_ms"] * LANE_TRAINING_LIMIT
+        assert "the step its training runs logged" not in (row["timing_note"] or "")
+        assert speed["first_timing_note"].startswith("32-true: its timed step (")
+    assert "the second timing agrees with the training runs" in caplog.text
