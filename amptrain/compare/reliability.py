@@ -101,18 +101,23 @@ def assess_timing(step_times: dict[str, list[float]], baseline: str,
 #: a lane this many times slower (or faster) than the runs measured something other than
 #: training (issue 38: a lane at 40x the runs' step went out as the speed).
 LANE_TRAINING_LIMIT = 3.0
+#: A run's logged speed is its median over log windows; with fewer windows than this the
+#: first (warm-up: allocations, kernel selection) can be the median, so it is not judged.
+MIN_SPEED_WINDOWS = 3
 
 
 def training_step_ms(runs: list[dict[str, Any]], precision: str,
                      batch_samples: int | None) -> float | None:
     """The step time ``precision``'s training runs logged themselves: the median over its
     seeds of ``batch_samples`` over the run's median ``samples_per_s``, its share of time
-    waiting for data taken out (the timing lane's batches are already in memory)."""
+    waiting for data taken out (the timing lane's batches are already in memory). Runs
+    that logged their speed fewer than :data:`MIN_SPEED_WINDOWS` times are left out."""
     if not batch_samples:
         return None
     steps = [batch_samples / r["train_samples_per_s"] * 1e3 * (1 - (r.get("data_wait_frac") or 0))
              for r in runs
-             if r["precision"] == precision and r.get("train_samples_per_s")]
+             if r["precision"] == precision and r.get("train_samples_per_s")
+             and r.get("train_speed_windows", 0) >= MIN_SPEED_WINDOWS]
     return statistics.median(steps) if steps else None
 
 

@@ -138,7 +138,7 @@ def train_runs(config: RunConfig, precisions: list[str], seeds: list[int], out: 
                 log.info("compare: %s seed %d stopped: %s", precision, seed, exc)
                 record.update(val_loss=None, final_loss=None, skipped_steps=None,
                               steps=None, halted=str(exc), train_samples_per_s=None,
-                              data_wait_frac=None)
+                              train_speed_windows=0, data_wait_frac=None)
             else:
                 # The task's metrics by name: val_acc, or val_perplexity, val_rmse, ...
                 record.update({f"val_{k}": finite(v) for k, v in result.val_metrics.items()})
@@ -146,6 +146,8 @@ def train_runs(config: RunConfig, precisions: list[str], seeds: list[int], out: 
                               final_loss=finite(result.final_loss),
                               skipped_steps=result.skipped_steps, steps=result.steps, halted=None,
                               train_samples_per_s=result.samples_per_s,
+                              train_speed_windows=sum(1 for r in result.history
+                                                      if r.get("samples_per_s")),
                               data_wait_frac=result.data_wait_frac)
             record["wall_s"] = round(time.perf_counter() - started, 3)
             record.update(probe.facts)

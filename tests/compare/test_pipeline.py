@@ -52,6 +52,12 @@ def test_study_json_records_how_the_study_was_run(study):
     assert "precision" not in details["config"] and "out" not in details["config"]
     assert details["config"]["model"] == "cnn:8" and details["config"]["max_steps"] == 6
     assert set(details["speed"]) == set(PRECISIONS)
+    runs = json.loads((study["out"] / "compare.json").read_text())["runs"]
+    for precision, speed in details["speed"].items():
+        # the runs' own step time beside the timed one; 6 steps logged in one window at
+        # --log-every 10 are too few to judge the timing by (compare/reliability.py)
+        assert speed["total_steps"] == 6 and speed["train_step_time_ms"] is None
+        assert all(r["train_speed_windows"] == 1 for r in runs if r["precision"] == precision)
     assert "allocation events" in details["memory_method"]  # the CPU's way of measuring
     assert {"python", "torch"} <= set(details["env"])
     for name in ("report.md", "report.html", "compare.png"):

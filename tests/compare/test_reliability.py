@@ -19,6 +19,7 @@ from amptrain.compare import pipeline as study_module
 from amptrain.compare.reliability import (
     AA_LIMIT,
     LANE_TRAINING_LIMIT,
+    MIN_SPEED_WINDOWS,
     SPREAD_LIMIT,
     check_against_training,
 )
@@ -166,9 +167,10 @@ def test_a_study_timed_on_a_busy_machine_says_its_speedups_are_not_reliable(tmp_
 
 
 # ------------------------------------- the timed step against the training runs' (issue 38)
-def _run(precision: str, samples_per_s: float | None, wait: float | None = 0.0) -> dict:
+def _run(precision: str, samples_per_s: float | None, wait: float | None = 0.0,
+         windows: int = 10) -> dict:
     return {"precision": precision, "seed": 0, "train_samples_per_s": samples_per_s,
-            "data_wait_frac": wait}
+            "train_speed_windows": windows, "data_wait_frac": wait}
 
 
 def _timed(step_ms: float, batch: int = 16) -> dict:
@@ -223,6 +225,11 @@ def test_without_runs_or_timing_nothing_is_judged():
     assert speed["32-true"]["timing_reliable"] is True
     check_against_training(speed, [_run("32-true", None), _run("16-mixed", 1000.0)])
     assert speed["32-true"]["train_step_time_ms"] is None  # a halted run logs no speed
+    # two logged windows: the median may be the warm-up window, so it is not judged
+    speed["32-true"] = _timed(1000.0)
+    check_against_training(speed, [_run("32-true", 1600.0, windows=MIN_SPEED_WINDOWS - 1)])
+    assert speed["32-true"]["train_step_time_ms"] is None
+    assert speed["32-true"]["timing_reliable"] is True
     assert speed["16-mixed"]["timing_note"] == "not timed"
 
 
