@@ -1,10 +1,13 @@
-"""Whether compare's timing can be trusted, judged from the timing itself.
+"""Whether compare's timing can be trusted, judged from the timing itself and then
+against the step times its own training runs logged.
 
 Every round of the interleaved timing runs one step of each precision and one of an A/A
 control lane (the baseline set up a second time). Consecutive steps see about the same
 machine, so per-round ratios hold up where absolute step times swing; when even they
 scatter, or two identical lanes disagree, or the machine has more runnable work than
-cores, no speedup of that study is to be trusted, and the study says so.
+cores, no speedup of that study is to be trusted, and the study says so. A timed step
+far from the step the same precision's training runs logged (:func:`check_against_training`)
+is not the speed training has either, however steady its rounds were.
 """
 from __future__ import annotations
 
@@ -94,7 +97,6 @@ def assess_timing(step_times: dict[str, list[float]], baseline: str,
                              "timing_reliable": not reasons,
                              "timing_note": "; ".join(reasons) or None}
     return fields
-
 
 
 #: compare's timing lane and its training runs step the same model on the same batches:
