@@ -233,34 +233,49 @@ def test_without_runs_or_timing_nothing_is_judged():
     assert speed["16-mixed"]["timing_note"] == "not timed"
 
 
+class _SlowTimings:
+    """compare's timings made 0.1 s a step slower than its training runs (issue 38 saw
+    40x): the ``slowed`` timings (1-based) of the study; its training runs untouched."""
+
+    def __init__(self, monkeypatch, slowed) -> None:
+        self.count, self.timing, self.slowed = 0, False, slowed
+        original_step, original_measure = (Trainer.train_step,
+                                           study_module.measure_speed_and_memory)
+
+        def step(trainer, window):
+            if self.timing and self.count in self.slowed:
+                time.sleep(0.1)
+            return original_step(trainer, window)
+
+        def measure(*args, **kwargs):
+            self.count += 1
+            self.timing = True
+            try:
+                return original_measure(*args, **kwargs)
+            finally:
+                self.timing = False
+
+        monkeypatch.setattr(Trainer, "train_step", step)
+        monkeypatch.setattr(study_module, "measure_speed_and_memory", measure)
+        monkeypatch.setattr(study_module, "machine_load", lambda: 0.0)
+
+    @staticmethod
+    def study(out, caplog) -> dict:
+        options = CompareOptions(precisions="32-true,bf16-mixed", timing_steps=5,
+                                 timing_warmup=1, seeds=1)
+        with caplog.at_level("INFO", logger="amptrain"):
+            return run_compare(small_config(out, log_every=2), options, pick_log_every=False)
+
+
 def test_a_study_whose_timing_lane_is_slower_than_its_training_says_so(tmp_path, monkeypatch,
                                                                        caplog):
-    """The lane made 0.1 s a step slower than training (what issue 38 saw, 40x): compare
-    still reports what it timed, but every row says that this is not the speed its
-    training runs had, with both numbers, in compare.json, study.json and the console."""
-    monkeypatch.setattr(study_module, "machine_load", lambda: 0.0)
-    timing = {"on": False}
-    original_step, original_measure = Trainer.train_step, study_module.measure_speed_and_memory
-
-    def step(trainer, window):
-        if timing["on"]:
-            time.sleep(0.1)
-        return original_step(trainer, window)
-
-    def measure(*args, **kwargs):
-        timing["on"] = True
-        try:
-            return original_measure(*args, **kwargs)
-        finally:
-            timing["on"] = False
-
-    monkeypatch.setattr(Trainer, "train_step", step)
-    monkeypatch.setattr(study_module, "measure_speed_and_memory", measure)
+    """Both timings slowed: compare still reports what it timed, but every row says that
+    this is not the speed its training runs had, with both numbers, in compare.json,
+    study.json, the reports and the console."""
+    timings = _SlowTimings(monkeypatch, slowed={1, 2})
     out = tmp_path / "study"
-    options = CompareOptions(precisions="32-true,bf16-mixed", timing_steps=5, timing_warmup=1,
-                             seeds=1)
-    with caplog.at_level("WARNING", logger="amptrain"):
-        result = run_compare(small_config(out, log_every=2), options, pick_log_every=False)
+    result = timings.study(out, caplog)
+    assert timings.count == 2
     study = json.loads((out / "study.json").read_text())
     for row in result["summary"]:
         assert row["timing_reliable"] is False
@@ -278,31 +293,10 @@ def test_a_timing_slowed_for_a_while_is_timed_again_and_the_agreeing_one_kept(
     """The first timing slowed (another job on the machine for a while), the second not:
     compare keeps the second, which agrees with the training runs, and says in
     study.json why it timed twice."""
-    monkeypatch.setattr(study_module, "machine_load", lambda: 0.0)
-    timings = {"count": 0, "on": False}
-    original_step, original_measure = Trainer.train_step, study_module.measure_speed_and_memory
-
-    def step(trainer, window):
-        if timings["on"] and timings["count"] == 1:
-            time.sleep(0.1)
-        return original_step(trainer, window)
-
-    def measure(*args, **kwargs):
-        timings["count"] += 1
-        timings["on"] = True
-        try:
-            return original_measure(*args, **kwargs)
-        finally:
-            timings["on"] = False
-
-    monkeypatch.setattr(Trainer, "train_step", step)
-    monkeypatch.setattr(study_module, "measure_speed_and_memory", measure)
+    timings = _SlowTimings(monkeypatch, slowed={1})
     out = tmp_path / "study"
-    options = CompareOptions(precisions="32-true,bf16-mixed", timing_steps=5, timing_warmup=1,
-                             seeds=1)
-    with caplog.at_level("INFO", logger="amptrain"):
-        result = run_compare(small_config(out, log_every=2), options, pick_log_every=False)
-    assert timings["count"] == 2
+    result = timings.study(out, caplog)
+    assert timings.count == 2
     study = json.loads((out / "study.json").read_text())
     for row in result["summary"]:
         speed = study["speed"][row["precision"]]
