@@ -68,9 +68,29 @@ def main() -> int:
     parser.add_argument("--device", default="cpu")
     bl.add_common_args(parser)
     args = parser.parse_args()
+    if bool(args.model) != bool(args.data):
+        parser.error("--model and --data go together (neither: the tiny BERT and its CSV)")
     bl.apply_threads(args.threads)
     machine = bl.machine()
-    workdir = Path(tempfile.mkdtemp(prefix="compare-lane-"))
+    with tempfile.TemporaryDirectory(prefix="compare-lane-") as workdir:
+        rows = measure(args, Path(workdir))
+    table = bl.markdown_table(
+        ["precision", "compare's lane ms/step", "training loop ms/step",
+         "the run's logged ms/step", "lane / loop", "rounds"], rows)
+    notes = [f"{args.model or 'examples/tiny_hf_model.py tiny BERT'} on "
+             f"{args.data or 'its review CSV'}, batch {args.batch_size}, device "
+             f"{args.device}; {args.rounds} rounds, each: compare's timing lane (5 warm-up + "
+             f"20 timed steps, median), then a training run of {args.epochs} epochs (median "
+             f"step-to-step wall time after 2 steps; and batch / the run's own logged "
+             f"samples_per_s, which compare's cross-check reads). lane / loop is the median of "
+             f"the per-round ratios, 1.00 when compare reports the speed training has."]
+    bl.report("compare's timing lane vs the training loop", machine, table, notes,
+              record=args.record)
+    return 0
+
+
+def measure(args: argparse.Namespace, workdir: Path) -> list[list[str]]:
+    """One table row per precision: the lane, the loop, the logged step, their ratio."""
     model, data = (args.model, args.data) if args.model and args.data else tiny_hf(workdir)
     rows = []
     for precision in args.precisions.split(","):
@@ -94,19 +114,7 @@ def main() -> int:
                      f"{bl.median(logged):.2f}" if logged else "-",
                      f"**{bl.median(ratios):.2f}**", bl.span(ratios)])
         print(rows[-1], file=sys.stderr)
-    table = bl.markdown_table(
-        ["precision", "compare's lane ms/step", "training loop ms/step",
-         "the run's logged ms/step", "lane / loop", "rounds"], rows)
-    notes = [f"{model if args.model else 'examples/tiny_hf_model.py tiny BERT'} on "
-             f"{data if args.data else 'its review CSV'}, batch {args.batch_size}, device "
-             f"{args.device}; {args.rounds} rounds, each: compare's timing lane (5 warm-up + "
-             f"20 timed steps, median), then a training run of {args.epochs} epochs (median "
-             f"step-to-step wall time after 2 steps; and batch / the run's own logged "
-             f"samples_per_s, which compare's cross-check reads). lane / loop is the median of "
-             f"the per-round ratios, 1.00 when compare reports the speed training has."]
-    bl.report("compare's timing lane vs the training loop", machine, table, notes,
-              record=args.record)
-    return 0
+    return rows
 
 
 if __name__ == "__main__":
