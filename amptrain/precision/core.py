@@ -324,7 +324,7 @@ class Precision:
         self._order.step(pair.optimizer, several)
         self.unscale_(pair.optimizer)
         try:
-            found_inf = self._scales.step(pair.optimizer, own_flag=several)
+            found_inf = self._scales.step_guard.step(pair.optimizer, own_flag=several)
         finally:  # a step that raised must not leave the weights swapped out
             pair.policy.after_step()
         if not several:

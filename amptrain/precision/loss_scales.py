@@ -122,10 +122,6 @@ class LossScales:
             policy.gather_grads()
         self.step_guard.unscale_(optimizer)
 
-    def step(self, optimizer: torch.optim.Optimizer, own_flag: bool) -> torch.Tensor:
-        """Step ``optimizer`` unless its gradients hold inf/NaN; its found-inf flag."""
-        return self.step_guard.step(optimizer, own_flag)
-
     def update(self) -> None:
         """The iteration's scale update (and a fresh check for every optimizer)."""
         for loss_id, found in self._found.items():

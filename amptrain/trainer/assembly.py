@@ -40,7 +40,7 @@ from .optimizers import OptimizerSteps, Part
 from .parts import RunParts, TaskState
 from .position import LoopPosition, RunLength
 from .reporting import Reporter
-from .stepping import StepFn, StepRunner
+from .stepping import StepFn, TrainStep
 
 log = logging.getLogger("amptrain")
 
@@ -121,7 +121,7 @@ def assemble_parts(model: nn.Module, train_data: Any, val_data: Any, *, config: 
                          precision=precision, strategy=strategy,
                          model_name=run_info.get("model")) \
         if loss_fn is None and own_step is None else None
-    stepper = StepRunner(steps, precision=precision, strategy=strategy, planner=planner,
+    train_step = TrainStep(steps, precision=precision, strategy=strategy, planner=planner,
                          interval=interval, model=model, device=device,
                          training_step=own_step, loss_fn=loss, check=check)
     checkpointer = Checkpointer(out, c, strategy, model=model, precision=precision,
@@ -133,7 +133,7 @@ def assemble_parts(model: nn.Module, train_data: Any, val_data: Any, *, config: 
                      precision):
         checkpointer.register(stateful)
     return RunParts(model=model, task=task, evaluator=evaluator, steps=steps,
-                    stepper=stepper, windows=windows, lr_plan=lr_plan, run_length=run_length,
+                    train_step=train_step, windows=windows, lr_plan=lr_plan, run_length=run_length,
                     checkpointer=checkpointer, constant_lr=constant_lr)
 
 

@@ -14,7 +14,7 @@ changes, so the optimisation maths never does (see :mod:`amptrain.trainer.window
   divisors of the per-device batch, so the batch is always met exactly. The weights,
   optimizer, loss scaler and RNG are restored after every probe: probing does not change
   training.
-* Mid-training, an out-of-memory error in a forward/backward (:meth:`MicroBatchPlanner.run`)
+* Mid-training, an out-of-memory error in a forward/backward (:meth:`MicroBatchPlanner.redo`)
   drops the partial gradients, frees memory, halves the micro-batch (doubling the
   accumulation) and redoes the same global batch, re-cut, from the same RNG and BatchNorm
   state; later steps keep the new split.
@@ -245,7 +245,7 @@ class MicroBatchPlanner:
         except Exception as exc:  # noqa: BLE001 - only out-of-memory is expected here
             if not is_out_of_memory(exc):
                 raise
-            failure = _first_line(exc)
+            failure = first_line(exc)
         # Outside the except block: the traceback (and the activations its frames hold)
         # is gone.
         restore()
@@ -258,35 +258,42 @@ class MicroBatchPlanner:
         return Probe(micro, ok, peak, "fits" if ok else "does not fit on another process")
 
     # ------------------------------------------------------- out-of-memory recovery
-    def run(self, window: StepBatch, forward_backward: Callable[[StepBatch], None], *,
-            plan: MicroBatchSplit, step: int, drop_gradients: Callable[[], None],
-            step_start: Any = None) -> tuple[StepBatch, MicroBatchSplit]:
-        """Run ``forward_backward(window)``; on out-of-memory redo it in smaller micro-batches.
-
-        Returns the window as it finally ran (re-cut after a recovery) and the plan that
-        later steps should use. ``step_start`` (a :class:`~amptrain.trainer.snapshot.StepStart`,
-        saved by the caller) brings RNG and BatchNorm statistics back before a redo, as a
-        run that used the smaller micro-batch from the start would have them.
-        """
+    def cut(self, window: StepBatch) -> StepBatch:
+        """``window`` cut as this run cuts it now: re-cut when it was planned before the
+        micro-batch shrank after out-of-memory."""
         if self.limit is not None and max(window.micro_samples, default=0) > self.limit:
-            window = resplit(window, self.limit)  # planned before the micro-batch shrank
+            return resplit(window, self.limit)
+        return window
+
+    def redo(self, window: StepBatch, forward_backward: Callable[[StepBatch], None],
+             failure: str, *, plan: MicroBatchSplit, step: int,
+             drop_gradients: Callable[[], None], step_start: Any = None
+             ) -> tuple[StepBatch, MicroBatchSplit]:
+        """After ``forward_backward(window)`` ran out of memory (``failure``: the error's
+        line), redo it in smaller micro-batches until it fits.
+
+        Returns the window as it finally ran (re-cut) and the plan that later steps should
+        use. ``step_start`` (a :class:`~amptrain.trainer.snapshot.StepStart`, saved by the
+        caller) brings RNG and BatchNorm statistics back before a redo, as a run that used
+        the smaller micro-batch from the start would have them.
+        """
         while True:
-            failure = None
-            try:
-                forward_backward(window)
-                return window, plan
-            except Exception as exc:  # noqa: BLE001 - anything else is re-raised
-                if not is_out_of_memory(exc):
-                    raise
-                failure = _first_line(exc)
-            # Outside the except block: the traceback (and the activations its frames
-            # hold) is gone. The failed attempt may have accumulated some gradients.
+            # The failed attempt may have accumulated some gradients.
             drop_gradients()
             free_memory(self.device)
             plan = self._shrink(window, failure, plan, step)
             window = resplit(window, plan.micro_batch)
             if step_start is not None:
                 step_start.restore()
+            try:
+                forward_backward(window)
+                return window, plan
+            except Exception as exc:  # noqa: BLE001 - anything else is re-raised
+                if not is_out_of_memory(exc):
+                    raise
+                failure = first_line(exc)
+            # Here, outside the except block, the traceback (and the activations its
+            # frames hold) is gone.
 
     def _shrink(self, window: StepBatch, failure: str, plan: MicroBatchSplit,
                 step: int) -> MicroBatchSplit:
@@ -348,7 +355,8 @@ def resplit(window: StepBatch, micro: int) -> StepBatch:
     return StepBatch(batches, [cuts[i + 1] - cuts[i] for i in range(count)], window.global_samples)
 
 
-def _first_line(exc: BaseException) -> str:
+def first_line(exc: BaseException) -> str:
+    """An error's first line (200 characters at most), or its type's name."""
     text = str(exc).strip()
     return text.splitlines()[0][:200] if text else type(exc).__name__
 

@@ -4,7 +4,7 @@ difference in the :class:`~amptrain.tasks.Task`, every process-group one in the 
 
 The Trainer owns LoopPosition, LogInterval, Reporter and the MicroBatchPlanner from the
 start and keeps what :meth:`Trainer.setup` assembles as one :class:`~.parts.RunParts`
-(OptimizerSteps, StepRunner, Evaluator, Checkpointer, the train windows); every part with
+(OptimizerSteps, TrainStep, Evaluator, Checkpointer, the train windows); every part with
 state is registered with the Checkpointer under its section (docs/architecture.md).
 
 One optimizer step ("step") is one global batch: ``accumulate`` micro-batches per rank.
@@ -135,6 +135,7 @@ class Trainer:
                 resolved=self.resolved_config, optimizer=optimizer,
                 scheduler=scheduler, loss_fn=loss_fn, class_names=names, task=task,
                 training_step=training_step)
+            self._built.train_step.on_split = self._use_batch_plan  # after out-of-memory
             self.resumed_finished = open_run(
                 self._built, config=self.config, strategy=self.strategy, out=self.out,
                 precision=self.precision, reporter=self.reporter, position=self.position,
@@ -146,13 +147,29 @@ class Trainer:
 
     def run(self) -> FitResult:
         """The training loop on a Trainer prepared by :meth:`setup`."""
+        parts = self._ready()
+        train_step, windows, checkpointer = parts.train_step, parts.windows, parts.checkpointer
+        position, interval = self.position, self.log_interval
         self.reporter.emit(self, "on_fit_start")
         try:
             with preemption.stop_on_signals(self):
                 # Inside: a second signal while the last checkpoint is written still exits.
-                checkpointer = self._ready().checkpointer
                 try:
-                    self._loop()
+                    self.reporter.memory.start()
+                    interval.start(position.step)
+                    while not self._done():
+                        fresh = self._start_epoch(windows)
+                        for window in interval.timed(windows.epoch(position.epoch,
+                                                                   position.window_in_epoch)):
+                            with train_step.on(window, position.step + 1) as step_function:
+                                step_function(train_step)
+                            position.advance()
+                            self._after_step()
+                            if self._done():
+                                break
+                        if self._end_of_epoch(windows, fresh):
+                            break
+                    self._end_of_run()
                 except BaseException as exc:
                     checkpointer.wait(failing=exc)
                     raise
@@ -178,11 +195,9 @@ class Trainer:
         """One optimizer step of every part on ``window`` (a
         :class:`~amptrain.trainer.windows.StepBatch` on the device), without the loop's bookkeeping
         (logging, evaluation, checkpoints, step counter)."""
-        parts = self._ready()
-        windows = parts.windows
-        split = parts.stepper.run(window, self.planner.split, self.step + 1)
-        if split.micro_batch != windows.micro_batch:
-            self._use_batch_plan(split)
+        train_step = self._ready().train_step
+        with train_step.on(window, self.step + 1) as step_function:
+            step_function(train_step)
 
     def finish_step(self) -> None:
         """Wait for the last step and account for it (skip flags, LR schedules)."""
@@ -269,7 +284,6 @@ class Trainer:
     task = property(lambda self: self._built.task if self._built else None)
     evaluator = property(lambda self: self._built.evaluator if self._built else None)
     steps = property(lambda self: p.steps if (p := self._run_parts()) else None)
-    stepper = property(lambda self: p.stepper if (p := self._run_parts()) else None)
     train_windows = property(lambda self: p.windows if (p := self._run_parts()) else None,
                              lambda self, windows: self._ready().use_windows(windows))
     lr_plan = property(lambda self: p.lr_plan if (p := self._run_parts()) else None)
@@ -316,42 +330,36 @@ class Trainer:
             self._built.evaluator.patches_removed = True
 
     # ------------------------------------------------------------------ loop
-    def _loop(self) -> None:
-        parts = self._ready()
-        windows, length, checkpointer = parts.windows, parts.run_length, parts.checkpointer
-        position, interval = self.position, self.log_interval
-        self.reporter.memory.start()
-        interval.start(position.step)
-        while not self._done():
-            # Epochs count from 0, as in metrics.jsonl and the log lines: "epoch 0 (0-2)".
-            self.logger.bar(len(windows), length.epoch_label(position.epoch),
-                            position.window_in_epoch)
-            fresh = position.step if position.window_in_epoch == 0 else None
-            for window in interval.timed(windows.epoch(position.epoch,
-                                                       position.window_in_epoch)):
-                self.train_step(window)
-                position.advance()
-                self.logger.advance()
-                self._after_step()
-                self._agree_on_stop()
-                if self._done():
-                    break
-            # A stream (amptrain.trainer.streams) has no length: its epoch ends when it runs out.
-            if position.window_in_epoch >= len(windows) or windows.ended:
-                position.next_epoch()
-                self._end_of_epoch()
-                if position.step == fresh:  # a whole epoch gave nothing: a stream read once
-                    break
+    def _start_epoch(self, windows: Any) -> int | None:
+        """The epoch's progress bar; the step it starts at when it starts fresh."""
+        position = self.position
+        # Epochs count from 0, as in metrics.jsonl and the log lines: "epoch 0 (0-2)".
+        self.logger.bar(len(windows), self._ready().run_length.epoch_label(position.epoch),
+                        position.window_in_epoch)
+        return position.step if position.window_in_epoch == 0 else None
+
+    def _end_of_epoch(self, windows: Any, fresh: int | None) -> bool:
+        """After an epoch's windows ran out or the run stopped: True when the loop must
+        end although its length is not reached (a stream whose epoch gave nothing)."""
+        position = self.position
+        # A stream (amptrain.trainer.streams) has no length: its epoch ends when it runs out.
+        if position.window_in_epoch >= len(windows) or windows.ended:
+            position.next_epoch()
+            self._epoch_ended()
+            return position.step == fresh  # a whole epoch gave nothing: a stream read once
+        return False
+
+    def _end_of_run(self) -> None:
         if self._stopping is not None and not self.complete():
             raise self._preempted()
         self.finish_step()
-        if position.step != interval.start_step:
+        if self.position.step != self.log_interval.start_step:
             self._log_train()
         self.logger.close_bar()
         if self._has_val():
             # A finished run that was resumed has its final record already.
             self._evaluate_and_log(final=True, record=not self.resumed_finished)
-        if self.out is not None and not checkpointer.saved_at(self.step):
+        if self.out is not None and not self._ready().checkpointer.saved_at(self.step):
             self.save_checkpoint()
 
     def _done(self) -> bool:
@@ -367,6 +375,7 @@ class Trainer:
                                                 self.config.logging.log_every, self.strategy)
 
     def _after_step(self) -> None:
+        self.logger.advance()
         c = self.config
         if self.step % c.logging.log_every == 0:
             self.finish_step()
@@ -378,8 +387,9 @@ class Trainer:
         if c.checkpointing.save_every and self.step % c.checkpointing.save_every == 0 \
                 and self.out is not None:
             self._save(background=True)
+        self._agree_on_stop()
 
-    def _end_of_epoch(self) -> None:
+    def _epoch_ended(self) -> None:
         if self._done():
             return  # the final evaluation and checkpoint follow right away
         if not self.config.logging.eval_every and self._has_val():
@@ -444,7 +454,7 @@ class Trainer:
         parts = self._run_parts()
         if parts is None:
             return halt
-        return Reporter.explain_halt(halt, parts.stepper, parts.model, self.precision)
+        return Reporter.explain_halt(halt, parts.train_step, parts.model, self.precision)
 
 
 __all__ = ["StepContext", "Trainer"]

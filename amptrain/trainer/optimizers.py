@@ -71,23 +71,6 @@ class OptimizerSteps:
         (part,) = self.parts.values()
         return part
 
-    def step(self, name: str) -> torch.Tensor | None:
-        """Part ``name``'s optimizer step; returns the gradient norm when one was computed
-        (clipping, or a step that ends a log interval), on the device."""
-        part = self[name]
-        # Reading the previous step's skip flag only now lets the device run this step's
-        # forward/backward meanwhile; the LR it sets is still the one this step needs.
-        self.settle(name)
-        params = part.module.parameters()
-        norm = None
-        if self.clip:
-            norm = self.precision.clip_grad_norm_(params, self.clip, optimizer=part.optimizer)
-        elif (self.position.step + 1) % self.log_every == 0:
-            norm = self.precision.grad_norm(params, optimizer=part.optimizer)
-        part.pending = self.precision.step_async(part.optimizer)
-        part.optimizer.zero_grad(set_to_none=True)
-        return norm
-
     def settle(self, name: str | None = None) -> None:
         """Read the skip flag of part ``name``'s last step (every part's by default) and
         step its scheduler when the weights changed; raises NonFiniteHalt when training

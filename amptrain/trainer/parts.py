@@ -18,7 +18,7 @@ from .checkpointing import Checkpointer
 from .evaluation import Evaluator
 from .optimizers import OptimizerSteps
 from .position import RunLength
-from .stepping import StepRunner
+from .stepping import TrainStep
 
 log = logging.getLogger("amptrain")
 
@@ -37,7 +37,7 @@ class RunParts(Prepared):
     """Everything a run trains with, decided once at set-up (see the module docstring)."""
 
     steps: OptimizerSteps      # every trained part with its optimizer and scheduler
-    stepper: StepRunner        # runs one step (the task's step function, the OOM redo)
+    train_step: TrainStep      # the step context and what runs around each step
     windows: Windows           # the train data cut into step windows
     lr_plan: LrPlan
     run_length: RunLength      # when the loop ends (and the LR schedule's length)

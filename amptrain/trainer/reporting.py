@@ -23,7 +23,7 @@ from ..tasks import Task
 from .optimizers import OptimizerSteps
 from .position import RunLength
 from .result import FitResult
-from .stepping import StepRunner
+from .stepping import TrainStep
 
 
 def loss_scales(precision: Precision) -> dict[str, float]:
@@ -135,7 +135,7 @@ class Reporter:
         return record
 
     @staticmethod
-    def explain_halt(halt: NonFiniteHalt, stepper: StepRunner, model: nn.Module,
+    def explain_halt(halt: NonFiniteHalt, stepper: TrainStep, model: nn.Module,
                      precision: Precision) -> NonFiniteHalt:
         """Add the first module that produced a non-finite value to a halt message: the
         supervised step's last batch, run again (a task's own step is not rerun)."""

@@ -135,44 +135,44 @@ def run_training(config: RunConfig, **trainer_options: Any) -> FitResult:
     if owned:
         strategy = build_strategy(config.distributed.strategy, config.device)
     try:
-        return _train(config, strategy, trainer_options)
+        # A precision the hardware lacks (fp8 on a CPU) is refused before anything is loaded.
+        precision = check_precision(config, strategy.device)
+        # The output directory: the command's --out (or its default), rank 0's under plain
+        # torchrun, where each process picked its own default.
+        config = config.with_options(out=strategy.broadcast_object(config.out))
+        if config.out is not None:  # without one nothing is written (as in the Trainer)
+            outdir.check_on_main(config.out, resume=bool(config.checkpointing.resume),
+                                 is_main=strategy.is_main, broadcast=strategy.broadcast_object,
+                                 outputs=outdir.train_outputs(config.logging.logger),
+                                 remember=True)  # the Trainer's check: this verdict
+        run = assemble(config)
+        config = run.config
+        trainer = Trainer(config, strategy=strategy,
+                          run_info=run_info(config, run.data, run.task),
+                          precision_mode=precision, **trainer_options)
+        trainer.setup(run.model, run.data.train, run.data.val,
+                      class_names=run.data.class_names or None, task=run.task)
+        result = trainer.run()  # fit() is these two calls
+        if config.out is not None:
+            # DIR/model.safetensors for every model, and a model from another framework
+            # written back in its own format (its export hook).
+            state = strategy.model_state_dict(run.model, trainer.precision)  # on every rank
+            if strategy.is_main:
+                export_trained(Path(config.out), run.model, state, trainer.run_info,
+                               step=trainer.step, replace=bool(config.checkpointing.resume))
+            del state
+        # Every rank finishes (rank 0 writes the last checkpoint and reports) before any
+        # tears the process group down: a rank leaving early made gloo abort the other.
+        strategy.barrier()
+        # The teardown below frees the Trainer (and the DDP wrapper it holds) before it
+        # destroys the process group.
+        del trainer, run
+        return result
     finally:
         if config.out is not None:
             outdir.forget(config.out)  # a run that failed before its Trainer checked
-        # The Trainer (and the DDP wrapper it holds) is unreachable once _train() has
-        # returned, so the teardown can free it before it destroys the process group.
         if owned:
             strategy.teardown()
-
-
-def _train(config: RunConfig, strategy: Any, trainer_options: dict[str, Any]) -> FitResult:
-    # A precision the hardware lacks (fp8 on a CPU) is refused before anything is loaded.
-    precision = check_precision(config, strategy.device)
-    # The output directory: the command's --out (or its default), rank 0's under plain
-    # torchrun, where each process picked its own default.
-    config = config.with_options(out=strategy.broadcast_object(config.out))
-    if config.out is not None:  # without one nothing is written (as in the Trainer)
-        outdir.check_on_main(config.out, resume=bool(config.checkpointing.resume),
-                             is_main=strategy.is_main, broadcast=strategy.broadcast_object,
-                             outputs=outdir.train_outputs(config.logging.logger),
-                             remember=True)  # the Trainer's check: this verdict
-    run = assemble(config)
-    config = run.config
-    trainer = Trainer(config, strategy=strategy, run_info=run_info(config, run.data, run.task),
-                      precision_mode=precision, **trainer_options)
-    result = trainer.fit(run.model, run.data.train, run.data.val,
-                         class_names=run.data.class_names or None, task=run.task)
-    if config.out is not None:
-        # DIR/model.safetensors for every model, and a model from another framework
-        # written back in its own format (its export hook).
-        state = strategy.model_state_dict(run.model, trainer.precision)  # on every rank
-        if strategy.is_main:
-            export_trained(Path(config.out), run.model, state, trainer.run_info,
-                           step=trainer.step, replace=bool(config.checkpointing.resume))
-    # Every rank finishes (rank 0 writes the last checkpoint and reports) before any
-    # tears the process group down: a rank leaving early made gloo abort the other.
-    strategy.barrier()
-    return result
 
 
 def run_evaluation(*, checkpoint_path: str, data: str | None, precision: str, out: str,

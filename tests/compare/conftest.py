@@ -13,6 +13,7 @@ import torch
 from amptrain.compare import CompareOptions, run_compare
 from amptrain.config import RunConfig
 from amptrain.trainer import Trainer
+from amptrain.trainer.stepping import TrainStep
 
 #: docs/design.md: compare.json's summary fields, in order.
 SUMMARY_FIELDS = ["precision", "samples_per_s", "speedup", "step_time_ms", "peak_mem_bytes",
@@ -38,20 +39,27 @@ def study(tmp_path_factory):
     torch.set_num_threads(2)
     out = tmp_path_factory.mktemp("compare") / "study"
     seen: dict[tuple[str, int], dict] = {}
-    original = Trainer.train_step
+    trainers: dict[int, Trainer] = {}  # a run's TrainStep -> its Trainer
+    original_setup, original_on = Trainer.setup, TrainStep.on
 
-    def spy(self, window):
-        if self.out is not None:  # the training runs (timing Trainers write nothing)
-            record = seen.setdefault((self.precision.name, self.config.seed),
+    def setup(self, *args, **kwargs):
+        original_setup(self, *args, **kwargs)
+        trainers[id(self._built.train_step)] = self
+
+    def spy(self, window, step):
+        trainer = trainers[id(self)]
+        if trainer.out is not None:  # the training runs (timing Trainers write nothing)
+            record = seen.setdefault((trainer.precision.name, trainer.config.seed),
                                      {"batches": [], "initial": None, "first_window": window})
             if record["initial"] is None:
                 record["initial"] = {k: v.detach().clone() for k, v in
-                                     self.precision.fp32_state_dict(self.model).items()}
+                                     trainer.precision.fp32_state_dict(trainer.model).items()}
             record["batches"].append([t.clone() for b in window.micro_batches for t in b])
-        return original(self, window)
+        return original_on(self, window, step)
 
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(Trainer, "train_step", spy)
+        patch.setattr(Trainer, "setup", setup)
+        patch.setattr(TrainStep, "on", spy)
         result = run_compare(small_config(out), CompareOptions(timing_steps=3, timing_warmup=1),
                              pick_log_every=False)
     return {"out": out, "result": result, "seen": seen,
