@@ -17,7 +17,7 @@ import torch
 
 from amptrain.config import RunConfig, build_config
 from amptrain.diagnose import RangeRecorder
-from amptrain.common.nonfinite import NonFiniteWatch
+from amptrain.precision.nonfinite import NonFiniteWatch
 from amptrain.workflows.runner import prepare_run
 from amptrain.trainer import Trainer
 

@@ -33,6 +33,7 @@ import torch
 
 from ..common import nested
 from .files import remove_unfinished
+from .sharded import ShardedWriter
 
 log = logging.getLogger("amptrain")
 
@@ -202,7 +203,6 @@ class BackgroundWriter:
                        is_main: bool, keep_last: int) -> Path:
         """A sharded save (FSDP, :mod:`.sharded`) of ``model`` and ``optimizer`` with the
         plain values ``state``; collective. Waits for any write in flight first."""
-        from .sharded import ShardedWriter
 
         self.wait()
         if self._sharded is None:

@@ -17,6 +17,9 @@ from ..config.train import DEFAULT_EPOCHS
 from ..common.errors import UserError
 from . import sharded
 from .files import CHECKPOINT_DIR, LAST, load, remove_unfinished, step_checkpoints
+from ..tasks import task_class
+from ..tasks import DEFAULT_TASK
+from ..tasks import saved_task_name
 
 log = logging.getLogger("amptrain")
 
@@ -143,14 +146,12 @@ def _length_spelt_out(config: dict[str, Any]) -> dict[str, Any]:
 
 def _task_class(name: Any) -> Any:
     """The Task class called ``name`` (its wording), or None for an unknown name."""
-    from ..tasks import task_class
 
     return task_class(name)
 
 
 def _default_task() -> str:
     """The task of a run that names none (older than tasks: a classifier)."""
-    from ..tasks import DEFAULT_TASK
 
     return DEFAULT_TASK
 
@@ -159,7 +160,6 @@ def _check_same_task(state: dict[str, Any], config: dict[str, Any], run_info: di
                      path: str | Path) -> None:
     """A checkpoint continues only the task it trained (checkpoints older than tasks were
     classifiers)."""
-    from ..tasks import saved_task_name
 
     then = saved_task_name(state)
     now = run_info.get("task") or config.get("task")

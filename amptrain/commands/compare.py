@@ -18,6 +18,7 @@ _EXCLUDED_TRAIN_FLAGS = ("precision", "resume")
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """``train``'s options (but --precision and --resume) plus the study's."""
+    # deferred: torch loads when the command runs, not for --help
     from ..compare import CompareOptions
 
     parser.add_argument("--config", help="YAML file of options (flags override it)")
@@ -35,6 +36,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def split_values(args: argparse.Namespace) -> tuple[dict[str, Any], dict[str, Any]]:
     """(train values, compare values) from --config YAML overridden by the given flags
     (met in :func:`~amptrain.commands.common.merged_values`, as every command's are)."""
+    # deferred: torch loads when the command runs, not for --help
     from ..compare import CompareOptions
 
     train_names, compare_names = set(config_fields(RunConfig)), set(config_fields(CompareOptions))
@@ -52,6 +54,7 @@ def split_values(args: argparse.Namespace) -> tuple[dict[str, Any], dict[str, An
 
 def emulated_here(device: str) -> set[str]:
     """The precisions that ``device`` only emulates (asked of the precision layer)."""
+    # deferred: torch loads when the command runs, not for --help
     from ..precision.hardware.devices import resolve_device
     from ..precision.hardware.support import device_features, emulated_precisions
 
@@ -61,6 +64,7 @@ def emulated_here(device: str) -> set[str]:
 
 def run(args: argparse.Namespace) -> int:
     """Run the study, print the summary table and where the reports are."""
+    # deferred: torch loads when the command runs, not for --help
     from ..compare import CompareOptions, run_compare
     from ..compare.summary import data_wait_warning
     from ..precision.modes import as_given

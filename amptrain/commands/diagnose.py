@@ -30,6 +30,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Run, write DIR/diagnose.{json,md}, print the summary."""
+    # deferred: torch loads when the command runs, not for --help
     from ..diagnose import diagnose, summary_lines, write_reports
 
     values = merged_values(args)

@@ -24,6 +24,7 @@ def run(args: argparse.Namespace) -> int:
     """Print the report (or JSON)."""
     import torch
 
+    # deferred: torch loads when the command runs, not for --help
     from ..workflows.env import format_env, run_bench
     from ..precision.hardware.probe import collect_env
 

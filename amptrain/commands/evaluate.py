@@ -27,6 +27,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Evaluate and print the headline metrics."""
+    # deferred: torch loads when the command runs, not for --help
     from ..workflows.runner import run_evaluation
 
     result, trained_with = run_evaluation(

@@ -25,6 +25,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Export and print what was written."""
+    # deferred: torch loads when the command runs, not for --help
     from ..workflows.export import export_checkpoint
 
     out_dir, written = export_checkpoint(args.checkpoint, args.format, args.out, args.dtype)

@@ -30,6 +30,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Print the prompt and its continuation, or write a GAN's images."""
+    # deferred: torch loads when the command runs, not for --help
     from ..workflows.generate import Sampling, check_image_request, generate_images, generate_text
 
     check_image_request(args.samples, args.out, args.seed)  # before the checkpoint is read

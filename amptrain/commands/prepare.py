@@ -38,6 +38,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Tokenize; print what was written and how to train on it."""
+    # deferred: torch loads when the command runs, not for --help
     from ..data.tokenizing import PARALLEL_BYTES, default_workers, prepare_corpus
     from ..workflows.runner import text_encoder
 
@@ -57,6 +58,7 @@ def run(args: argparse.Namespace) -> int:
         raise UserError(f"--tokenizer must be byte or hf:DIR (got {args.tokenizer!r})")
     tokenizer = text_encoder("", args.tokenizer) if args.tokenizer else None
     if tokenizer is None:
+        # deferred: torch loads when the command runs, not for --help
         from ..data.corpus import ByteTokenizer
 
         tokenizer = ByteTokenizer()

@@ -13,6 +13,7 @@ HELP = "train a model in one precision"
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Every training option as a flag, ``--config``, and the launcher flags."""
+    # deferred: torch loads when the command runs, not for --help
     from ..workflows.launch import add_launch_flags
 
     parser.add_argument("--config", help="YAML file of options (flags override it)")
@@ -22,6 +23,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Train; print the final metrics and where the outputs are (rank 0)."""
+    # deferred: torch loads when the command runs, not for --help
     from ..distributed import is_main_process
     from ..workflows.launch import launch, launch_requested
     from ..precision import label

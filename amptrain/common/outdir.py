@@ -45,19 +45,6 @@ LOCK_NAME = ".amptrain.lock"
 _HELD: dict[str, int] = {}
 
 
-def train_outputs(loggers: str | list[str] | tuple[str, ...] = "tensorboard"
-                  ) -> tuple[str, ...]:
-    """What ``train`` writes: :data:`TRAIN_OUTPUTS` and each chosen tracker's files
-    (``--logger csv``: metrics.csv; mlflow: mlruns/). A tracker whose package is missing
-    is refused here, so before the run writes anything."""
-    from ..loggers import SINK_OUTPUTS, check_installed, parse_names
-
-    names = parse_names(loggers)
-    check_installed(names)
-    extra = [entry for name in names for entry in SINK_OUTPUTS[name]]
-    return tuple(dict.fromkeys((*TRAIN_OUTPUTS, *extra)))
-
-
 def holds_run(out: Path) -> bool:
     """True when ``out`` already holds a training run's checkpoint or metrics."""
     return any((out / marker).exists() for marker in RUN_MARKERS)

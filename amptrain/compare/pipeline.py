@@ -14,10 +14,12 @@ from ..config import RunConfig, to_dict
 from ..precision.hardware.devices import resolve_device
 from ..precision.hardware.probe import collect_env
 from ..common.errors import UserError
+from ..report import write_reports
 from ..tasks import Task
 from .options import CURVE_POINTS, CompareOptions, resolve_precisions, resolve_tolerance
 from .reliability import assess_timing, check_against_training, machine_load, usable_cores
 from .runs import train_runs
+from .seeds import BOOTSTRAP_REPS, BOOTSTRAP_SEED, MIN_SEEDS
 from .summary import summarise
 from .timing import measure_speed_and_memory, memory_method, speed_figures
 
@@ -50,8 +52,6 @@ def run_compare(config: RunConfig, options: CompareOptions, *, command: str | No
 
 def _study(config: RunConfig, options: CompareOptions, *, command: str | None,
            pick_log_every: bool) -> dict[str, Any]:
-    from .. import report
-
     if config.checkpointing.resume:
         raise UserError("compare starts every run fresh: drop --resume")
     if not config.out:
@@ -92,6 +92,9 @@ def _study(config: RunConfig, options: CompareOptions, *, command: str | None,
         "duration_s": round(time.time() - started, 1), "device": str(device),
         "config": {k: v for k, v in to_dict(config).items() if k not in ("precision", "out")},
         "options": dataclasses.asdict(options), "seeds": seeds, "speed": speed,
+        # How the verdicts over seeds were computed, for the report to say.
+        "seed_method": {"bootstrap_reps": BOOTSTRAP_REPS, "bootstrap_seed": BOOTSTRAP_SEED,
+                        "min_seeds": MIN_SEEDS},
         # What the reports label: the task and its primary metric.
         "task": {"name": task.name, "metric": task.primary.key, "label": task.primary.label,
                  "delta_field": task.delta_field,
@@ -101,7 +104,7 @@ def _study(config: RunConfig, options: CompareOptions, *, command: str | None,
         "memory_method": memory_method(device), "env": collect_env(),
     }
     (out / "study.json").write_text(json.dumps(study, indent=2) + "\n")
-    report.write_reports(out)
+    write_reports(out)
     return result
 
 

@@ -16,7 +16,7 @@ import torch
 
 from ..config import RunConfig, replace_options
 from ..common.errors import TrainingHalted
-from ..common.memory import MemoryMeter
+from ..trainer.memory import MemoryMeter
 from ..precision.tf32 import MathSwitches
 from ..workflows.runner import assemble
 from ..tasks import Task

@@ -21,6 +21,7 @@ import yaml
 
 from ..common.errors import UserError, bounded, flag
 from ..common.pathkind import not_regular_reason
+from ..common.pathkind import write_failure
 
 
 def option(default: Any = None, help: str = "", *, choices: Iterable[str] | None = None,
@@ -405,7 +406,6 @@ def _bounded_yaml(text: str, path: Path) -> Any:
 def write_yaml(data: dict[str, Any], path: str | Path) -> None:
     """Write a resolved config as YAML, keys in field order: whole or not at all (a full
     disk is one line naming the file and the disk, and leaves no empty file behind)."""
-    from ..common.pathkind import write_failure
 
     path = Path(path)
     tmp = path.with_name(f".{path.name}.tmp")

@@ -19,6 +19,7 @@ from torch.utils.data import Dataset
 from ..common.errors import UserError
 from ..common.registry import Registry
 from ..common.pathkind import special_kind
+from .augment import DeviceImages
 
 #: Seed of the train/validation split of sources that have none. Fixed (not --seed) so
 #: that every run, and ``amptrain eval`` later, validates on exactly the same samples.
@@ -330,7 +331,6 @@ def image_bundle(x_train: torch.Tensor, y_train: torch.Tensor,
     """Split (when there is no validation set) and bundle N x C x H x W uint8 images, kept
     uint8 until the device, where they are standardised with the training split's
     per-channel statistics (and augmented with ``options.augment`` when training)."""
-    from .augment import DeviceImages
 
     if x_val is None or y_val is None:
         train_idx, val_idx = split_indices(len(y_train), options.val_fraction)

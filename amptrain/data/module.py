@@ -38,6 +38,7 @@ from torch.utils.data import Dataset, IterableDataset
 from ..common.errors import UserError
 from .core import DataBundle, DataOptions, register
 from .protocol import DeviceFinish, batch_reader_of, columns_of, finish_of
+from ..models.external import import_factory
 
 #: Labels are read one by one (each a __getitem__ call) only for datasets up to this size.
 SCAN_LIMIT = 20000
@@ -50,7 +51,6 @@ MAX_SAMPLES = 1 << 28
 @register("module")
 def user_data(argument: str, options: DataOptions) -> DataBundle:
     """``module:pkg.mod.factory`` -> ``(train, val)`` Datasets (val may be None)."""
-    from ..models.external import import_factory
 
     spec = f"module:{argument}"
     factory = import_factory(argument, spec, option="--data")

@@ -23,7 +23,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from ..common.nonfinite import extremes, floating_tensors
+from ..precision.nonfinite import extremes, floating_tensors
 from ..precision.fp8 import plan_float8
 from ..precision.lowbit import RECIPES
 from ..precision.lowbit_formats import loss_counts

@@ -15,7 +15,7 @@ from torch import nn
 
 from ..models.gpt import AttentionScores, CausalSoftmax
 from ..precision.hardware.advice import bf16_where
-from ..common.nonfinite import NonFiniteEvent
+from ..precision.nonfinite import NonFiniteEvent
 from .ranges import FP16, FP16_MAX, fractions
 
 #: The recommended loss scale keeps the largest gradient this many times below fp16's max,

@@ -29,7 +29,7 @@ from ..common.errors import AmptrainWarning, UserError
 from ..precision import NonFiniteHalt
 from ..precision.hardware.advice import emulation_warning, range_safe_choice
 from ..precision.hardware.support import device_features, supported_precisions
-from ..common.nonfinite import NonFiniteEvent, NonFiniteWatch
+from ..precision.nonfinite import NonFiniteEvent, NonFiniteWatch
 from ..workflows.runner import assemble
 from ..tasks import Task
 from ..trainer import Trainer

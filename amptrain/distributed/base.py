@@ -20,6 +20,8 @@ from torch import nn
 
 from ..precision.hardware.devices import resolve_device
 from ..common.errors import UserError
+from ..checkpoint.state import plain_optimizer_state
+from ..checkpoint import load_optimizer_state
 
 
 class Strategy:
@@ -85,14 +87,12 @@ class Strategy:
     def optimizer_state_dict(self, model: nn.Module,
                              optimizer: torch.optim.Optimizer) -> dict[str, Any]:
         """The optimizer's state for a checkpoint (collective for sharded strategies)."""
-        from ..checkpoint.state import plain_optimizer_state
 
         return plain_optimizer_state(optimizer.state_dict())
 
     def load_optimizer_state_dict(self, model: nn.Module, optimizer: torch.optim.Optimizer,
                                   state: dict[str, Any]) -> None:
         """Restore :meth:`optimizer_state_dict` (also across precisions, see checkpoint)."""
-        from ..checkpoint import load_optimizer_state
 
         load_optimizer_state(optimizer, state)
 

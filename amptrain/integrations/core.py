@@ -9,8 +9,8 @@ events into its calls:
   down, counted as a skipped step); without one, one fused norm over the gradients before
   the optimizer step. The flags are read every ``check_every`` steps (one host sync).
 * **every ``every``-th step, and every step once a check has fired** -- a
-  :class:`~amptrain.common.nonfinite.NonFiniteWatch` (one device-side min/max per module output and
-  output gradient) names the module that first produced inf/NaN: its output (forward)
+  :class:`~amptrain.precision.nonfinite.NonFiniteWatch` (one device-side min/max per module
+  output and output gradient) names the module that first produced inf/NaN: its output (forward)
   or the gradient arriving at it (backward). Overflow recurs (an fp16 activation overflows
   on every step, a gradient at every scale the scaler tries again), so the module is
   named at the first recurrence when the first occurrence fell on an unwatched step;
@@ -52,7 +52,7 @@ from ..diagnose.recommend import (
 from ..diagnose.writer import finding_lines, strict_json, write_reports
 from ..common.errors import UserError
 from ..precision.hardware.support import device_features, supported_precisions
-from ..common.nonfinite import NonFiniteEvent, NonFiniteWatch
+from ..precision.nonfinite import NonFiniteEvent, NonFiniteWatch
 
 #: Streams whose values a loss scale multiplies (recorded unscaled).
 _GRADIENTS = ("gradient", "param_gradient")

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from ..common.errors import UserError, flag
+from ..common.outdir import TRAIN_OUTPUTS
 
 #: tracker name -> module of this package (its ``create`` builds the sink).
 SINKS: dict[str, str] = {
@@ -71,3 +72,14 @@ def build_sinks(names: list[str], out: Path, *, resumed_at: int | None = None,
     """The chosen trackers, writing under ``out``."""
     return [importlib.import_module(f"{__name__}.{SINKS[name]}").create(
         out, resumed_at=resumed_at, params=params or {}) for name in names]
+
+
+def train_outputs(loggers: str | list[str] | tuple[str, ...] = "tensorboard"
+                  ) -> tuple[str, ...]:
+    """What ``train`` writes: :data:`TRAIN_OUTPUTS` and each chosen tracker's files
+    (``--logger csv``: metrics.csv; mlflow: mlruns/). A tracker whose package is missing
+    is refused here, so before the run writes anything."""
+    names = parse_names(loggers)
+    check_installed(names)
+    extra = [entry for name in names for entry in SINK_OUTPUTS[name]]
+    return tuple(dict.fromkeys((*TRAIN_OUTPUTS, *extra)))

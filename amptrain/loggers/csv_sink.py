@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from .base import Sink
+from ..common.outdir import new_file
 
 NAME = "metrics.csv"
 
@@ -26,7 +27,6 @@ class CSVSink(Sink):
         if self.path.exists() or self.path.is_symlink():
             if resumed_at is None or not self.path.is_file() or self.path.is_symlink():
                 # Not this run's own earlier file (train refuses such an --out up front).
-                from ..common.outdir import new_file
 
                 new_file(self.path).close()  # raises, naming the file
             with self.path.open(newline="") as f:

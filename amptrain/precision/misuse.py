@@ -22,6 +22,7 @@ import torch
 from torch import nn
 
 from ..common.errors import UserError
+from .hardware.devices import resolve_device
 
 
 def checked_arguments(device: Any, min_scale: Any, keep_fp32: Any, max_bad_steps: Any,
@@ -29,7 +30,6 @@ def checked_arguments(device: Any, min_scale: Any, keep_fp32: Any, max_bad_steps
                       ) -> tuple[torch.device | None, list[str]]:
     """``Precision(...)``'s arguments checked: the device (None: auto) and the
     ``keep_fp32`` patterns as a list (one string is one pattern, not its characters)."""
-    from .hardware.devices import resolve_device
 
     switches = {"fp8_skip_first_last": fp8_skip_first_last,
                 "separate_loss_scales": separate_loss_scales}

@@ -83,16 +83,17 @@ def _seed_method(study: Study) -> list[str]:
     """How a study judged over seeds (compare/seeds.py) computed its intervals and verdicts."""
     if not any("weak_verdict" in row for row in study.summary):
         return []
-    from ..compare.seeds import BOOTSTRAP_REPS, BOOTSTRAP_SEED, MIN_SEEDS
-
+    # The study's own numbers (study.json), not today's defaults.
+    method = study.details.get("seed_method") or {}
+    reps, seed = method.get("bootstrap_reps", "?"), method.get("bootstrap_seed", "?")
     metric = study.task.primary.label
     return [(f"Over seeds: the interquartile mean (IQM: the middle 50 % of the runs' final "
              f"{metric}, as rliable and scipy.stats.trim_mean(x, 0.25) define it) with a "
-             f"stratified-bootstrap 95 % percentile interval ({BOOTSTRAP_REPS} resamples of "
-             f"the seeds, RNG seed {BOOTSTRAP_SEED}); the difference of IQMs to the baseline "
+             f"stratified-bootstrap 95 % percentile interval ({reps} resamples of "
+             f"the seeds, RNG seed {seed}); the difference of IQMs to the baseline "
              f"with its interval, seeds paired across precisions; verdict ok when that "
              f"interval holds 0 and the mean change is within the tolerance, else better or "
-             f"worse; fewer than {MIN_SEEDS} seeds make a weak verdict.")]
+             f"worse; fewer than {method.get('min_seeds', '?')} seeds make a weak verdict.")]
 
 
 def _config_line(study: Study) -> str:

@@ -19,6 +19,7 @@ import torch
 from torch import nn
 
 from ..data.protocol import targets_of  # noqa: F401  (the tasks' import of it)
+from .step import supervised_step
 
 if TYPE_CHECKING:
     from .step import StepContext
@@ -114,7 +115,7 @@ class Task(ABC):
     seed_statistic: str = "mean"
     #: The task's own default for that option when its metric varies more between seeds
     #: than the shared default allows (the GAN's Fréchet distance); None: the shared one
-    #: (:func:`amptrain.common.tolerance.tolerance_for`).
+    #: (:func:`amptrain.tasks.tolerance.tolerance_for`).
     default_tolerance_pp: float | None = None
     default_tolerance_rel: float | None = None
 
@@ -216,7 +217,6 @@ class Task(ABC):
     def training_step(self, ctx: StepContext) -> None:
         """One optimizer step on ``ctx``'s micro-batches (see :mod:`.step`); by default the
         supervised step with this task's loss."""
-        from .step import supervised_step
 
         supervised_step(ctx, self.loss)
 

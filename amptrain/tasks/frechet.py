@@ -36,6 +36,7 @@ from torch.nn import functional as F
 
 from ..data.protocol import MapData, columns_of, finish_of
 from ..common.errors import UserError
+from ..models.basic import SmallCNN
 
 if TYPE_CHECKING:
     from ..models.basic import SmallCNN
@@ -179,7 +180,6 @@ def train_feature_net(real: RealImages, device: torch.device
                       ) -> tuple[SmallCNN, bool]:
     """The feature network (eval mode, no gradients) and whether it was trained (False:
     fewer than two classes, the seeded initialisation is used)."""
-    from ..models.basic import SmallCNN
 
     channels, height, width = real.x.shape[1:]
     classes = real.classes

@@ -32,6 +32,8 @@ from ..common.errors import UserError, flag
 from .base import EvalResult, EvalSums, Metric, Task
 from .frechet import (FEATURE_SEED, FEATURE_STEPS, FeatureSums, RealImages, features,
                       frechet_distance, images_of, train_feature_net)
+from .imagegrid import grid, to_uint8
+from .imagegrid import save_grid
 
 if TYPE_CHECKING:
     from ..models.basic import SmallCNN
@@ -259,7 +261,6 @@ class GanTask(Task):
     def images(self, samples: torch.Tensor | None) -> dict[str, Any]:
         """``{"samples": grid}``: the evaluation's generated images as one ``H x W x C``
         uint8 grid in the data's value range (TensorBoard's ``val/samples``)."""
-        from ..common.imagegrid import grid, to_uint8
 
         if samples is None or not len(samples):
             return {}
@@ -292,7 +293,6 @@ class GanTask(Task):
 
     def write_files(self, result: EvalResult, directory: Path) -> None:
         """eval/samples.png: a grid of the evaluation's first generated images."""
-        from ..common.imagegrid import save_grid
 
         images = result.details.get("samples")
         if images is None or not len(images):

@@ -18,6 +18,7 @@ from torch.utils.data import Dataset
 
 from . import datacheck
 from ..common import outdir
+from ..loggers import train_outputs
 from .. import checkpoint
 from .autobatch import MicroBatchPlanner
 from ..config import TrainConfig, write_yaml
@@ -73,7 +74,7 @@ def assemble_parts(model: nn.Module, train_data: Any, val_data: Any, *, config: 
     if out is not None:
         outdir.check_on_main(out, resume=bool(c.checkpointing.resume),
                              is_main=strategy.is_main, broadcast=strategy.broadcast_object,
-                             outputs=outdir.train_outputs(c.logging.logger))
+                             outputs=train_outputs(c.logging.logger))
     warn_inapplicable(c, c.given, loss_scaling=precision.spec.loss_scaling,
                       precision=precision.name, own_optimizer=optimizer is not None)
     seed_phase(TRAINING, c.seed, deterministic=c.deterministic)
@@ -148,7 +149,7 @@ def open_run(parts: RunParts, *, config: TrainConfig, strategy: Strategy, out: P
     finished = False
     if strategy.is_main and out is not None:
         outdir.prepare_run(out, resume=bool(c.checkpointing.resume),
-                           outputs=outdir.train_outputs(c.logging.logger))
+                           outputs=train_outputs(c.logging.logger))
     if c.checkpointing.resume:
         if parts.checkpointer.resume(resolved(), run_info, len(parts.windows)):
             finished = parts.run_length.reached(position)

@@ -24,7 +24,7 @@ changes, so the optimisation maths never does (see :mod:`amptrain.trainer.window
 Measuring memory
 ----------------
 "Fits" means: no out-of-memory error, and the probe's peak memory within the budget, as
-:class:`~amptrain.common.memory.MemoryMeter` measures it in its ``"process"`` scope. CUDA's budget
+:class:`~amptrain.trainer.memory.MemoryMeter` measures it in its ``"process"`` scope. CUDA's budget
 is ``--memory-budget-gb`` when given, else the device itself (its out-of-memory error);
 the CPU has no device limit, so ``--memory-budget-gb`` (default: the RAM in use plus the
 RAM available now) bounds the process's peak resident memory during a step.
@@ -48,7 +48,7 @@ from ..common import nested
 from .windows import StepBatch
 from ..config.train import MicroBatchSplit
 from ..common.errors import TrainingHalted, UserError, flag
-from ..common.memory import MemoryMeter, available_bytes, free_memory, rss_bytes
+from .memory import MemoryMeter, available_bytes, free_memory, rss_bytes
 from ..precision.hardware.advice import less_memory
 
 #: --memory-budget-gb counts decimal gigabytes.

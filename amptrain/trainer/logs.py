@@ -18,6 +18,8 @@ from tqdm import tqdm
 from ..common.errors import AmptrainError, flag
 from ..loggers import DEFAULT, build_sinks, parse_names
 from ..loggers.tensorboard import TB_TAGS, tb_tag
+from ..checkpoint.resume import saved_so_far
+from ..common.pathkind import write_failure
 
 __all__ = ["TB_TAGS", "RunLogger", "tb_tag"]
 
@@ -53,8 +55,6 @@ class LogWriteError(AmptrainError):
     exit_code = 1
 
     def __init__(self, path: Path, exc: OSError) -> None:
-        from ..checkpoint.resume import saved_so_far
-        from ..common.pathkind import write_failure
 
         saved = saved_so_far(path.parent)
         then = f"continue with {flag('resume')} auto" if "intact" in saved else "start it again"

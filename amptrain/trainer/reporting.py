@@ -15,9 +15,9 @@ from torch import nn
 from ..common.errors import UserError, flag
 from ..common.forward import forward_batch
 from .logs import RunLogger
-from ..common.memory import MemoryMeter
+from .memory import MemoryMeter
 from ..common.nested import tensors
-from ..common.nonfinite import first_nonfinite_module
+from ..precision.nonfinite import first_nonfinite_module
 from ..precision import NonFiniteHalt, Precision, label
 from ..tasks import Task
 from .optimizers import OptimizerSteps

@@ -30,6 +30,7 @@ from torch.utils.data._utils.collate import default_collate
 
 from .windows import StepBatch, Windows, batch_size_of, to_device
 from ..common.errors import UserError, flag
+from ..data.core import TensorData
 
 log = logging.getLogger("amptrain")
 
@@ -84,7 +85,6 @@ class SampleList(Dataset):
 def as_dataset(data: Any, keyword: str) -> Any:
     """A list of samples as a dataset (stacked into tensors when they stack); other data
     is returned as given."""
-    from ..data.core import TensorData
 
     if not isinstance(data, (list, tuple)) or not data or not is_sample(data[0]):
         return data

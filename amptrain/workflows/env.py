@@ -18,6 +18,7 @@ from ..precision.hardware.devices import CPU_FLAGS, resolve_device
 from ..precision.hardware.support import (device_features, emulated_fast, emulated_precisions,
                                           emulation_label)
 from ..precision.modes import MODES
+from ..precision.emulation import EmulatedAutocast
 
 
 # -------------------------------------------------------------------- bench
@@ -82,7 +83,6 @@ def _timed(case: BenchCase, inputs: tuple[torch.Tensor, ...], device: torch.devi
            reps: int, emulate: torch.dtype | None = None) -> float:
     """Seconds per call, averaged over ``reps`` back-to-back calls (under the emulating
     autocast of dtype ``emulate``, fp32 inputs, where a run would emulate)."""
-    from ..precision.emulation import EmulatedAutocast
 
     if device.type == "cuda":
         torch.cuda.synchronize(device)

@@ -25,6 +25,11 @@ from torch import nn
 
 from ..version import __version__
 from ..common.errors import UserError, flag
+from ..common.pathkind import not_regular_reason
+from ..models.core import export_format_of
+from ..models.core import exporter_of
+from ..common import outdir
+from .saved_run import checkpoint_file, open_run
 
 log = logging.getLogger("amptrain")
 
@@ -123,7 +128,6 @@ def load_safetensors(path: str | Path) -> dict[str, torch.Tensor]:
     st = _safetensors()
     from safetensors import SafetensorError, safe_open
 
-    from ..common.pathkind import not_regular_reason
 
     special = not_regular_reason(path)
     if special:
@@ -151,7 +155,6 @@ def load_safetensors(path: str | Path) -> dict[str, torch.Tensor]:
 
 def export_formats(model: nn.Module) -> tuple[str, ...]:
     """The formats ``model`` can be exported in: safetensors, and its hook's format."""
-    from ..models.core import export_format_of
 
     own = export_format_of(model)
     return BUILT_IN_FORMATS + ((own,) if own else ())
@@ -165,7 +168,6 @@ def export_trained(out_dir: str | Path, model: nn.Module, state: dict[str, torch
     A file already there is left alone with a warning (it is not this run's), unless
     ``replace`` (a resumed run replaces what its earlier part wrote).
     """
-    from ..models.core import export_format_of, exporter_of
 
     out_dir = Path(out_dir)
     written: list[Path | None] = []
@@ -198,8 +200,6 @@ def export_checkpoint(checkpoint: str | Path, format: str, out: str | Path | Non
                       dtype: str = "fp32") -> tuple[Path, list[Path]]:
     """Export a checkpoint written by ``amptrain train`` (or a run directory's last one)
     as ``format``; returns (output directory, files written)."""
-    from ..common import outdir
-    from .saved_run import checkpoint_file, open_run
 
     if dtype not in DTYPES:
         raise UserError(f"{flag('dtype')} {dtype}: choose one of {', '.join(DTYPES)}")
@@ -237,7 +237,6 @@ def export_checkpoint(checkpoint: str | Path, format: str, out: str | Path | Non
         written = write_safetensors(out_dir, weights, info, dtype=dtype, source=str(path),
                                     step=step)
         return out_dir, [written, out_dir / INFO_NAME]
-    from ..models.core import exporter_of
 
     export = exporter_of(model)
     assert export is not None  # its format is in export_formats

@@ -24,6 +24,9 @@ from ..common.errors import UserError
 from .runner import text_encoder
 from .saved_run import SavedRun, open_run
 from ..common.forward import split_outputs
+from ..tasks.imagegrid import save_grid, save_png, to_uint8
+from ..common import outdir
+from ..tasks.gan import unwrap
 
 
 #: The most tokens one ``generate`` call draws: each token is a forward pass, and a
@@ -147,15 +150,12 @@ def generate_images(checkpoint_path: str, samples: int, out: str, *, seed: int =
     """Draw ``samples`` images from the GAN in ``checkpoint_path`` (a file or a run
     directory) into ``out``: ``sample_00000.png`` ... at the data's resolution and
     ``grid.png`` (the first :data:`GRID_IMAGES`, enlarged); returns the files written."""
-    from ..common.imagegrid import save_grid, save_png, to_uint8
-    from ..common import outdir
 
     check_image_request(samples, out, seed)
     # Before the checkpoint is read: never a user's grid.png or sample_00000.png replaced.
     outdir.claim(out, image_outputs(samples))
     saved = open_run(checkpoint_path)
     _check_generates(saved, "images", checkpoint_path)
-    from ..tasks.gan import unwrap
 
     loaded = saved.load_model(precision=precision, device=device)
     model: Any = unwrap(loaded.model)  # a generator: .sample(n, generator)

@@ -17,6 +17,7 @@ import sys
 
 from ..config import RunConfig, cli_flag, replace_options, to_dict
 from ..common.errors import UserError
+from ..distributed import LaunchEnv
 
 log = logging.getLogger("amptrain")
 
@@ -48,7 +49,6 @@ def launch_requested(args: argparse.Namespace) -> bool:
              if getattr(args, _dest(name), None) is not None]
     if not given:
         return False
-    from ..distributed import LaunchEnv
 
     if LaunchEnv.from_environ() is not None:
         raise UserError(f"{given[0]} starts torchrun, but this process was already started by "
@@ -142,7 +142,6 @@ def launch(args: argparse.Namespace, config: RunConfig) -> int:
 
 def resume_after_restart(config: RunConfig) -> RunConfig:
     """A worker that torchrun restarted continues from the last checkpoint in --out."""
-    from ..distributed import LaunchEnv
 
     env = LaunchEnv.from_environ()
     if env is None or env.restart_count == 0 or config.checkpointing.resume:

@@ -12,6 +12,7 @@ from typing import Any
 from torch import nn
 
 from ..common import outdir
+from ..loggers import train_outputs
 from ..config import RunConfig
 from ..data import DataBundle, DataOptions, build_data
 from ..distributed import build_strategy
@@ -143,7 +144,7 @@ def run_training(config: RunConfig, **trainer_options: Any) -> FitResult:
         if config.out is not None:  # without one nothing is written (as in the Trainer)
             outdir.check_on_main(config.out, resume=bool(config.checkpointing.resume),
                                  is_main=strategy.is_main, broadcast=strategy.broadcast_object,
-                                 outputs=outdir.train_outputs(config.logging.logger),
+                                 outputs=train_outputs(config.logging.logger),
                                  remember=True)  # the Trainer's check: this verdict
         run = assemble(config)
         config = run.config

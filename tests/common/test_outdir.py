@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from amptrain.common import outdir
+from amptrain.loggers import train_outputs
 from amptrain.common.errors import UserError, cli_spelling
 
 
@@ -146,12 +147,12 @@ def test_the_trackers_files_are_what_train_writes(tmp_path):
     (tmp_path / "metrics.csv").write_text("step,loss\n1,2\n")
     outdir.check(tmp_path, resume=False)  # tensorboard only: the user's csv is no obstacle
     with pytest.raises(UserError, match="already holds metrics.csv"):
-        outdir.check(tmp_path, resume=False, outputs=outdir.train_outputs("tensorboard,csv"))
+        outdir.check(tmp_path, resume=False, outputs=train_outputs("tensorboard,csv"))
     (tmp_path / "metrics.csv").unlink()
     (tmp_path / "mlruns").mkdir()
     (tmp_path / "mlruns" / "mine").write_text("x")
     with pytest.raises(UserError, match="already holds mlruns/"):
-        outdir.check(tmp_path, resume=False, outputs=outdir.train_outputs("mlflow"))
+        outdir.check(tmp_path, resume=False, outputs=train_outputs("mlflow"))
 
 
 def test_a_name_too_long_for_the_file_system_is_one_line(tmp_path):
@@ -209,7 +210,7 @@ def test_a_verdict_for_another_setting_is_not_taken(tmp_path):
     out.mkdir()
     (out / "metrics.jsonl").write_text("{}\n")
     with pytest.raises(UserError, match="already holds a run"):
-        _check(out, outputs=outdir.train_outputs("csv"))  # other outputs: checked again
+        _check(out, outputs=train_outputs("csv"))  # other outputs: checked again
 
 
 def test_writing_the_run_or_forgetting_drops_the_verdict(tmp_path):

@@ -14,7 +14,7 @@ from amptrain.diagnose.recommend import (
     run_scale_overflow,
 )
 from amptrain.diagnose.run import diagnose
-from amptrain.common.nonfinite import NonFiniteEvent
+from amptrain.precision.nonfinite import NonFiniteEvent
 from tests.diagnose.conftest import bundle, config, scaled_model
 
 

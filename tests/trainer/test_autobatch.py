@@ -18,7 +18,7 @@ from amptrain.trainer.autobatch import (OutOfMemoryHalt, divisors, halve, is_out
 from amptrain.trainer.windows import StepBatch
 from amptrain.config import TrainConfig, build_config
 from amptrain.common.errors import UserError, cli_spelling
-from amptrain.common.memory import MemoryMeter
+from amptrain.trainer.memory import MemoryMeter
 from amptrain.trainer import Trainer
 from tests.conftest import tiny_classification
 

@@ -114,7 +114,7 @@ def test_generate_writes_a_gans_samples_and_grid(tmp_path):
     from PIL import Image
 
     from amptrain.workflows.generate import generate_images
-    from amptrain.common.imagegrid import to_uint8
+    from amptrain.tasks.imagegrid import to_uint8
 
     path, model = _gan_checkpoint(tmp_path)
     files = generate_images(path, 5, str(tmp_path / "out"), seed=3, device="cpu",

@@ -7,7 +7,7 @@ from typing import Any, Callable
 import torch
 from torch import nn
 
-from . import nested
+from ..common import nested
 
 
 def _tensors(value: Any) -> list[torch.Tensor]:

@@ -12,6 +12,7 @@ from typing import Sequence
 
 import numpy as np
 import torch
+from ..common.outdir import write_bytes
 
 
 def to_uint8(images: torch.Tensor, low: Sequence[float] | float | None = None,
@@ -68,7 +69,6 @@ def save_png(image: np.ndarray, path: str | Path, scale: int = 1, *,
 
     from PIL import Image
 
-    from .outdir import write_bytes
 
     if image.ndim != 3 or image.shape[2] not in (1, 3) or image.dtype != np.uint8:
         raise ValueError("save_png() takes an H x W x C uint8 image with C 1 or 3")

@@ -9,7 +9,7 @@ import torch
 from torch import nn
 
 from amptrain.models.range_demos import Scale
-from amptrain.common.nonfinite import (NonFiniteEvent, NonFiniteWatch, extremes,
+from amptrain.precision.nonfinite import (NonFiniteEvent, NonFiniteWatch, extremes,
                                        first_nonfinite_module, floating_tensors)
 from amptrain.precision import Precision
 

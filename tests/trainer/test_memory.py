@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from amptrain.common.memory import MemoryMeter, free_memory, rss_bytes
+from amptrain.trainer.memory import MemoryMeter, free_memory, rss_bytes
 
 
 @pytest.mark.skipif(not MemoryMeter(torch.device("cpu"), "process").resettable,

@@ -6,7 +6,7 @@ import pytest
 import torch
 from PIL import Image
 
-from amptrain.common.imagegrid import grid, save_grid, save_png, to_uint8, upscale_for
+from amptrain.tasks.imagegrid import grid, save_grid, save_png, to_uint8, upscale_for
 
 
 def test_values_map_linearly_from_the_range_and_are_clipped():
