@@ -20,11 +20,6 @@ import torch
 Path = tuple[Any, ...]
 
 
-def is_container(value: Any) -> bool:
-    """True for the containers this module walks into."""
-    return isinstance(value, (Mapping, list, tuple))
-
-
 def rebuild(like: Any, items: Iterable[Any]) -> Any:
     """A container of ``like``'s type holding ``items`` (``(key, value)`` pairs for a
     mapping, values otherwise)."""

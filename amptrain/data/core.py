@@ -274,17 +274,6 @@ def index_labels(labels: np.ndarray, num_classes: int, spec: str, source: str) -
 
 
 # ------------------------------------------------------------------ normalisation
-def channel_stats(x: torch.Tensor,
-                  fitted: dict[str, Any] | None) -> tuple[list[float], list[float]]:
-    """Per-channel mean/std of N x C x H x W training images, or a run's fitted ones."""
-    if fitted and "mean" in fitted and "std" in fitted:
-        return list(fitted["mean"]), list(fitted["std"])
-    flat = x.transpose(0, 1).reshape(x.shape[1], -1).double()
-    mean = flat.mean(dim=1)
-    std = flat.std(dim=1).clamp(min=1e-6)
-    return mean.tolist(), std.tolist()
-
-
 def normalise(x: torch.Tensor, mean: Sequence[float], std: Sequence[float]) -> torch.Tensor:
     """(x - mean) / std per channel of an N x C x H x W float tensor (in place)."""
     if len(mean) != x.shape[1]:

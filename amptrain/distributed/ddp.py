@@ -90,9 +90,6 @@ class ProcessGroupStrategy(Strategy):
         self._dist.all_reduce(total)
         return total
 
-    def reduce_mean(self, value: torch.Tensor) -> torch.Tensor:
-        return self.reduce_sum(value) / self.world_size
-
     def gather(self, value: torch.Tensor) -> torch.Tensor:
         # Ranks may hold different lengths (the last evaluation batch): pad to the longest.
         value = value.detach().reshape(-1)

@@ -177,12 +177,3 @@ class EmulatedAutocast:
         _STATE.dtypes.pop()
         self._autocast.__exit__(kind, value, traceback)
 
-
-def emulated_dtype(compute_dtype: torch.dtype | None, device: torch.device,
-                   emulated: bool) -> torch.dtype | None:
-    """The half dtype to emulate at fp32 speed for a mode computing in ``compute_dtype`` on
-    ``device`` that the device only ``emulated`` (:func:`.support.emulated_precisions`);
-    None where the mode runs natively, on a non-CPU device, or with the switch off."""
-    if device.type != "cpu" or compute_dtype not in _HALF or not emulated:
-        return None
-    return compute_dtype if emulation_switched_on() else None

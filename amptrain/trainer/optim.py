@@ -31,7 +31,7 @@ import torch
 from torch import nn
 from torch.optim.lr_scheduler import LambdaLR, LRScheduler, OneCycleLR
 
-from ..config import TrainConfig, replace_options
+from ..config import TrainConfig
 from ..common.errors import UserError, flag
 from ..common.quiet import quiet_torchao
 
@@ -185,11 +185,6 @@ class LrPlan:
         auto = auto_warmup_steps(steps_per_epoch, total_steps) if self.factor > 1.0 else 0
         warmup = min(max(self.warmup_given, auto), max(1, total_steps))
         return replace(self, warmup_steps=warmup, warmup_auto=auto)
-
-    def scheduler_config(self, config: TrainConfig) -> TrainConfig:
-        """``config`` with the warm-up actually used (for a caller's own
-        ``build_scheduler(config, ...)``; the Trainer passes the plan itself)."""
-        return replace_options(config, warmup_steps=self.warmup_steps)
 
     def describe(self, config: TrainConfig) -> str | None:
         """One line for the log when --lr-scaling changed the lr (and maybe the warm-up)."""

@@ -76,7 +76,3 @@ def test_concat_and_slice_rows_are_inverse():
     with pytest.raises(TypeError, match="holding a str"):
         nested.concat([{"a": "x"}, {"a": "y"}])
 
-
-def test_is_container():
-    assert nested.is_container([]) and nested.is_container(()) and nested.is_container({})
-    assert not nested.is_container(torch.ones(1)) and not nested.is_container("ab")

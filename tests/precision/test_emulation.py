@@ -13,7 +13,7 @@ from torch import nn
 from torch.nn import functional as F
 
 from amptrain.precision import Precision
-from amptrain.precision.emulation import (ENV_SWITCH, EmulatedAutocast, emulated_dtype,
+from amptrain.precision.emulation import (ENV_SWITCH, EmulatedAutocast,
                                           install_emulated_kernels)
 from amptrain.precision.hardware.support import cpu_has_native_bf16, emulated_fast
 
@@ -212,13 +212,10 @@ def test_switch_and_support(monkeypatch):
                 "tf32": False, "fp8": False}
     fast = emulated_fast(cpu, features)
     assert fast["16-mixed"] and fast["bf16-true"] and not fast["32-true"]
-    assert emulated_dtype(torch.float16, cpu, True) == torch.float16
-    assert emulated_dtype(torch.float16, cpu, False) is None
     monkeypatch.setenv(ENV_SWITCH, "off")
     assert not any(on for name, on in emulated_fast(cpu, features).items()
                    if name in ("16-mixed", "16-master", "16-true", "bf16-mixed", "bf16-master",
                                "bf16-true"))
-    assert emulated_dtype(torch.float16, cpu, True) is None
     assert not Precision("16-mixed", device="cpu").emulated_fast
 
 
