@@ -11,22 +11,7 @@ from tests.models.conftest import (
     FEATURES,
     IMAGES,
     SEQUENCES,
-    check_forward_backward,
-    check_trains_under_bf16_mixed,
 )
-
-CASES = [("mlp", IMAGES), ("mlp:32", FEATURES), ("cnn:8", IMAGES)]
-
-
-@pytest.mark.parametrize("spec,inputs", CASES, ids=[c[0] for c in CASES])
-def test_forward_backward(spec, inputs):
-    check_forward_backward(spec, inputs)
-
-
-@pytest.mark.parametrize("spec,inputs", CASES, ids=[c[0] for c in CASES])
-def test_trains_under_bf16_mixed(spec, inputs):
-    check_trains_under_bf16_mixed(spec, inputs)
-
 
 @pytest.mark.parametrize("spec,inputs,match", [
     ("cnn", SEQUENCES, "needs images.*try --model lstm or transformer"),

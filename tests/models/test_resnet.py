@@ -12,23 +12,7 @@ from tests.models.conftest import (
     FEATURES,
     IMAGES,
     SEQUENCES,
-    check_forward_backward,
-    check_trains_under_bf16_mixed,
 )
-
-# Small widths keep the ResNets fast on two CPU cores; the architecture is the same.
-CASES = [("resnet18:8", IMAGES), ("resnet50:4", IMAGES)]
-
-
-@pytest.mark.parametrize("spec,inputs", CASES, ids=[c[0] for c in CASES])
-def test_forward_backward(spec, inputs):
-    check_forward_backward(spec, inputs)
-
-
-@pytest.mark.parametrize("spec,inputs", CASES, ids=[c[0] for c in CASES])
-def test_trains_under_bf16_mixed(spec, inputs):
-    check_trains_under_bf16_mixed(spec, inputs)
-
 
 @pytest.mark.parametrize("spec,inputs,match", [
     ("resnet18", FEATURES, "needs images.*try --model mlp"),

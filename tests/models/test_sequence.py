@@ -16,23 +16,7 @@ from tests.models.conftest import (
     FEATURES,
     IMAGES,
     SEQUENCES,
-    check_forward_backward,
-    check_trains_under_bf16_mixed,
 )
-
-CASES = [("lstm:embed=16,hidden=16", SEQUENCES),
-         ("transformer:d_model=32,layers=1,heads=2,ff=64", SEQUENCES)]
-
-
-@pytest.mark.parametrize("spec,inputs", CASES, ids=[c[0] for c in CASES])
-def test_forward_backward(spec, inputs):
-    check_forward_backward(spec, inputs)
-
-
-@pytest.mark.parametrize("spec,inputs", CASES, ids=[c[0] for c in CASES])
-def test_trains_under_bf16_mixed(spec, inputs):
-    check_trains_under_bf16_mixed(spec, inputs)
-
 
 @pytest.mark.parametrize("spec,inputs,match", [
     ("lstm", IMAGES, "needs token sequences.*try --model cnn or resnet18"),
