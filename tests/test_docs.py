@@ -41,7 +41,8 @@ def test_the_pages_have_their_runnable_groups():
     assert {("tour.md", "trainer"), ("export.md", "mlflow"), ("own-data.md", "imagefolder"),
             ("own-data.md", "module-data"), ("own-data.md", "stream"),
             ("own-data.md", "training-step"), ("migration.md", "hf-callback"),
-            ("migration.md", "lightning-callback")} <= set(GROUPS)
+            ("migration.md", "lightning-callback"), ("data-models.md", "module-model"),
+            ("data-models.md", "idx")} <= set(GROUPS)
 
 
 def test_a_group_shared_with_the_readme_is_the_same_code():
