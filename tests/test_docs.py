@@ -12,7 +12,7 @@ import sys
 
 import pytest
 
-from tests.snippets import (ROOT, comments_after_continuations, run_group, runnable_groups,
+from tests.snippets import (ROOT, blocks, comments_after_continuations, run_group, runnable_groups,
                             sketches)
 
 DOCS = ROOT / "docs"
@@ -68,6 +68,15 @@ def test_sketches_name_files_that_exist():
 def test_no_shell_block_has_a_comment_after_a_line_continuation():
     for page in PAGES:
         assert comments_after_continuations(page.read_text()) == [], _page(page)
+
+
+def test_the_install_page_gives_the_readmes_two_commands():
+    """docs/install.md repeats the README's two commands word for word."""
+    def commands(text):
+        return [line for language, code, _, _ in blocks(text) if language == "bash"
+                for line in code.splitlines() if line.startswith("python3 -m pip install")]
+    readme = commands((ROOT / "README.md").read_text())
+    assert len(readme) == 2 and commands((DOCS / "install.md").read_text())[:2] == readme
 
 
 def test_every_page_is_in_the_nav():
