@@ -5,6 +5,8 @@ tests/test_docs.py the same way.
 """
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from tests.snippets import (ROOT, blocks, comments_after_continuations, run_group,
@@ -54,6 +56,15 @@ def test_the_readme_is_a_landing_page():
     assert len(text.splitlines()) <= 300
     for page in ("docs/install.md", "docs/tour.md", "docs/precisions.md", "docs/limits.md"):
         assert f"]({page})" in text
+
+
+def test_every_relative_link_names_a_file():
+    """The README is not part of the site (mkdocs checks the pages' links, not its own)."""
+    targets = re.findall(r"\]\(([^)#\s]+)[^)]*\)", README.read_text())
+    relative = [target for target in targets if "://" not in target]
+    assert relative
+    for target in relative:
+        assert (ROOT / target).exists(), f"README links to {target}, which is not there"
 
 
 def test_block_extraction_reads_markers_groups_and_files():
