@@ -47,7 +47,6 @@ MARK = re.compile(r"<!--\s*(runnable|sketch):\s*([^>]*?)\s*-->\s*$")
 REQUIRES = {"hf-callback": ("transformers", "accelerate"), "lightning-callback": ("lightning",),
             "mlflow": ("mlflow",)}
 
-Block = tuple[str, str, "str | None", "str | None"]
 Groups = dict[str, tuple[bool, list[tuple[str, str]]]]
 
 

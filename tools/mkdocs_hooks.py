@@ -46,3 +46,16 @@ def on_page_markdown(markdown: str, page: Any, config: Any, files: Any) -> str:
         last = fence.end()
     parts.append(LINK.sub(repl, markdown[last:]))
     return "".join(parts)
+
+
+ROLE = re.compile(r":(?:py:)?(?:meth|class|func|data|attr|mod|exc|obj):(?=<code>)")
+TILDE = re.compile(r"<code>~\.?([\w.]*?)([\w]+)</code>")
+
+
+def on_page_content(html: str, page: Any, config: Any, files: Any) -> str:
+    """The docstrings cite code in Sphinx's roles (``:class:`~amptrain.x.Y```); the site
+    shows them as code, without the role, and ``~``-shortened names as their last part."""
+    if not page.file.src_path.startswith("api/"):      # only the generated reference
+        return html
+    html = ROLE.sub("", html)
+    return TILDE.sub(r"<code>\2</code>", html)
