@@ -15,7 +15,7 @@ from amptrain.data import DataOptions, TensorData, build_data
 
 # torch.compile's on-disk kernel cache is not keyed by ATEN_CPU_CAPABILITY (torch 2.13): a
 # kernel built for the CPU's own vector ISA and loaded under ATEN_CPU_CAPABILITY=avx2 (the
-# AVX2-class check in the README), or the reverse, computes wrong values or corrupts the
+# AVX2-class check in docs/development.md), or the reverse, computes wrong values or corrupts the
 # heap. Each capability gets a cache of its own (subprocesses inherit the variable).
 os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", os.path.join(
     tempfile.gettempdir(), f"torchinductor-amptrain-tests-{getpass.getuser()}-"

@@ -162,7 +162,7 @@ def text_corpus(argument: str, options: DataOptions) -> DataBundle:
     if cached is not None:  # shards read from disk: the text is not read again next time
         shards = open_stream(cached, spec)
         n_val = int(round(len(shards) * options.val_fraction))
-        # The cache's place is documented (README: Your own data); an error that follows
+        # The cache's place is documented (docs/own-data.md); an error that follows
         # (a model that cannot take text, say) stays the only line on stderr.
         log.debug("text: tokens from the cache %s", cached)
         return stream_bundle(shards, n_val, seq_len, spec, int(tokenizer.vocab_size),

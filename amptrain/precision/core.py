@@ -44,8 +44,11 @@ class Precision:
             accepted) or ``auto``; or a decision already made
             (:class:`~amptrain.precision.resolve.ResolvedPrecision`), which is used as it is.
         device: where the model runs; default CUDA when available, else CPU.
-        init_scale, growth_factor, backoff_factor, growth_interval: dynamic loss-scaler
-            settings (fp16 modes only), as ``torch.amp.GradScaler``'s (scaler_settings.py).
+        init_scale: the dynamic loss scaler's first scale (fp16 modes only), as
+            ``torch.amp.GradScaler``'s (scaler_settings.py).
+        growth_factor: the scaler's growth factor, as ``GradScaler``'s.
+        backoff_factor: the scaler's backoff factor, as ``GradScaler``'s.
+        growth_interval: the scaler's growth interval, as ``GradScaler``'s.
         min_scale: the loss-scale floor; reaching it stops training with advice.
         keep_fp32: glob patterns (or one) of module names that run in fp32 inside autocast.
         max_bad_steps: consecutive non-finite steps tolerated in modes without a scaler.

@@ -1,6 +1,6 @@
 """Options that do nothing in the chosen setting: one warning line naming each.
 
-The rule for every option (README, "Options that do not apply"): an option that cannot
+The rule for every option (docs/hostile-input.md): an option that cannot
 change anything in the chosen setting is accepted with one warning line naming it (the
 run is what it would be without it); an option whose absence would make the run train
 something other than what was asked (``--loss huber`` on a classifier, ``--seq-len``

@@ -93,7 +93,7 @@ def adamw8bit_class(model: nn.Module) -> Callable[..., torch.optim.Optimizer]:
     (its step is ``torch.compile``d per parameter shape: a one-off compile of seconds per
     shape, cached on disk), its state is an ordinary checkpointable tensor subclass, and
     torchao is already amptrain's fp8 dependency. bitsandbytes 0.50's CPU backend works but
-    stepped ~10x slower on the CPU here (README: The memory ladder).
+    stepped ~10x slower on the CPU here (docs/memory-ladder.md).
     """
     devices = {p.device.type for p in model.parameters()}
     try:

@@ -31,7 +31,7 @@ needs_transformers = pytest.mark.skipif(
 
 
 def _example():
-    """examples/tiny_hf_model.py: the tiny BERT and review CSV the README uses too."""
+    """examples/tiny_hf_model.py: the tiny BERT and review CSV docs/hf-fp8.md and docs/export.md use too."""
     spec = importlib.util.spec_from_file_location("tiny_hf_model",
                                                   ROOT / "examples" / "tiny_hf_model.py")
     module = importlib.util.module_from_spec(spec)

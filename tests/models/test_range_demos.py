@@ -20,7 +20,7 @@ def test_registered_with_their_default_factors():
     overflow = build_model("demo-overflow", IMAGES)
     underflow = build_model("demo-underflow", FEATURES)
     assert isinstance(overflow, RangeDemo) and overflow.scale.factor == 1e5
-    assert underflow.scale.factor == 1e-3  # as docs/diagnose-env.md says
+    assert underflow.scale.factor == 1e-3  # as docs/diagnose.md says
     assert build_model("demo-overflow:1e6", FEATURES).scale.factor == 1e6
     assert overflow.body[1].in_features == 3 * 16 * 16 and overflow.head.out_features == 5
     assert repr(Scale(1e5)) == "Scale(factor=100000)"

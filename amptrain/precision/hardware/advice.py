@@ -173,7 +173,7 @@ def memory_note(device: torch.device, features: Mapping[str, bool]) -> str | Non
     ladder = ("memory-bound: --precision bf16-true --weight-update kahan keeps 10 bytes per "
               "parameter of weights, gradients and Adam state (fp32 training: 16) and learns "
               "like fp32; with --optimizer adamw8bit 8, --weight-update stochastic 6 "
-              "(README: The memory ladder)")
+              "(docs/memory-ladder.md)")
     if features["bf16"]:
         return ladder
     if device.type == "cpu":
