@@ -14,9 +14,7 @@ from ..config import option
 from ..config.options import require_non_negative, require_positive
 from ..config.train import OPTIMIZERS
 from ..common.errors import UserError, flag
-from ..tasks.tolerance import SHARED_TOLERANCES, Tolerance, tolerance_for
-from ..precision.resolve import resolve_precision
-from ..precision.modes import MODES
+from ..common.tolerance import SHARED_TOLERANCES, Tolerance, tolerance_for
 
 if TYPE_CHECKING:
     import torch
@@ -100,7 +98,7 @@ class CompareOptions:
 
 def resolve_tolerance(options: CompareOptions, task: Any) -> Tolerance:
     """The tolerance of ``task``'s verdict for these options (see
-    :func:`~amptrain.tasks.tolerance.tolerance_for`)."""
+    :func:`~amptrain.common.tolerance.tolerance_for`)."""
     return tolerance_for(task, getattr(options, task.tolerance_option, None))
 
 
@@ -112,6 +110,8 @@ def resolve_precisions(options: CompareOptions, device: torch.device,
     ``bf16-true+kahan``, ``bf16-true+stochastic+adamw8bit``); ``weight_update`` (the run's
     ``--weight-update``) applies to the half-weight modes without masters and labels them.
     """
+    # deferred: compare --help reads these options without torch
+    from ..precision.resolve import resolve_precision
 
     def canonical(name: str, option: str) -> str:
         mode, *rungs = name.strip().split("+")
@@ -132,6 +132,7 @@ def resolve_precisions(options: CompareOptions, device: torch.device,
 
 def rung_label(mode: str, rungs: list[str], weight_update: str, option: str) -> str:
     """A row's label: the mode, then its weight-update rule and optimizer when not default."""
+    from ..precision.modes import MODES  # deferred: torch, as above
 
     rules = [r for r in rungs if r in WEIGHT_UPDATES]
     optimizers = [r for r in rungs if r in OPTIMIZERS]

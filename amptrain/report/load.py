@@ -15,7 +15,7 @@ from typing import Any
 from ..precision.hardware.advice import base_mode
 from ..precision.modes import as_given
 from ..tasks import TASKS, Task, task_of_summary
-from ..tasks.tolerance import tolerance_for
+from ..common.tolerance import tolerance_for
 
 #: Stable colours for the usual precisions; others take the next free one.
 #: (Here rather than in plots.py: :meth:`Study.colour` picks from them, and the HTML table's
@@ -82,7 +82,7 @@ class Study:
     def tolerance(self) -> float:
         """The verdict's tolerance in the task's unit (``--tolerance-pp`` or
         ``--tolerance-rel``): the one study.json says judged the verdicts, else the option
-        as given, else the task's default (:func:`~amptrain.tasks.tolerance.tolerance_for`)."""
+        as given, else the task's default (:func:`~amptrain.common.tolerance.tolerance_for`)."""
         recorded = (self.details.get("task") or {}).get("tolerance")
         if isinstance(recorded, (int, float)):
             return float(recorded)

@@ -115,7 +115,7 @@ class Task(ABC):
     seed_statistic: str = "mean"
     #: The task's own default for that option when its metric varies more between seeds
     #: than the shared default allows (the GAN's Fréchet distance); None: the shared one
-    #: (:func:`amptrain.tasks.tolerance.tolerance_for`).
+    #: (:func:`amptrain.common.tolerance.tolerance_for`).
     default_tolerance_pp: float | None = None
     default_tolerance_rel: float | None = None
 

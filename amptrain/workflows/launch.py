@@ -17,7 +17,6 @@ import sys
 
 from ..config import RunConfig, cli_flag, replace_options, to_dict
 from ..common.errors import UserError
-from ..distributed import LaunchEnv
 
 log = logging.getLogger("amptrain")
 
@@ -49,6 +48,8 @@ def launch_requested(args: argparse.Namespace) -> bool:
              if getattr(args, _dest(name), None) is not None]
     if not given:
         return False
+    # deferred: torch loads only when a launch is asked for (`train --help` stays instant)
+    from ..distributed import LaunchEnv
 
     if LaunchEnv.from_environ() is not None:
         raise UserError(f"{given[0]} starts torchrun, but this process was already started by "
@@ -142,6 +143,7 @@ def launch(args: argparse.Namespace, config: RunConfig) -> int:
 
 def resume_after_restart(config: RunConfig) -> RunConfig:
     """A worker that torchrun restarted continues from the last checkpoint in --out."""
+    from ..distributed import LaunchEnv  # deferred: this module serves `train --help`
 
     env = LaunchEnv.from_environ()
     if env is None or env.restart_count == 0 or config.checkpointing.resume:

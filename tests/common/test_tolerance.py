@@ -3,7 +3,7 @@ else the shared default; the reports read it back for studies that did not recor
 from __future__ import annotations
 
 from amptrain.tasks import ClassificationTask, GanTask, LanguageModelTask
-from amptrain.tasks.tolerance import SHARED_TOLERANCES, tolerance_for
+from amptrain.common.tolerance import SHARED_TOLERANCES, tolerance_for
 
 
 def test_given_then_the_tasks_default_then_the_shared_one():

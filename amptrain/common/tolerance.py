@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from ..common.errors import flag
+from .errors import flag
 
 #: The defaults of --tolerance-pp (accuracy points) and --tolerance-rel (relative change).
 SHARED_TOLERANCES = {"tolerance_pp": 0.5, "tolerance_rel": 0.02}
