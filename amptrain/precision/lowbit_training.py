@@ -57,6 +57,7 @@ def apply_rht(x: torch.Tensor) -> torch.Tensor:
     matrix = _RHT_CACHE.get(x.device)
     if matrix is None:
         matrix = _RHT_CACHE.setdefault(x.device, rht_matrix().to(x.device))
+    matrix = matrix.to(x.dtype)
     pad = -x.shape[0] % RHT_BLOCK
     if pad:
         x = torch.nn.functional.pad(x, (0, 0, 0, pad))

@@ -24,7 +24,7 @@ from amptrain.common.quiet import quiet_torchao
 from tests import conftest
 
 ROOT = Path(__file__).parents[2]
-FORMATS = ("fp8", "fp8-rowwise", "mxfp8", "mxfp4", "nvfp4")
+FORMATS = ("fp8", "fp8-rowwise", "fp8-rowwise-gw-hp", "mxfp8", "mxfp4", "nvfp4", "nvfp4-plain")
 needs_torchao = pytest.mark.skipif(importlib.util.find_spec("torchao") is None,
                                    reason="torchao is not installed")
 
@@ -36,7 +36,8 @@ def mlp() -> nn.Sequential:
 
 
 @needs_torchao
-@pytest.mark.parametrize("name,recipe", [("fp8", "tensorwise"), ("fp8-rowwise", "rowwise")])
+@pytest.mark.parametrize("name,recipe", [("fp8", "tensorwise"), ("fp8-rowwise", "rowwise"),
+                                         ("fp8-rowwise-gw-hp", "rowwise_with_gw_hp")])
 def test_emulated_fp8_linear_agrees_with_torchao_emulate(name, recipe):
     with quiet_torchao():
         from torchao.float8 import Float8LinearConfig, convert_to_float8_training
