@@ -47,7 +47,6 @@ torchao at the edges of fp32's range are listed in docs/lowbit-recipes.md.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Callable
 
 import torch
