@@ -57,6 +57,10 @@ def canonical_name(name: str) -> str:
 #: RCEIL; implemented in :mod:`amptrain.precision.lowbit_formats`).
 MX_SCALES = ("floor", "rceil")
 
+#: One part of the NVFP4 training recipe to leave out (``--nvfp4-without``, the ablation):
+#: the random Hadamard transform, stochastic rounding, or the 16x16 weight blocks.
+NVFP4_PARTS = ("none", "rht", "sr", "2d")
+
 #: The rules ``--weight-update`` takes (``plain``: none).
 WEIGHT_UPDATES = ("plain", "kahan", "stochastic")
 

@@ -6,7 +6,7 @@ import math
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
-from ..common.choices import (LOSSES, MX_SCALES, PRECISION_NAMES, TASK_CHOICES, TASK_NAMES,
+from ..common.choices import (LOSSES, MX_SCALES, NVFP4_PARTS, PRECISION_NAMES, TASK_CHOICES, TASK_NAMES,
                               WEIGHT_UPDATES, canonical_name)
 from ..common.errors import UserError, flag
 from ..common.scaler_settings import (SCALER_HELP, SCALER_SETTINGS, ScalerSettings,
@@ -78,6 +78,11 @@ class PrecisionConfig:
                                     "scale is chosen: floor (OCP MX spec) or rceil "
                                     "(NVIDIA's round-up, nothing saturates)",
                            group="precision", choices=MX_SCALES)
+    nvfp4_without: str = option("none", "--precision nvfp4: leave one part of the training "
+                                        "recipe out, for an ablation: rht (Hadamard "
+                                        "transform), sr (stochastic rounding) or 2d (16x16 "
+                                        "weight blocks)", group="precision",
+                                choices=NVFP4_PARTS)
 
     def __post_init__(self) -> None:
         canonical_name(self.name)  # a mode, an alias or auto (open choices: checked here)

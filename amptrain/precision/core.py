@@ -58,6 +58,8 @@ class Precision:
         lowbit_bf16_last: in the low-bit modes, keep the last N eligible Linear layers in
             bf16 (the NVFP4 training recipe's final layers; see :mod:`.lowbit`).
         mx_scale: the MX modes' e8m0 scale rule, ``floor`` (OCP spec) or ``rceil``.
+        nvfp4_without: ``nvfp4`` without one part of its recipe (``rht``, ``sr``, ``2d``;
+            an ablation) or ``none``.
     """
 
     def __init__(self, name: str | ResolvedPrecision = "32-true", *,
@@ -69,7 +71,8 @@ class Precision:
                  min_scale: float = 1.0, keep_fp32: Iterable[str] = (),
                  max_bad_steps: int = 10, fp8_skip_first_last: bool = True,
                  weight_update: str = "plain", separate_loss_scales: bool = False,
-                 lowbit_bf16_last: int = 0, mx_scale: str = "floor") -> None:
+                 lowbit_bf16_last: int = 0, mx_scale: str = "floor",
+                 nvfp4_without: str = "none") -> None:
         device, keep_fp32 = checked_arguments(device, min_scale, keep_fp32, max_bad_steps,
                                               fp8_skip_first_last, separate_loss_scales)
         self.scaler_settings = ScalerSettings(init_scale=init_scale, growth_factor=growth_factor,
@@ -81,7 +84,8 @@ class Precision:
         self.fp8_skip_first_last = fp8_skip_first_last
         self.weight_update_rule = weight_update
         self.separate_loss_scales = separate_loss_scales
-        self.lowbit_bf16_last, self.mx_scale = checked_lowbit(lowbit_bf16_last, mx_scale)
+        self.lowbit_bf16_last, self.mx_scale, self.nvfp4_without = checked_lowbit(
+            lowbit_bf16_last, mx_scale, nvfp4_without)
         self.float8_plan: Float8Plan | None = None   # the low-bit layers of setup()
         self._seeds: list[StochasticSeeds] = []      # stochastic rounding, per setup()
         self.skipped_steps = 0          # all pairs together (each pair: skipped_steps_of)
@@ -107,6 +111,7 @@ class Precision:
                    min_scale=config.min_scale, keep_fp32=config.keep_fp32,
                    max_bad_steps=config.max_bad_steps, weight_update=config.weight_update,
                    lowbit_bf16_last=config.lowbit_bf16_last, mx_scale=config.mx_scale,
+                   nvfp4_without=config.nvfp4_without,
                    **{name: getattr(config, name) for name in SCALER_SETTINGS})
 
     # ------------------------------------------------------------------ mode
@@ -119,7 +124,8 @@ class Precision:
         self.requested = mode.requested  # a mode or "auto"
         self.spec: ModeSpec = mode.spec
         check_rule(self.weight_update_rule, self.spec)
-        check_lowbit_options(self.spec, self.lowbit_bf16_last, self.mx_scale)
+        check_lowbit_options(self.spec, self.lowbit_bf16_last, self.mx_scale,
+                             self.nvfp4_without)
         fast = emulated_fast(self.device, device_features(self.device))
         self.emulated_fast = fast[mode.name]
         self.emulated_autocast = fast[autocast_mode(self.spec, self.device)]
@@ -166,7 +172,7 @@ class Precision:
             self.float8_plan, seeds = setup_lowbit(
                 model, self._patches, self.spec, self.device, list(islands),
                 self.fp8_skip_first_last, bf16_last=self.lowbit_bf16_last,
-                mx_scale=self.mx_scale,
+                mx_scale=self.mx_scale, without=self.nvfp4_without,
                 seed=(torch.initial_seed() + len(self._pairs)) % 2 ** 63)
             if seeds is not None:
                 self._seeds.append(seeds)

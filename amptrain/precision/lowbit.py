@@ -42,7 +42,7 @@ from typing import Any, Callable
 import torch
 from torch import nn
 
-from ..common.choices import MX_SCALES
+from ..common.choices import MX_SCALES, NVFP4_PARTS
 from ..common.errors import UserError, flag, warn
 from .fp8 import Float8Plan, convert_linears, plan_float8
 from .islands import ForwardPatches
@@ -128,13 +128,23 @@ RECIPES: dict[str, Recipe] = {r.name: r for r in (
 )}
 
 
-def recipe_for(spec: ModeSpec, mx_scale: str = "floor") -> Recipe:
-    """``spec``'s recipe, its MX scales computed by ``mx_scale`` (``floor``/``rceil``)."""
+def recipe_for(spec: ModeSpec, mx_scale: str = "floor", without: str = "none") -> Recipe:
+    """``spec``'s recipe, its MX scales computed by ``mx_scale`` (``floor``/``rceil``),
+    and without one part of the NVFP4 recipe (``rht``, ``sr``, ``2d``: the ablation)."""
     recipe = RECIPES[str(spec.lowbit)]
-    if mx_scale == "floor" or recipe.input.scaling != "mx":
+    if mx_scale != "floor" and recipe.input.scaling == "mx":
+        rule = replace(recipe.input, mx_mode=mx_scale)
+        recipe = replace(recipe, input=rule, weight=rule, grad_output=rule)
+    if spec.lowbit != "nvfp4":
         return recipe
-    rule = replace(recipe.input, mx_mode=mx_scale)
-    return replace(recipe, input=rule, weight=rule, grad_output=rule)
+    if without == "rht":
+        recipe = replace(recipe, hadamard=False)
+    elif without == "sr":
+        recipe = replace(recipe, grad_output=replace(recipe.grad_output, stochastic=False))
+    elif without == "2d":
+        recipe = replace(recipe, weight=replace(recipe.weight, square=False))
+    return recipe if without == "none" else replace(recipe, name=f"{recipe.name} without "
+                                                                 f"{without}")
 
 
 def _fp32(tensor: torch.Tensor) -> torch.Tensor:
@@ -246,17 +256,21 @@ def install_blockwise_linears(patches: ForwardPatches, model: nn.Module,
         patches.wrap(module, make_forward)
 
 
-def checked_lowbit(bf16_last: Any, mx_scale: Any) -> tuple[int, str]:
-    """``Precision(lowbit_bf16_last=, mx_scale=)`` checked (a whole number >= 0; a rule of
-    :data:`~amptrain.common.choices.MX_SCALES`)."""
+def checked_lowbit(bf16_last: Any, mx_scale: Any, without: Any) -> tuple[int, str, str]:
+    """``Precision(lowbit_bf16_last=, mx_scale=, nvfp4_without=)`` checked (a whole number
+    >= 0; one of :data:`~amptrain.common.choices.MX_SCALES`; of ``NVFP4_PARTS``)."""
     if isinstance(bf16_last, bool) or not isinstance(bf16_last, int) or bf16_last < 0:
         raise UserError(f"lowbit_bf16_last must be an integer >= 0 (got {bf16_last!r})")
     if mx_scale not in MX_SCALES:
         raise UserError(f"mx_scale must be one of {', '.join(MX_SCALES)} (got {mx_scale!r})")
-    return bf16_last, mx_scale
+    if without not in NVFP4_PARTS:
+        raise UserError(f"nvfp4_without must be one of {', '.join(NVFP4_PARTS)} (got "
+                        f"{without!r})")
+    return bf16_last, mx_scale, without
 
 
-def check_lowbit_options(spec: ModeSpec, bf16_last: int, mx_scale: str) -> None:
+def check_lowbit_options(spec: ModeSpec, bf16_last: int, mx_scale: str,
+                         without: str = "none") -> None:
     """Warn about a low-bit option that does nothing in ``spec`` (naming its flag)."""
     if bf16_last and not spec.lowbit:
         warn(f"{flag('lowbit_bf16_last')} {bf16_last} does nothing in {flag('precision')} "
@@ -264,6 +278,9 @@ def check_lowbit_options(spec: ModeSpec, bf16_last: int, mx_scale: str) -> None:
     if mx_scale != "floor" and not (spec.lowbit and RECIPES[spec.lowbit].input.scaling == "mx"):
         warn(f"{flag('mx_scale')} {mx_scale} does nothing in {flag('precision')} {spec.name}: "
              f"it chooses the block scales of mxfp8 and mxfp4")
+    if without != "none" and spec.lowbit != "nvfp4":
+        warn(f"{flag('nvfp4_without')} {without} does nothing in {flag('precision')} "
+             f"{spec.name}: it leaves a part of the nvfp4 training recipe out")
 
 
 def keep_last_in_bf16(plan: Float8Plan, count: int) -> Float8Plan:
@@ -278,14 +295,15 @@ def keep_last_in_bf16(plan: Float8Plan, count: int) -> Float8Plan:
 
 def setup_lowbit(model: nn.Module, patches: ForwardPatches, spec: ModeSpec,
                  device: torch.device, islands: list[str], skip_first_last: bool, *,
-                 bf16_last: int = 0, mx_scale: str = "floor", seed: int = 0
+                 bf16_last: int = 0, mx_scale: str = "floor", without: str = "none",
+                 seed: int = 0
                  ) -> tuple[Float8Plan, StochasticSeeds | None]:
     """Plan ``spec``'s eligible Linear layers and make them low-bit: torchao's float8
     layers where the format is native on ``device``, else the emulated forward. Returns
     the plan and, for a recipe that rounds stochastically, the layers' seeds (from
     ``seed``; checkpointed by the precision). Logs the plan's one-line summary; warns
     (naming the flags) when nothing is eligible."""
-    recipe = recipe_for(spec, mx_scale)
+    recipe = recipe_for(spec, mx_scale, without)
     native = lowbit_native(spec, device)
     plan = keep_last_in_bf16(plan_float8(model, islands=islands,
                                          skip_first_last=skip_first_last,

@@ -37,6 +37,7 @@ class PrecisionOptions(Protocol):
     weight_update: str
     lowbit_bf16_last: int
     mx_scale: str
+    nvfp4_without: str
 
 
 @dataclass(frozen=True)

@@ -222,3 +222,18 @@ def test_the_recipe_backward_is_the_exact_product_before_quantisation():
     exact = grad.t() @ x.detach()
     error = float((w.grad - exact).norm() / exact.norm())
     assert 0 < error < 0.3          # quantised (NVFP4's ~10 % per operand), not broken
+
+
+@pytest.mark.parametrize("part,changed", [("rht", "hadamard"), ("sr", "stochastic"),
+                                          ("2d", "square")])
+def test_the_ablation_leaves_one_part_of_the_nvfp4_recipe_out(part, changed):
+    from amptrain.precision.lowbit import recipe_for
+    from amptrain.precision.modes import MODES
+    full, ablated = recipe_for(MODES["nvfp4"]), recipe_for(MODES["nvfp4"], without=part)
+    assert full.hadamard and full.stochastic and full.weight.square
+    parts = {"hadamard": ablated.hadamard, "stochastic": ablated.stochastic,
+             "square": ablated.weight.square}
+    assert parts == {name: name != changed for name in parts}
+    assert recipe_for(MODES["fp8-blockwise"], without=part) == RECIPES["fp8-blockwise"]
+    with pytest.warns(AmptrainWarning, match="does nothing"):
+        Precision("mxfp8", device="cpu", nvfp4_without=part)
