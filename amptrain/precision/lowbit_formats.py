@@ -270,16 +270,15 @@ def round_e2m1_stochastic_(mag: torch.Tensor, generator: torch.Generator | None
                            ) -> torch.Tensor:
     """``mag`` (fp32, non-negative or NaN) rounded in place to e2m1 *stochastically*: up
     to the next e2m1 value with probability (distance from the one below) / spacing, so
-    the rounded value's expectation is ``mag`` (unbiased, below saturation at 6). The
-    uniform draws come from ``generator`` only (never torch's global RNG)."""
+    the rounded value's expectation is ``mag`` (unbiased, below saturation at 6). Computed
+    as ``floor(mag / spacing + u) * spacing`` for a uniform ``u`` in [0, 1), drawn from
+    ``generator`` only (never torch's global RNG)."""
     mag.clamp_(max=E2M1_MAX)
     # spacing 2^(max(e, 0) - 1) for mag's fp32 exponent e: 0.5 below 2, 1 below 4, 2 above
     spacing = (mag.view(torch.int32) & _EXPONENT_MASK).clamp_(min=127 << 23) \
         .sub_(1 << 23).view(torch.float32)
-    below = torch.floor(mag / spacing).mul_(spacing)
     draw = torch.rand(mag.shape, device=mag.device, generator=generator)
-    up = draw.mul_(spacing).lt_(mag.sub(below))    # P(up) = (mag - below) / spacing
-    return mag.copy_(below.add_(up.float().mul_(spacing)))
+    return mag.div_(spacing).add_(draw).floor_().mul_(spacing)
 
 
 def qdq_nvfp4(x: torch.Tensor, dim: int = -1, block: int = NVFP4_BLOCK, square: bool = False,
