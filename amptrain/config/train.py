@@ -6,8 +6,8 @@ import math
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
-from ..common.choices import (LOSSES, MX_SCALES, NVFP4_PARTS, PRECISION_NAMES, TASK_CHOICES, TASK_NAMES,
-                              WEIGHT_UPDATES, canonical_name)
+from ..common.choices import (LOSSES, MX_SCALES, NVFP4_PARTS, PRECISION_NAMES, TASK_CHOICES,
+                              TASK_NAMES, WEIGHT_UPDATES, canonical_name)
 from ..common.errors import UserError, flag
 from ..common.scaler_settings import (SCALER_HELP, SCALER_SETTINGS, ScalerSettings,
                                       check_scaler_settings)

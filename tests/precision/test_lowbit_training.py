@@ -237,3 +237,12 @@ def test_the_ablation_leaves_one_part_of_the_nvfp4_recipe_out(part, changed):
     assert recipe_for(MODES["fp8-blockwise"], without=part) == RECIPES["fp8-blockwise"]
     with pytest.warns(AmptrainWarning, match="does nothing"):
         Precision("mxfp8", device="cpu", nvfp4_without=part)
+
+
+def test_a_broken_stochastic_rounding_section_is_refused_by_name():
+    from amptrain.common.errors import UserError
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", AmptrainWarning)
+        precision = Precision("nvfp4", device="cpu")
+    with pytest.raises(UserError, match="stochastic_rounding"):
+        precision.load_state_dict({"name": "nvfp4", "stochastic_rounding": [{"calls": {"1": "x"}}]})
