@@ -3,6 +3,9 @@
     python benchmarks/gpu_fp8.py                      # H100/H200: d_model 2048, 4 layers, seq 1024
     python benchmarks/gpu_fp8.py --d-model 4096 --ff 16384 --layers 2 --batch-size 4
     python benchmarks/gpu_fp8.py --tiny --device cpu --precisions 32-true,bf16-mixed   # smoke test
+    python benchmarks/gpu_fp8.py --precisions bf16-mixed,fp8-rowwise-gw-hp,fp8-blockwise
+        # issue 46's recipes (fp8-blockwise native on sm90+ with torchao and Triton; the
+        # d_model and ff must be multiples of 128 for its layers to be eligible)
 
 Both precisions train amptrain's built-in ``transformer`` (dropout off) through the
 Trainer, from identical initial weights on identical batches:

@@ -1,8 +1,10 @@
-"""The emulated low-bit formats' cost: step time of fp8, fp8-rowwise, mxfp8, mxfp4 and
-nvfp4 (each eligible Linear's GEMM operands quantised and dequantised with the format's
-rules, fp32 GEMMs; amptrain.precision.lowbit) relative to an emulated bf16-mixed step on
-the same model, for the cnn, transformer and gpt models through the Trainer. Goal: at
-most 1.5x bf16-mixed's step time.
+"""The emulated low-bit formats' cost: step time of each recipe of
+amptrain.precision.lowbit.RECIPES (fp8, fp8-rowwise, fp8-rowwise-gw-hp, fp8-blockwise,
+mxfp8, mxfp4, the nvfp4 training recipe and nvfp4-plain; each eligible Linear's GEMM
+operands quantised and dequantised with the format's rules, fp32 GEMMs;
+amptrain.precision.lowbit) relative to an emulated bf16-mixed step on the same model,
+for the cnn, transformer and gpt models through the Trainer. Goal: at most 1.5x
+bf16-mixed's step time.
 
 bf16-mixed is emulated only where the CPU lacks bf16 hardware, so the default setting is
 ``ONEDNN_MAX_CPU_ISA=AVX2`` (an AVX2-only CPU as far as oneDNN is concerned: bf16

@@ -16,7 +16,8 @@ from .errors import UserError, flag
 #: The precision modes, in the order ``env`` and ``--help`` list them (their specs:
 #: :data:`amptrain.precision.modes.MODES`; other spellings: :data:`PRECISION_ALIASES`).
 MODE_NAMES = ("32-true", "tf32", "16-mixed", "bf16-mixed", "16-master", "bf16-master",
-              "16-true", "bf16-true", "fp8", "fp8-rowwise", "mxfp8", "mxfp4", "nvfp4")
+              "16-true", "bf16-true", "fp8", "fp8-rowwise",
+              "fp8-rowwise-gw-hp", "fp8-blockwise", "mxfp8", "mxfp4", "nvfp4", "nvfp4-plain")
 #: What ``--precision`` lists: a mode, or ``auto`` (the best the hardware supports).
 PRECISION_NAMES = MODE_NAMES + ("auto",)
 
@@ -31,6 +32,13 @@ PRECISION_ALIASES = {"32": "32-true", "fp32": "32-true", "16": "16-mixed", "fp16
                      # torchao's recipe names (Float8LinearRecipeName) and spelled-out formats
                      "float8": "fp8", "fp8-tensorwise": "fp8", "tensorwise": "fp8",
                      "rowwise": "fp8-rowwise", "float8-rowwise": "fp8-rowwise",
+                     "rowwise_with_gw_hp": "fp8-rowwise-gw-hp",
+                     "float8-rowwise-gw-hp": "fp8-rowwise-gw-hp",
+                     # Transformer Engine's recipe names (Float8BlockScaling,
+                     # NVFP4BlockScaling) and torchao's blockwise prototype
+                     "float8-block-scaling": "fp8-blockwise", "fp8-block-scaling": "fp8-blockwise",
+                     "float8-blockwise": "fp8-blockwise",
+                     "nvfp4-block-scaling": "nvfp4",
                      "mx-fp8": "mxfp8", "mx-fp4": "mxfp4", "nv-fp4": "nvfp4"}
 
 
@@ -44,6 +52,14 @@ def canonical_name(name: str) -> str:
                         f"{', '.join(PRECISION_ALIASES)})")
     return name
 
+
+#: How MX block scales are chosen (``--mx-scale``; torchao's ScaleCalculationMode FLOOR and
+#: RCEIL; implemented in :mod:`amptrain.precision.lowbit_formats`).
+MX_SCALES = ("floor", "rceil")
+
+#: One part of the NVFP4 training recipe to leave out (``--nvfp4-without``, the ablation):
+#: the random Hadamard transform, stochastic rounding, or the 16x16 weight blocks.
+NVFP4_PARTS = ("none", "rht", "sr", "2d")
 
 #: The rules ``--weight-update`` takes (``plain``: none).
 WEIGHT_UPDATES = ("plain", "kahan", "stochastic")

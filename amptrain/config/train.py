@@ -6,8 +6,8 @@ import math
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
-from ..common.choices import (LOSSES, PRECISION_NAMES, TASK_CHOICES, TASK_NAMES, WEIGHT_UPDATES,
-                              canonical_name)
+from ..common.choices import (LOSSES, MX_SCALES, NVFP4_PARTS, PRECISION_NAMES, TASK_CHOICES,
+                              TASK_NAMES, WEIGHT_UPDATES, canonical_name)
 from ..common.errors import UserError, flag
 from ..common.scaler_settings import (SCALER_HELP, SCALER_SETTINGS, ScalerSettings,
                                       check_scaler_settings)
@@ -71,10 +71,24 @@ class PrecisionConfig:
                                          "(bf16-true, 16-true): plain rounding, kahan "
                                          "(compensation buffer) or stochastic rounding",
                                 group="precision", choices=WEIGHT_UPDATES)
+    lowbit_bf16_last: int = option(0, "low-bit precisions: keep the last N eligible Linear "
+                                      "layers in bf16 (the NVFP4 recipe keeps the final "
+                                      "blocks in higher precision)", group="precision")
+    mx_scale: str = option("floor", "MX precisions (mxfp8, mxfp4): how each block's e8m0 "
+                                    "scale is chosen: floor (OCP MX spec) or rceil "
+                                    "(NVIDIA's round-up, nothing saturates)",
+                           group="precision", choices=MX_SCALES)
+    nvfp4_without: str = option("none", "--precision nvfp4: leave one part of the training "
+                                        "recipe out, for an ablation: rht (Hadamard "
+                                        "transform), sr (stochastic rounding) or 2d (16x16 "
+                                        "weight blocks)", group="precision",
+                                choices=NVFP4_PARTS)
 
     def __post_init__(self) -> None:
         canonical_name(self.name)  # a mode, an alias or auto (open choices: checked here)
         require_positive(self, "max_bad_steps")
+        require_non_negative(self, "lowbit_bf16_last")
+        require_choices(self)
         if self.weight_update not in WEIGHT_UPDATES:
             raise UserError(f"{flag('weight_update')} must be one of "
                             f"{', '.join(WEIGHT_UPDATES)} (got {self.weight_update!r})")

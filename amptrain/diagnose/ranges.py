@@ -26,7 +26,7 @@ from torch import nn
 from ..precision.nonfinite import extremes, floating_tensors
 from ..precision.fp8 import plan_float8
 from ..precision.lowbit import RECIPES
-from ..precision.lowbit_formats import loss_counts
+from ..precision.lowbit_operand import loss_counts
 
 FP16_MAX = 65504.0
 BF16_MAX = float(torch.finfo(torch.bfloat16).max)

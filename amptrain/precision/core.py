@@ -20,7 +20,8 @@ from .hardware.support import autocast_mode, device_features, emulated_fast, one
 from .islands import (ForwardPatches, cpu_fp32_island_types, cpu_fp32_modules,
                       default_keep_fp32, install_forward_patches, match_modules)
 from .loss_scales import LossScales
-from .lowbit import lowbit_warning, setup_lowbit
+from .lowbit import check_lowbit_options, checked_lowbit, lowbit_warning, setup_lowbit
+from .lowbit_training import StochasticSeeds
 from .master import check_no_shared_kept, modules_kept_fp32
 from .misuse import CallOrder, check_setup, checked_arguments, checked_state
 from .modes import ModeSpec
@@ -57,6 +58,11 @@ class Precision:
         weight_update: ``plain``, ``kahan`` or ``stochastic`` (X-true modes; see weight_update.py).
         separate_loss_scales: one loss scale per ``backward(..., loss_id=)`` instead of one
             for all losses (fp16 modes; Apex's ``num_losses``; see :mod:`.loss_scales`).
+        lowbit_bf16_last: in the low-bit modes, keep the last N eligible Linear layers in
+            bf16 (the NVFP4 training recipe's final layers; see :mod:`.lowbit`).
+        mx_scale: the MX modes' e8m0 scale rule, ``floor`` (OCP spec) or ``rceil``.
+        nvfp4_without: ``nvfp4`` without one part of its recipe (``rht``, ``sr``, ``2d``;
+            an ablation) or ``none``.
     """
 
     def __init__(self, name: str | ResolvedPrecision = "32-true", *,
@@ -67,7 +73,9 @@ class Precision:
                  growth_interval: int = ScalerSettings.growth_interval,
                  min_scale: float = 1.0, keep_fp32: Iterable[str] = (),
                  max_bad_steps: int = 10, fp8_skip_first_last: bool = True,
-                 weight_update: str = "plain", separate_loss_scales: bool = False) -> None:
+                 weight_update: str = "plain", separate_loss_scales: bool = False,
+                 lowbit_bf16_last: int = 0, mx_scale: str = "floor",
+                 nvfp4_without: str = "none") -> None:
         device, keep_fp32 = checked_arguments(device, min_scale, keep_fp32, max_bad_steps,
                                               fp8_skip_first_last, separate_loss_scales)
         self.scaler_settings = ScalerSettings(init_scale=init_scale, growth_factor=growth_factor,
@@ -79,7 +87,10 @@ class Precision:
         self.fp8_skip_first_last = fp8_skip_first_last
         self.weight_update_rule = weight_update
         self.separate_loss_scales = separate_loss_scales
+        self.lowbit_bf16_last, self.mx_scale, self.nvfp4_without = checked_lowbit(
+            lowbit_bf16_last, mx_scale, nvfp4_without)
         self.float8_plan: Float8Plan | None = None   # the low-bit layers of setup()
+        self._seeds: list[StochasticSeeds] = []      # stochastic rounding, per setup()
         self.skipped_steps = 0          # all pairs together (each pair: skipped_steps_of)
         self.consecutive_skips = 0      # of the pair that confirmed last
         self._unpaired = SkipCounter()  # outcomes that name no pair
@@ -102,6 +113,8 @@ class Precision:
         return cls(mode if mode is not None else config.name, device=device,
                    min_scale=config.min_scale, keep_fp32=config.keep_fp32,
                    max_bad_steps=config.max_bad_steps, weight_update=config.weight_update,
+                   lowbit_bf16_last=config.lowbit_bf16_last, mx_scale=config.mx_scale,
+                   nvfp4_without=config.nvfp4_without,
                    **{name: getattr(config, name) for name in SCALER_SETTINGS})
 
     # ------------------------------------------------------------------ mode
@@ -114,6 +127,8 @@ class Precision:
         self.requested = mode.requested  # a mode or "auto"
         self.spec: ModeSpec = mode.spec
         check_rule(self.weight_update_rule, self.spec)
+        check_lowbit_options(self.spec, self.lowbit_bf16_last, self.mx_scale,
+                             self.nvfp4_without)
         fast = emulated_fast(self.device, device_features(self.device))
         self.emulated_fast = fast[mode.name]
         self.emulated_autocast = fast[autocast_mode(self.spec, self.device)]
@@ -157,8 +172,13 @@ class Precision:
             warn(note)
         fp32_on_cpu = self._cpu_fp32_layers(model, islands.values())
         if self.spec.lowbit:
-            self.float8_plan = setup_lowbit(model, self._patches, self.spec, self.device,
-                                            list(islands), self.fp8_skip_first_last)
+            self.float8_plan, seeds = setup_lowbit(
+                model, self._patches, self.spec, self.device, list(islands),
+                self.fp8_skip_first_last, bf16_last=self.lowbit_bf16_last,
+                mx_scale=self.mx_scale, without=self.nvfp4_without,
+                seed=(torch.initial_seed() + len(self._pairs)) % 2 ** 63)
+            if seeds is not None:
+                self._seeds.append(seeds)
         policy = self._weight_policy(model, optimizer, [*islands.values(), *fp32_on_cpu])
         if optimizer is not None:
             self._register(model, optimizer, policy)
@@ -414,9 +434,13 @@ class Precision:
     def state_dict(self) -> dict[str, Any]:
         """Loss scaler(s), the skip counters, and each pair's counters and weight-rule
         buffers, in registration order (the layout: :mod:`.state`)."""
-        return {"name": self.name, **self._scales.state_dict(),
-                "skipped_steps": self.skipped_steps, "consecutive_skips": self.consecutive_skips,
-                "pairs": self._pairs.state_dict()}
+        state = {"name": self.name, **self._scales.state_dict(),
+                 "skipped_steps": self.skipped_steps,
+                 "consecutive_skips": self.consecutive_skips,
+                 "pairs": self._pairs.state_dict()}
+        if self._seeds:   # the stochastic rounding's counters (an optional key)
+            state["stochastic_rounding"] = [seeds.state_dict() for seeds in self._seeds]
+        return state
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restore :meth:`state_dict` (today's layout: an older file goes through
@@ -429,6 +453,8 @@ class Precision:
         self._unpaired = SkipCounter(self.skipped_steps, self.consecutive_skips) \
             if not len(self._pairs) else SkipCounter()
         self._pairs.load_state_dict(state.get("pairs") or [])
+        for seeds, saved in zip(self._seeds, state.get("stochastic_rounding") or []):
+            seeds.load_state_dict(saved)
 
     def migrate(self, state: dict[str, Any], version: int) -> dict[str, Any]:
         """A section written at layout ``version`` in today's (:func:`.state.migrate_state`);

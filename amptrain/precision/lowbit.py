@@ -1,44 +1,54 @@
-"""``--precision fp8 / fp8-rowwise / mxfp8 / mxfp4 / nvfp4``: low-bit matmuls in eligible
-Linear layers, bf16 autocast elsewhere, fp32 weights and checkpoints.
+"""``--precision fp8 / fp8-rowwise / fp8-rowwise-gw-hp / fp8-blockwise / mxfp8 / mxfp4 /
+nvfp4 / nvfp4-plain``: low-bit matmuls in eligible Linear layers, bf16 autocast elsewhere,
+fp32 weights and checkpoints.
 
-Natively (fp8 and fp8-rowwise on CUDA compute capability 8.9+ with torchao) the layers
-become torchao ``Float8Linear`` (:mod:`.fp8`). Everywhere else the formats are
-*emulated*: each planned layer's forward is swapped (through the precision's
-``ForwardPatches``, so ``teardown`` gives the module its forward back) for
-:class:`_LowBitLinear`, which quantises and dequantises each GEMM operand with the
-format's exact rules (:mod:`.lowbit_formats`), multiplies in fp32 and returns the output
-in the autocast dtype. The backward quantises the same way, following torchao's recipes
-for which operand is scaled along which axis:
+Natively (the fp8 recipes on CUDA compute capability 8.9+ with torchao; fp8-blockwise on
+9.0+ with torchao's blockwise kernels) the layers become torchao's float8 Linear layers
+(:mod:`.fp8`). Everywhere else the formats are *emulated*: each planned layer's forward
+is swapped (through the precision's ``ForwardPatches``, so ``teardown`` gives the module
+its forward back) for :class:`_LowBitLinear`, which quantises and dequantises each GEMM
+operand with the format's exact rules (:mod:`.lowbit_formats`), multiplies in fp32 and
+returns the output in the autocast dtype. The backward quantises the same way, following
+torchao's (and Transformer Engine's) recipes for which operand is scaled along which axis:
 
-============  ==========================  ====================================
-format        forward (input, weight)     backward
-============  ==========================  ====================================
-fp8           e4m3, one scale per tensor  grad_output e5m2 per tensor; the
-                                          forward's fp8 input and weight reused
-fp8-rowwise   e4m3, power-of-2 scale per  every operand e4m3, scaled along the
-              row of the reduction axis   GEMM's own reduction axis
-mxfp8         e4m3, e8m0 scale per 32     as rowwise, in blocks of 32
-mxfp4         e2m1, e8m0 scale per 32     as rowwise, in blocks of 32
-nvfp4         e2m1, e4m3 scale per 16 +   as rowwise, in blocks of 16
-              fp32 scale per tensor
-============  ==========================  ====================================
-
-NVIDIA's NVFP4 training recipe adds random Hadamard transforms and stochastic rounding
-of gradients on top of these numerics; the emulation rounds to nearest everywhere.
+==================  ===========================  =====================================
+recipe              forward (input, weight)      backward
+==================  ===========================  =====================================
+fp8                 e4m3, one scale per tensor   grad_output e5m2 per tensor; the
+                                                 forward's fp8 input and weight reused
+fp8-rowwise         e4m3, power-of-2 scale per   every operand e4m3, scaled along the
+                    row of the reduction axis    GEMM's own reduction axis
+fp8-rowwise-gw-hp   as fp8-rowwise               grad-input: grad_output rowwise, the
+                                                 weight one power-of-2 scale; weight
+                                                 gradient GEMM unquantised (fp32)
+fp8-blockwise       e4m3, fp32 scale per 1x128   grad_output 1x128 tiles along each
+                    input tile, 128x128 weight   GEMM's reduction axis; input 128x1
+                    block                        tiles; the same 128x128 weight blocks
+mxfp8 / mxfp4       e4m3 / e2m1, e8m0 scale per  as rowwise, in blocks of 32
+                    32 (FLOOR or RCEIL)
+nvfp4               e2m1, fp32 scale per tensor  grad_output stochastically rounded;
+                    + e4m3 per 16 (input) or     the weight-gradient GEMM's inputs
+                    per 16x16 block (weight)     through a random Hadamard transform
+nvfp4-plain         e2m1, e4m3 scale per 16 +    as rowwise, in blocks of 16, rounded
+                    fp32 scale per tensor        to nearest
+==================  ===========================  =====================================
 """
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Callable
 
 import torch
 from torch import nn
 
-from ..common.errors import flag, warn
+from ..common.choices import MX_SCALES, NVFP4_PARTS
+from ..common.errors import UserError, flag, warn
 from .fp8 import Float8Plan, convert_linears, plan_float8
 from .islands import ForwardPatches
-from .lowbit_formats import MX_BLOCK, NVFP4_BLOCK, Quantiser
+from .lowbit_formats import FP8_BLOCK, MX_BLOCK, NVFP4_BLOCK
+from .lowbit_operand import Quantiser
+from .lowbit_training import StochasticSeeds, apply_rht
 from .modes import ModeSpec
 from .hardware.support import lowbit_native
 
@@ -47,31 +57,47 @@ log = logging.getLogger("amptrain")
 
 @dataclass(frozen=True)
 class Recipe:
-    """How a format quantises the three operands of a Linear's GEMMs."""
+    """How a format quantises the operands of a Linear's three GEMMs."""
 
     name: str
     input: Quantiser
     weight: Quantiser
     grad_output: Quantiser
     #: The GEMM's dimensions must be multiples of this (fp8: torch._scaled_mm's 16;
-    #: MX: the 32-value block; NVFP4: the 16-value block).
+    #: MX: the 32-value block; NVFP4: the 16-value block; fp8-blockwise: 128).
     dim_multiple: int
-    #: Native hardware: ``fp8`` (sm89+, torchao Float8Linear) or None (emulated only).
+    #: Native hardware: ``fp8`` (sm89+, torchao Float8Linear), ``fp8-blockwise`` (sm90+,
+    #: torchao's blockwise kernels) or None (emulated only).
     native: str | None
     #: torchao's Float8LinearRecipeName for the native path.
     torchao_recipe: str | None
     summary: str
+    #: The weight in the grad-input GEMM, where it is scaled otherwise than in the forward.
+    weight_for_grad_input: Quantiser | None = None
+    #: The weight-gradient GEMM's operands as they are, multiplied in fp32 (``GW_HP``).
+    grad_weight_hp: bool = False
+    #: The random Hadamard transform on the weight-gradient GEMM's inputs (NVFP4).
+    hadamard: bool = False
 
     @property
     def tensorwise(self) -> bool:
         """One scale per tensor: the forward's quantised operands serve the backward too."""
         return self.input.scaling == "tensorwise"
 
+    @property
+    def stochastic(self) -> bool:
+        """Gradients rounded stochastically (they need :class:`StochasticSeeds`)."""
+        return self.grad_output.stochastic
 
-def _same(scaling: str, elem: str) -> tuple[Quantiser, Quantiser, Quantiser]:
-    quantiser = Quantiser(scaling, elem)
+
+def _same(scaling: str, elem: str, **options: Any) -> tuple[Quantiser, Quantiser, Quantiser]:
+    quantiser = Quantiser(scaling, elem, **options)
     return quantiser, quantiser, quantiser
 
+
+_ROWWISE = Quantiser("rowwise", "e4m3")
+_TILES = Quantiser("blockwise", "e4m3")
+_NVFP4 = Quantiser("nvfp4", "e2m1")
 
 RECIPES: dict[str, Recipe] = {r.name: r for r in (
     Recipe("fp8", Quantiser("tensorwise", "e4m3"), Quantiser("tensorwise", "e4m3"),
@@ -79,13 +105,46 @@ RECIPES: dict[str, Recipe] = {r.name: r for r in (
            "fp8 e4m3 forward, e5m2 gradients, one dynamic scale per tensor"),
     Recipe("fp8-rowwise", *_same("rowwise", "e4m3"), 16, "fp8", "rowwise",
            "fp8 e4m3 everywhere, a power-of-two scale per row"),
+    Recipe("fp8-rowwise-gw-hp", _ROWWISE, _ROWWISE, _ROWWISE, 16, "fp8",
+           "rowwise_with_gw_hp",
+           "fp8 e4m3 rowwise forward and grad-input GEMMs, weight gradient in high precision",
+           weight_for_grad_input=Quantiser("tensorwise", "e4m3", power_of_2=True),
+           grad_weight_hp=True),
+    Recipe("fp8-blockwise", _TILES, Quantiser("blockwise", "e4m3", square=True), _TILES,
+           FP8_BLOCK, "fp8-blockwise", None,
+           "DeepSeek-V3 fp8: e4m3, fp32 scales per 1x128 activation tile and 128x128 "
+           "weight block"),
     Recipe("mxfp8", *_same("mx", "e4m3"), MX_BLOCK, None, None,
            "MXFP8: e4m3 values, a power-of-two (e8m0) scale per 32"),
     Recipe("mxfp4", *_same("mx", "e2m1"), MX_BLOCK, None, None,
            "MXFP4: e2m1 values, a power-of-two (e8m0) scale per 32"),
-    Recipe("nvfp4", *_same("nvfp4", "e2m1"), NVFP4_BLOCK, None, None,
+    Recipe("nvfp4", _NVFP4, Quantiser("nvfp4", "e2m1", square=True),
+           Quantiser("nvfp4", "e2m1", stochastic=True), NVFP4_BLOCK, None, None,
+           "NVFP4 training recipe: e2m1 values, e4m3 scales per 16 (16x16 weight blocks), "
+           "an fp32 scale per tensor, stochastically rounded gradients, a random Hadamard "
+           "transform on the weight-gradient GEMM", hadamard=True),
+    Recipe("nvfp4-plain", *_same("nvfp4", "e2m1"), NVFP4_BLOCK, None, None,
            "NVFP4: e2m1 values, an e4m3 scale per 16 and an fp32 scale per tensor"),
 )}
+
+
+def recipe_for(spec: ModeSpec, mx_scale: str = "floor", without: str = "none") -> Recipe:
+    """``spec``'s recipe, its MX scales computed by ``mx_scale`` (``floor``/``rceil``),
+    and without one part of the NVFP4 recipe (``rht``, ``sr``, ``2d``: the ablation)."""
+    recipe = RECIPES[str(spec.lowbit)]
+    if mx_scale != "floor" and recipe.input.scaling == "mx":
+        rule = replace(recipe.input, mx_mode=mx_scale)
+        recipe = replace(recipe, input=rule, weight=rule, grad_output=rule)
+    if spec.lowbit != "nvfp4":
+        return recipe
+    if without == "rht":
+        recipe = replace(recipe, hadamard=False)
+    elif without == "sr":
+        recipe = replace(recipe, grad_output=replace(recipe.grad_output, stochastic=False))
+    elif without == "2d":
+        recipe = replace(recipe, weight=replace(recipe.weight, square=False))
+    return recipe if without == "none" else replace(recipe, name=f"{recipe.name} without "
+                                                                 f"{without}")
 
 
 def _fp32(tensor: torch.Tensor) -> torch.Tensor:
@@ -93,21 +152,26 @@ def _fp32(tensor: torch.Tensor) -> torch.Tensor:
 
 
 class _LowBitLinear(torch.autograd.Function):
-    """``x @ W.T + b`` with every GEMM operand quantised by ``recipe`` and fp32 GEMMs."""
+    """``x @ W.T + b`` with every GEMM operand quantised by ``recipe`` and fp32 GEMMs;
+    ``seeds`` (with the layer's ``name``) feeds stochastic rounding."""
 
     @staticmethod
     def forward(ctx: Any, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
-                recipe: Recipe, out_dtype: torch.dtype) -> torch.Tensor:  # noqa: D102
+                recipe: Recipe, out_dtype: torch.dtype, seeds: StochasticSeeds | None,
+                name: str) -> torch.Tensor:  # noqa: D102
         shape = x.shape
         x2 = x.reshape(-1, shape[-1])
         with torch.autocast(x.device.type, enabled=False):
             qx, qw = recipe.input(x2, -1), recipe.weight(weight, -1)
             out = torch.addmm(_fp32(bias), qx, qw.t()) if bias is not None else qx @ qw.t()
-        ctx.recipe, ctx.has_bias = recipe, bias is not None
+        ctx.recipe, ctx.has_bias, ctx.seeds, ctx.name = recipe, bias is not None, seeds, name
         ctx.dtypes = (x.dtype, weight.dtype, None if bias is None else bias.dtype)
         ctx.x_shape = shape
-        # Tensorwise scales do not depend on the axis: the backward reuses qx and qw.
-        ctx.save_for_backward(*((qx, qw) if recipe.tensorwise else (x2, weight)))
+        # Tensorwise scales do not depend on the axis: the backward reuses qx and qw; so
+        # do square weight blocks (the same tiles whichever axis the GEMM reduces over).
+        keep_w = qw if recipe.weight.square and recipe.weight_for_grad_input is None \
+            else weight
+        ctx.save_for_backward(*((qx, qw) if recipe.tensorwise else (x2, keep_w)))
         return out.to(out_dtype).reshape(*shape[:-1], out.shape[-1])
 
     @staticmethod
@@ -120,60 +184,145 @@ class _LowBitLinear(torch.autograd.Function):
                 qg = recipe.grad_output(g2)
                 grad_x, grad_w = qg @ second, qg.t() @ first
             else:  # each GEMM quantises along its own reduction axis
-                grad_x = recipe.grad_output(g2, -1) @ recipe.weight(second, 0)
-                grad_w = recipe.grad_output(g2, 0).t() @ recipe.input(first, 0)
+                gen = ctx.seeds.generator(ctx.name, g2.device) if recipe.stochastic \
+                    else None
+                weight_rule = recipe.weight_for_grad_input or recipe.weight
+                qw = second if weight_rule.square else weight_rule(second, 0)
+                grad_x = recipe.grad_output(g2, -1, gen) @ qw
+                grad_w = _grad_weight(recipe, g2, first, gen)
             grad_b = g2.sum(0) if ctx.has_bias else None
         x_dtype, w_dtype, b_dtype = ctx.dtypes
         return (grad_x.to(x_dtype).reshape(ctx.x_shape), grad_w.to(w_dtype),
-                None if grad_b is None else grad_b.to(b_dtype), None, None)
+                None if grad_b is None else grad_b.to(b_dtype), None, None, None, None)
+
+
+def _grad_weight(recipe: Recipe, g2: torch.Tensor, x2: torch.Tensor,
+                 gen: torch.Generator | None) -> torch.Tensor:
+    """``g^T x`` (reduced over tokens) in ``recipe``'s weight-gradient numerics."""
+    x2 = _fp32(x2)
+    if recipe.grad_weight_hp:
+        return g2.t() @ x2
+    if recipe.hadamard:   # the same orthogonal transform of both: the exact product stays
+        g2, x2 = apply_rht(g2), apply_rht(x2)
+    return recipe.grad_output(g2, 0, gen).t() @ recipe.input(x2, 0)
 
 
 def lowbit_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
-                  recipe: Recipe) -> torch.Tensor:
+                  recipe: Recipe, seeds: StochasticSeeds | None = None,
+                  name: str = "") -> torch.Tensor:
     """``F.linear`` in ``recipe``'s emulated numerics; the output in the autocast dtype
-    where autocast is on (as autocast's linear), else in ``x``'s dtype."""
+    where autocast is on (as autocast's linear), else in ``x``'s dtype. A stochastic
+    recipe needs ``seeds`` holding the layer ``name``."""
+    if recipe.stochastic and seeds is None:
+        seeds = StochasticSeeds(0, [name])
     device = x.device.type
     out_dtype = torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) \
         else x.dtype
-    return _LowBitLinear.apply(x, weight, bias, recipe, out_dtype)
+    return _LowBitLinear.apply(x, weight, bias, recipe, out_dtype, seeds, name)
 
 
 def install_lowbit_linears(patches: ForwardPatches, model: nn.Module, plan: Float8Plan,
-                           recipe: Recipe) -> None:
+                           recipe: Recipe, seeds: StochasticSeeds | None = None) -> None:
     """Swap the planned Linear layers' forwards for the emulated low-bit linear."""
     modules = dict(model.named_modules())
     for name in plan.convert:
         module = modules[name]
         assert isinstance(module, nn.Linear)  # the plan holds plain Linear layers only
 
-        def make_forward(original: Callable, module: nn.Linear = module) -> Callable:
+        def make_forward(original: Callable, module: nn.Linear = module,
+                         name: str = name) -> Callable:
             def forward(x: torch.Tensor) -> torch.Tensor:
-                return lowbit_linear(x, module.weight, module.bias, recipe)
+                return lowbit_linear(x, module.weight, module.bias, recipe, seeds, name)
             return forward
         patches.wrap(module, make_forward)
 
 
+def install_blockwise_linears(patches: ForwardPatches, model: nn.Module,
+                              plan: Float8Plan) -> None:
+    """The native fp8-blockwise path (sm90+): each planned layer's forward runs torchao's
+    ``fp8_blockwise_mm`` (1x128 / 128x128 e4m3 GEMMs, Triton kernels) on its own weight
+    Parameter, the bias added after (torchao's module takes none)."""
+    from torchao.prototype.blockwise_fp8_training.linear import fp8_blockwise_mm
+    modules = dict(model.named_modules())
+    for name in plan.convert:
+        module = modules[name]
+
+        def make_forward(original: Callable, module: nn.Module = module) -> Callable:
+            def forward(x: torch.Tensor) -> torch.Tensor:
+                out = fp8_blockwise_mm.apply(x.to(torch.bfloat16), module.weight, FP8_BLOCK,
+                                             torch.bfloat16, True)
+                return out if module.bias is None else out + module.bias.to(out.dtype)
+            return forward
+        patches.wrap(module, make_forward)
+
+
+def checked_lowbit(bf16_last: Any, mx_scale: Any, without: Any) -> tuple[int, str, str]:
+    """``Precision(lowbit_bf16_last=, mx_scale=, nvfp4_without=)`` checked (a whole number
+    >= 0; one of :data:`~amptrain.common.choices.MX_SCALES`; of ``NVFP4_PARTS``)."""
+    if isinstance(bf16_last, bool) or not isinstance(bf16_last, int) or bf16_last < 0:
+        raise UserError(f"lowbit_bf16_last must be an integer >= 0 (got {bf16_last!r})")
+    if mx_scale not in MX_SCALES:
+        raise UserError(f"mx_scale must be one of {', '.join(MX_SCALES)} (got {mx_scale!r})")
+    if without not in NVFP4_PARTS:
+        raise UserError(f"nvfp4_without must be one of {', '.join(NVFP4_PARTS)} (got "
+                        f"{without!r})")
+    return bf16_last, mx_scale, without
+
+
+def check_lowbit_options(spec: ModeSpec, bf16_last: int, mx_scale: str,
+                         without: str = "none") -> None:
+    """Warn about a low-bit option that does nothing in ``spec`` (naming its flag)."""
+    if bf16_last and not spec.lowbit:
+        warn(f"{flag('lowbit_bf16_last')} {bf16_last} does nothing in {flag('precision')} "
+             f"{spec.name}: it keeps Linear layers of a low-bit precision in bf16")
+    if mx_scale != "floor" and not (spec.lowbit and RECIPES[spec.lowbit].input.scaling == "mx"):
+        warn(f"{flag('mx_scale')} {mx_scale} does nothing in {flag('precision')} {spec.name}: "
+             f"it chooses the block scales of mxfp8 and mxfp4")
+    if without != "none" and spec.lowbit != "nvfp4":
+        warn(f"{flag('nvfp4_without')} {without} does nothing in {flag('precision')} "
+             f"{spec.name}: it leaves a part of the nvfp4 training recipe out")
+
+
+def keep_last_in_bf16(plan: Float8Plan, count: int) -> Float8Plan:
+    """``plan`` with its last ``count`` layers (in module order) kept in bf16
+    (``--lowbit-bf16-last``: the NVFP4 paper keeps the final blocks in higher precision)."""
+    if count > 0:
+        for name in plan.convert[-count:]:
+            plan.skipped[name] = f"{flag('lowbit_bf16_last')} {count}"
+        plan.convert = plan.convert[:-count]
+    return plan
+
+
 def setup_lowbit(model: nn.Module, patches: ForwardPatches, spec: ModeSpec,
-                 device: torch.device, islands: list[str], skip_first_last: bool) -> Float8Plan:
-    """Plan ``spec``'s eligible Linear layers and make them low-bit: torchao's
-    ``Float8Linear`` where the format is native on ``device``, else the emulated forward.
-    Logs the plan's one-line summary; warns (naming the flags) when nothing is eligible."""
-    recipe = RECIPES[str(spec.lowbit)]
+                 device: torch.device, islands: list[str], skip_first_last: bool, *,
+                 bf16_last: int = 0, mx_scale: str = "floor", without: str = "none",
+                 seed: int = 0
+                 ) -> tuple[Float8Plan, StochasticSeeds | None]:
+    """Plan ``spec``'s eligible Linear layers and make them low-bit: torchao's float8
+    layers where the format is native on ``device``, else the emulated forward. Returns
+    the plan and, for a recipe that rounds stochastically, the layers' seeds (from
+    ``seed``; checkpointed by the precision). Logs the plan's one-line summary; warns
+    (naming the flags) when nothing is eligible."""
+    recipe = recipe_for(spec, mx_scale, without)
     native = lowbit_native(spec, device)
-    plan = plan_float8(model, islands=islands, skip_first_last=skip_first_last,
-                       dim_multiple=recipe.dim_multiple)
+    plan = keep_last_in_bf16(plan_float8(model, islands=islands,
+                                         skip_first_last=skip_first_last,
+                                         dim_multiple=recipe.dim_multiple), bf16_last)
+    seeds = StochasticSeeds(seed, plan.convert) if recipe.stochastic else None
     if not plan.convert:
         why = f" ({plan.reasons()})" if plan.skipped else " (the model has no nn.Linear)"
         warn(f"{flag('precision')} {spec.name}: no Linear layer is eligible{why}, so nothing "
              f"runs in {recipe.name} and this trains like bf16-mixed; eligible are plain "
              f"nn.Linear layers with both dimensions multiples of {recipe.dim_multiple}, "
              f"outside {flag('keep_fp32')}, other than the first and the last")
+    elif native and recipe.native == "fp8-blockwise":
+        install_blockwise_linears(patches, model, plan)
     elif native:
         convert_linears(model, plan, recipe=recipe.torchao_recipe or "tensorwise")
     else:
-        install_lowbit_linears(patches, model, plan, recipe)
+        install_lowbit_linears(patches, model, plan, recipe, seeds)
     log.info("%s", plan.summary(recipe.name, emulated=not native))
-    return plan
+    return plan, seeds
 
 
 def lowbit_warning(spec: ModeSpec, device: torch.device) -> str | None:
@@ -181,9 +330,11 @@ def lowbit_warning(spec: ModeSpec, device: torch.device) -> str | None:
     where it is native): what the emulation computes and what it does not say."""
     if lowbit_native(spec, device):
         return None
-    native = ("an NVIDIA GPU of compute capability 8.9+ (Ada, Hopper) with torchao"
-              if spec.float8_linears else
-              "Blackwell (sm100) GPUs, whose kernels amptrain does not drive yet")
+    native = {"fp8": "an NVIDIA GPU of compute capability 8.9+ (Ada, Hopper) with torchao",
+              "fp8-blockwise": "an NVIDIA GPU of compute capability 9.0+ (Hopper) with "
+                               "torchao's blockwise fp8 kernels (Triton)"}.get(
+        str(RECIPES[str(spec.lowbit)].native),
+        "Blackwell (sm100) GPUs, whose kernels amptrain does not drive yet")
     return (f"{spec.name} is emulated on this {device.type}: each Linear matmul's operands "
             f"are quantised with {spec.name}'s exact rules ({RECIPES[str(spec.lowbit)].summary}"
             f") and multiplied in fp32; use it to study {spec.name}'s accuracy, not its speed "
@@ -198,11 +349,13 @@ def quantised_weight_bytes(recipe: Recipe, weight: torch.Tensor) -> float:
     """Bytes of ``weight``'s low-bit copy in ``recipe``'s forward format, scales included
     (what the format's hardware materialises each step beside the fp32 weight):
     tensorwise one fp32 scale; rowwise one fp32 scale per output row; MX one e8m0 byte
-    per 32 values; NVFP4 one e4m3 byte per 16 values and one fp32 scale."""
+    per 32 values; NVFP4 one e4m3 byte per 16 values (per 16x16 block in the recipe) and
+    one fp32 scale; fp8-blockwise one fp32 scale per 128x128 block."""
     rows, numel = weight.shape[0], weight.numel()
     quantiser = recipe.weight
-    scales = {"tensorwise": 4.0, "rowwise": 4.0 * rows, "mx": numel / MX_BLOCK,
-              "nvfp4": numel / NVFP4_BLOCK + 4.0}[quantiser.scaling]
+    blocks = numel / (quantiser.block ** 2 if quantiser.square else quantiser.block or 1)
+    scales = {"tensorwise": 4.0, "rowwise": 4.0 * rows, "mx": blocks,
+              "nvfp4": blocks + 4.0, "blockwise": 4.0 * blocks}[quantiser.scaling]
     return numel * _ELEMENT_BYTES[quantiser.elem] + scales
 
 

@@ -33,12 +33,20 @@ computation and against torchao where torchao runs on the CPU):
   tensor scale, clamped to [2^-6, 448] and rounded to e4m3; elements
   ``sat(x / (tensor_scale * block_scale))``, dequantised by the same product.
 
-``flushed_and_saturated`` counts, for any of them, the share of non-zero values that
-become zero and the share that are clamped at the format's largest value.
+* **fp8 blocks** (DeepSeek-V3, torchao's ``blockwise_fp8_training``): e4m3 with the
+  tensorwise rule's fp32 scale per 1 x 128 tile (activations, gradients) or per
+  128 x 128 tile (weights).
+* **2D blocks**: NVFP4's training recipe scales weights per 16 x 16 tile (the same tile
+  whichever axis a GEMM reduces over, so forward and backward see one quantised weight).
+* **Stochastic rounding** of e2m1 (the NVFP4 recipe's gradients): up or down to the
+  neighbouring value with the probabilities that make the expectation exact.
+
+How one GEMM operand is quantised (:class:`~.lowbit_operand.Quantiser`) and the flush and
+saturation counts of ``diagnose`` live in :mod:`.lowbit_operand`; the differences from
+torchao at the edges of fp32's range are listed in docs/lowbit-recipes.md.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Callable
 
 import torch
@@ -52,6 +60,8 @@ E2M1_MAX = 6.0
 AMAX_EPS = 1e-12
 MX_BLOCK = 32
 NVFP4_BLOCK = 16
+#: DeepSeek-V3's fp8 tiles: 1 x 128 for activations and gradients, 128 x 128 for weights.
+FP8_BLOCK = 128
 #: e8m0 scale exponents: 2^-127 .. 2^127; the all-ones code (255) is NaN.
 E8M0_BIAS = 127
 #: The largest power of two of each element format (the MX FLOOR rule's emax).
@@ -61,6 +71,9 @@ FORMAT_MAX = {"e4m3": E4M3_MAX, "e5m2": E5M2_MAX, "e2m1": E2M1_MAX}
 HALF_TOP_STEP = {"e4m3": 16.0, "e5m2": 4096.0, "e2m1": 1.0}
 #: NVFP4 block scales are clamped below at e4m3's smallest normal (torchao's E4M3_EPS).
 E4M3_TINY = 2.0 ** -6
+#: NVFP4's per-tensor scale floor: ``2^121 / 2^-6`` is the largest element factor that
+#: stays finite in fp32 (see :func:`nvfp4_tensor_scale`).
+NVFP4_MIN_TENSOR_SCALE = 2.0 ** -121
 
 
 #: Each format's mantissa bits and smallest normal exponent (below it: subnormals, with
@@ -114,11 +127,13 @@ def amax_to_scale(amax: torch.Tensor, elem: str, power_of_2: bool = False) -> to
     return torch.exp2(torch.floor(torch.log2(scale))) if power_of_2 else scale
 
 
-def qdq_tensorwise(x: torch.Tensor, elem: str) -> torch.Tensor:
-    """fp8 with one dynamic scale for the whole tensor (torchao's default recipe)."""
+def qdq_tensorwise(x: torch.Tensor, elem: str, power_of_2: bool = False) -> torch.Tensor:
+    """fp8 with one dynamic scale for the whole tensor (torchao's default recipe;
+    ``power_of_2``: the scale rounded down to a power of two, as the weight of
+    ``ROWWISE_WITH_GW_HP``'s grad-input GEMM)."""
     x = x.float()
     mag = x.abs()
-    return _qdq(x, mag, amax_to_scale(mag.amax(), elem), elem)
+    return _qdq(x, mag, amax_to_scale(mag.amax(), elem, power_of_2), elem)
 
 
 def qdq_rowwise(x: torch.Tensor, elem: str, dim: int) -> torch.Tensor:
@@ -130,9 +145,14 @@ def qdq_rowwise(x: torch.Tensor, elem: str, dim: int) -> torch.Tensor:
 
 
 # ----------------------------------------------------------------------- blocks
-def _blocks(x: torch.Tensor, dim: int, block: int) -> tuple[torch.Tensor, Callable]:
+def _blocks(x: torch.Tensor, dim: int, block: int, square: bool = False
+            ) -> tuple[torch.Tensor, Callable]:
     """``x`` as rows of ``block`` values along ``dim`` (zero-padded to a whole block:
-    zeros change neither a block's amax nor a product), and how to undo it."""
+    zeros change neither a block's amax nor a product), and how to undo it. ``square``:
+    rows of ``block x block`` values instead, the 2D blocks of a matrix (the same blocks
+    whichever axis the GEMM reduces over)."""
+    if square:
+        return _squares(x, block)
     # One pass to fp32 and to a contiguous layout (none for a contiguous fp32 row-major x).
     moved = x.movedim(dim, -1).to(torch.float32, memory_format=torch.contiguous_format)
     length = moved.shape[-1]
@@ -150,10 +170,42 @@ def _blocks(x: torch.Tensor, dim: int, block: int) -> tuple[torch.Tensor, Callab
     return rows, restore
 
 
-def e8m0_exponent(amax: torch.Tensor, elem: str) -> torch.Tensor:
-    """The unbiased e8m0 exponent of each block's MX scale (OCP FLOOR rule), as int32:
-    ``floor(log2 amax) - emax`` read from amax's fp32 exponent bits, clamped to
-    [-127, 127]; 128 marks a NaN amax (the NaN scale)."""
+def _squares(x: torch.Tensor, block: int) -> tuple[torch.Tensor, Callable]:
+    """A matrix's ``block x block`` tiles as rows (zero-padded), and how to undo it."""
+    if x.dim() != 2:
+        raise ValueError(f"2D blocks need a matrix, not a tensor of shape {tuple(x.shape)}")
+    height, width = x.shape
+    padded = torch.nn.functional.pad(x.float(), (0, -width % block, 0, -height % block))
+    tiles_h, tiles_w = padded.shape[0] // block, padded.shape[1] // block
+    rows = padded.reshape(tiles_h, block, tiles_w, block).transpose(1, 2) \
+        .reshape(-1, block * block)
+
+    def restore(values: torch.Tensor) -> torch.Tensor:
+        out = values.reshape(tiles_h, tiles_w, block, block).transpose(1, 2)
+        return out.reshape(tiles_h * block, tiles_w * block)[:height, :width]
+    return rows, restore
+
+
+def e8m0_exponent(amax: torch.Tensor, elem: str, mode: str = "floor") -> torch.Tensor:
+    """The unbiased e8m0 exponent of each block's MX scale, as int32, clamped to
+    [-127, 127]; 128 marks a NaN amax (the NaN scale).
+
+    ``floor`` (the OCP MX spec v1.0, torchao's default): ``floor(log2 amax) - emax``,
+    read from amax's fp32 exponent bits. ``rceil`` (NVIDIA's, cuBLAS's "round up" e8m0
+    conversion; torchao's ``ScaleCalculationMode.RCEIL``): ``ceil(log2(amax / fmax))``,
+    the smallest power of two that keeps the block's largest value within the format,
+    so nothing saturates."""
+    if mode == "rceil":
+        # ceil(log2 d) exactly, from frexp (d = m 2^e, m in [0.5, 1)): e, or e - 1 where d
+        # is a power of two; fp32's log2 rounds to the integer near large |log2 d|, which
+        # the hardware's round-up conversion (cvt.rp.ue8m0) does not.
+        # A descale that underflows to 0 (amax below 2^-150 fmax, or 0) takes 2^-127.
+        descale = amax.float() / FORMAT_MAX[elem]
+        mantissa, exponent = torch.frexp(descale)
+        exponent = exponent.sub_((mantissa == 0.5).int()).clamp_(-E8M0_BIAS, E8M0_BIAS)
+        exponent = torch.where(torch.isinf(amax), E8M0_BIAS, exponent)
+        exponent = torch.where(descale == 0, -E8M0_BIAS, exponent)
+        return torch.where(torch.isnan(amax), E8M0_BIAS + 1, exponent)
     bits = amax.float().contiguous().view(torch.int32)
     exponent = ((bits >> 23) & 0xFF) - E8M0_BIAS - EMAX[elem]
     exponent = exponent.clamp_(-E8M0_BIAS, E8M0_BIAS)
@@ -166,12 +218,18 @@ def e8m0_value(exponent: torch.Tensor) -> torch.Tensor:
     return value.add_(value * 0.0)             # + 0, or inf + NaN (cheaper than where)
 
 
-def qdq_mx(x: torch.Tensor, elem: str, dim: int = -1, block: int = MX_BLOCK) -> torch.Tensor:
+def qdq_mx(x: torch.Tensor, elem: str, dim: int = -1, block: int = MX_BLOCK,
+           mode: str = "floor") -> torch.Tensor:
     """MX (MXFP8 ``e4m3``, MXFP4 ``e2m1``): blocks of ``block`` values along ``dim`` share
-    a power-of-two e8m0 scale."""
+    a power-of-two e8m0 scale (``mode``: ``floor`` or ``rceil``, see :func:`e8m0_exponent`).
+
+    Elements are ``x / X`` for the block's scale ``X`` itself, 2^-127 included (the OCP
+    spec); torchao 0.18 divides by 2^-126 there (a workaround for subnormal scales in
+    Triton) while decoding with 2^-127, which halves every value of a block whose amax is
+    below 2^(emax - 126) (its RCEIL path likewise leaves such blocks unscaled: all zero)."""
     rows, restore = _blocks(x, dim, block)
     mag = rows.abs()
-    scale = e8m0_value(e8m0_exponent(mag.amax(dim=1, keepdim=True), elem))
+    scale = e8m0_value(e8m0_exponent(mag.amax(dim=1, keepdim=True), elem, mode))
     mag.div_(scale)
     return restore(round_magnitude_(mag, elem).copysign_(rows).mul_(scale))
 
@@ -188,9 +246,18 @@ def _pairwise_amax(rows: torch.Tensor) -> torch.Tensor:
 
 
 def nvfp4_tensor_scale(amax: torch.Tensor) -> torch.Tensor:
-    """NVFP4's fp32 per-tensor scale: ``amax / (448 * 6)`` (amax floored at 1e-12 so an
-    all-zero tensor still has a finite scale)."""
-    return amax.float().clamp(min=AMAX_EPS) / (E4M3_MAX * E2M1_MAX)
+    """NVFP4's fp32 per-tensor scale: ``amax / (448 * 6)`` (torchao's
+    ``per_tensor_amax_to_scale``), floored at :data:`NVFP4_MIN_TENSOR_SCALE`.
+
+    The floor is what keeps the format exact at every magnitude: the elements are scaled
+    by ``(1 / tensor_scale) / block_scale`` with block scales down to 2^-6, which stays
+    finite only while the tensor scale exceeds 2^-122. torchao has no floor (its
+    reciprocal overflows and its result turns to NaN or saturates below amax ~5e-34);
+    Transformer Engine clamps its encode scale at fp32's largest value to the same end.
+    Above amax = 2688 x 2^-121 (~1.0e-33) the floor never acts and the result is
+    torchao's bit for bit. (It must not be the fp8 recipes' 1e-12 amax floor: that one
+    flushed every tensor with amax below ~3e-17 to zero.)"""
+    return (amax.float() / (E4M3_MAX * E2M1_MAX)).clamp_(min=NVFP4_MIN_TENSOR_SCALE)
 
 
 def nvfp4_block_scales(block_amax: torch.Tensor, tensor_scale: torch.Tensor) -> torch.Tensor:
@@ -199,80 +266,47 @@ def nvfp4_block_scales(block_amax: torch.Tensor, tensor_scale: torch.Tensor) -> 
     return round_magnitude_(scaled, "e4m3")    # the e4m3 cast's values, without its cost
 
 
-def qdq_nvfp4(x: torch.Tensor, dim: int = -1, block: int = NVFP4_BLOCK) -> torch.Tensor:
-    """NVFP4: e2m1 values, an e4m3 scale per ``block`` values along ``dim`` and an fp32
-    scale per tensor (torchao's two-level ``nvfp4_quantize``)."""
-    rows, restore = _blocks(x, dim, block)
+def round_e2m1_stochastic_(mag: torch.Tensor, generator: torch.Generator | None
+                           ) -> torch.Tensor:
+    """``mag`` (fp32, non-negative or NaN) rounded in place to e2m1 *stochastically*: up
+    to the next e2m1 value with probability (distance from the one below) / spacing, so
+    the rounded value's expectation is ``mag`` (unbiased, below saturation at 6). Computed
+    as ``floor(mag / spacing + u) * spacing`` for a uniform ``u`` in [0, 1), drawn from
+    ``generator`` only (never torch's global RNG)."""
+    mag.clamp_(max=E2M1_MAX)
+    # spacing 2^(max(e, 0) - 1) for mag's fp32 exponent e: 0.5 below 2, 1 below 4, 2 above
+    spacing = (mag.view(torch.int32) & _EXPONENT_MASK).clamp_(min=127 << 23) \
+        .sub_(1 << 23).view(torch.float32)
+    draw = torch.rand(mag.shape, device=mag.device, generator=generator)
+    return mag.div_(spacing).add_(draw).floor_().mul_(spacing)
+
+
+def qdq_nvfp4(x: torch.Tensor, dim: int = -1, block: int = NVFP4_BLOCK, square: bool = False,
+              generator: torch.Generator | None = None, stochastic: bool = False
+              ) -> torch.Tensor:
+    """NVFP4: e2m1 values, an e4m3 scale per ``block`` values along ``dim`` (``square``:
+    per ``block x block`` tile of a matrix, the recipe's weights) and an fp32 scale per
+    tensor (torchao's two-level ``nvfp4_quantize``); ``stochastic``: the elements rounded
+    stochastically with ``generator`` (the recipe's gradients)."""
+    rows, restore = _blocks(x, dim, block, square)
     mag = rows.abs()
     block_amax = _pairwise_amax(mag)
     tensor_scale = nvfp4_tensor_scale(block_amax.amax())   # the max of the blocks' maxima
     block_scale = nvfp4_block_scales(block_amax, tensor_scale)
     mag.mul_((1.0 / tensor_scale) / block_scale)
-    values = round_magnitude_(mag, "e2m1").copysign_(rows)
+    rounded = round_e2m1_stochastic_(mag, generator) if stochastic \
+        else round_magnitude_(mag, "e2m1")
+    values = rounded.copysign_(rows)
     return restore(values.mul_(tensor_scale * block_scale))
 
 
-# -------------------------------------------------------------- one operand's rule
-@dataclass(frozen=True)
-class Quantiser:
-    """How one GEMM operand is quantised: the scaling (``tensorwise``, ``rowwise``,
-    ``mx``, ``nvfp4``) and the element format; ``dim`` is the axis that scales or blocks
-    run along (the GEMM's reduction axis)."""
-
-    scaling: str
-    elem: str
-
-    def __call__(self, x: torch.Tensor, dim: int = -1) -> torch.Tensor:
-        if self.scaling == "tensorwise":
-            return qdq_tensorwise(x, self.elem)
-        if self.scaling == "rowwise":
-            return qdq_rowwise(x, self.elem, dim)
-        if self.scaling == "mx":
-            return qdq_mx(x, self.elem, dim)
-        return qdq_nvfp4(x, dim)
-
-    @property
-    def label(self) -> str:
-        return f"{self.elem} {self.scaling}"
-
-
-def loss_counts(x: torch.Tensor, quantiser: Quantiser, dim: int = -1) -> torch.Tensor:
-    """``[non-zero finite values, flushed to zero, saturated]`` of ``x`` under
-    ``quantiser``, as an fp32 tensor on ``x``'s device (no host sync: ``diagnose`` sums
-    them over steps and reads them once)."""
-    x = x.detach().float()
-    finite = torch.isfinite(x) & (x != 0)
-    flushed = finite & (quantiser(x, dim) == 0)
-    # Clamped, not rounded: beyond the largest value plus half the top binade's spacing,
-    # in the units of each value's own scale.
-    top = FORMAT_MAX[quantiser.elem] + HALF_TOP_STEP[quantiser.elem]
-    saturated = finite & (x.abs() > top * dequant_scale(x, quantiser, dim))
-    return torch.stack([finite.sum(), flushed.sum(), saturated.sum()]).float()
-
-
-def flushed_and_saturated(x: torch.Tensor, quantiser: Quantiser, dim: int = -1
-                          ) -> tuple[float, float]:
-    """The shares of ``x``'s non-zero finite values that ``quantiser`` flushes to zero
-    and that it clamps at the format's largest value (relative to their scale)."""
-    count, flushed, saturated = loss_counts(x, quantiser, dim).tolist()
-    return (flushed / count, saturated / count) if count else (0.0, 0.0)
-
-
-def dequant_scale(x: torch.Tensor, quantiser: Quantiser, dim: int = -1) -> torch.Tensor:
-    """The factor that turns each of ``x``'s quantised values back into its own units
-    (``1 / s`` for fp8 scales, the e8m0 block scale for MX, tensor x block scale for
-    NVFP4), broadcast to ``x``'s shape."""
-    x = x.float()
-    if quantiser.scaling in ("tensorwise", "rowwise"):
-        rowwise = quantiser.scaling == "rowwise"
-        amax = x.abs().amax(dim=dim, keepdim=True) if rowwise else x.abs().amax()
-        return torch.ones_like(x) / amax_to_scale(amax, quantiser.elem, power_of_2=rowwise)
-    block = MX_BLOCK if quantiser.scaling == "mx" else NVFP4_BLOCK
-    rows, restore = _blocks(x, dim, block)
-    amax = rows.abs().amax(dim=1, keepdim=True)
-    if quantiser.scaling == "mx":
-        scale = e8m0_value(e8m0_exponent(amax, quantiser.elem))
-    else:
-        tensor_scale = nvfp4_tensor_scale(rows.abs().amax())
-        scale = tensor_scale * nvfp4_block_scales(amax, tensor_scale)
-    return restore(scale.expand_as(rows))
+def qdq_fp8_blocks(x: torch.Tensor, dim: int = -1, block: int = FP8_BLOCK,
+                   square: bool = False) -> torch.Tensor:
+    """DeepSeek-V3's blockwise fp8 (torchao's ``blockwise_fp8_training``): e4m3 with one
+    fp32 scale ``448 / max(amax, 1e-12)`` per ``1 x block`` tile along ``dim``
+    (activations, gradients) or per ``block x block`` tile of a matrix (``square``:
+    weights)."""
+    rows, restore = _blocks(x, dim, block, square)
+    mag = rows.abs()
+    scale = amax_to_scale(mag.amax(dim=1, keepdim=True), "e4m3")
+    return restore(_qdq(rows, mag, scale, "e4m3"))

@@ -84,6 +84,7 @@ def check_setup(model: object, optimizer: object) -> None:
 _STATE_KINDS: dict[str, tuple[type, ...]] = {
     "skipped_steps": (int,), "consecutive_skips": (int,), "pairs": (list, type(None)),
     "scaler": (dict,), "loss_scalers": (dict,), "name": (str,),
+    "stochastic_rounding": (list,),
 }
 
 
@@ -101,6 +102,14 @@ def checked_state(state: object) -> Mapping[str, Any]:
     if not all(isinstance(p, Mapping) and _counts_ok(p) for p in pairs):
         raise UserError("load_state_dict(): state['pairs'] must hold one dict per pair with "
                         "whole-number skip counts; this is not a Precision.state_dict()")
+    rounding = state.get("stochastic_rounding") or []
+    if not all(isinstance(r, Mapping) and isinstance(r.get("seed", 0), int)
+               and isinstance(r.get("calls", {}), Mapping)
+               and all(isinstance(n, int) for n in r.get("calls", {}).values())
+               for r in rounding):
+        raise UserError("load_state_dict(): state['stochastic_rounding'] must hold one dict "
+                        "per setup with a whole-number seed and call counts; this is not a "
+                        "Precision.state_dict()")
     per_loss = state.get("loss_scalers") or {}
     if not all(str(key).isdigit() for key in per_loss):
         raise UserError("load_state_dict(): state['loss_scalers'] is keyed by loss ids "

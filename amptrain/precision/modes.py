@@ -33,6 +33,9 @@ class ModeSpec:
     lowbit: str | None = None
     # Where the GPU has fp8 Tensor Cores they become torchao Float8Linear; see fp8.py.
     float8_linears: bool = False
+    # Where the GPU is a Hopper (sm90+) with torchao's blockwise fp8 kernels they run
+    # those (DeepSeek-V3's 1x128 / 128x128 tiles); see lowbit.py.
+    float8_blocks: bool = False
 
     @property
     def half_weights(self) -> bool:
@@ -70,12 +73,24 @@ MODES: dict[str, ModeSpec] = {spec.name: spec for spec in (
              loss_scaling=False, tf32=False,
              summary="fp32 weights, fp8 Linear matmuls (rowwise scales), bf16 elsewhere",
              lowbit="fp8-rowwise", float8_linears=True),
+    ModeSpec(name="fp8-rowwise-gw-hp", param_dtype=_F32, compute_dtype=_BF16,
+             master_weights=False, loss_scaling=False, tf32=False,
+             summary="fp32 weights, fp8 rowwise Linear matmuls with the weight-gradient "
+                     "GEMM in high precision (torchao ROWWISE_WITH_GW_HP), bf16 elsewhere",
+             lowbit="fp8-rowwise-gw-hp", float8_linears=True),
+    ModeSpec(name="fp8-blockwise", param_dtype=_F32, compute_dtype=_BF16,
+             master_weights=False, loss_scaling=False, tf32=False,
+             summary="fp32 weights, fp8 Linear matmuls in DeepSeek-V3's 1x128 / 128x128 "
+                     "blocks, bf16 elsewhere", lowbit="fp8-blockwise", float8_blocks=True),
     *(ModeSpec(name=name, param_dtype=_F32, compute_dtype=_BF16, master_weights=False,
                loss_scaling=False, tf32=False, lowbit=name,
                summary=f"fp32 weights, {label} Linear matmuls, bf16 elsewhere")
       for name, label in (("mxfp8", "MXFP8 (e4m3, e8m0 scale per 32)"),
                           ("mxfp4", "MXFP4 (e2m1, e8m0 scale per 32)"),
-                          ("nvfp4", "NVFP4 (e2m1, e4m3 scale per 16)"))),
+                          ("nvfp4", "NVFP4 training recipe (16x16 weight blocks, "
+                                    "stochastic rounding, Hadamard transform)"),
+                          ("nvfp4-plain", "NVFP4 (e2m1, e4m3 scale per 16, round to "
+                                          "nearest)"))),
 )}
 
 # The names live in amptrain.common.choices (torch-free, for the CLI parser); this table must

@@ -35,6 +35,9 @@ class PrecisionOptions(Protocol):
     keep_fp32: list[str]
     max_bad_steps: int
     weight_update: str
+    lowbit_bf16_last: int
+    mx_scale: str
+    nvfp4_without: str
 
 
 @dataclass(frozen=True)

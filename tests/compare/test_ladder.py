@@ -97,7 +97,10 @@ def test_a_study_reports_the_ladder_per_row(tmp_path):
     ("fp8-rowwise", 128 * 128 + 4 * 128),       # + one fp32 scale per row
     ("mxfp8", 128 * 128 + 128 * 128 // 32),     # + one e8m0 byte per 32
     ("mxfp4", 128 * 128 // 2 + 128 * 128 // 32),
-    ("nvfp4", 128 * 128 // 2 + 128 * 128 // 16 + 4)])
+    ("nvfp4-plain", 128 * 128 // 2 + 128 * 128 // 16 + 4),   # e4m3 per 16, fp32 per tensor
+    ("nvfp4", 128 * 128 // 2 + 128 * 128 // 256 + 4),        # e4m3 per 16x16 block
+    ("fp8-rowwise-gw-hp", 128 * 128 + 4 * 128),
+    ("fp8-blockwise", 128 * 128 + 4)])                        # one fp32 per 128x128 block
 def test_low_bit_rungs_count_the_weight_copy_and_its_scales(mode, copy_bytes):
     def ladder(name: str) -> dict:
         torch.manual_seed(0)

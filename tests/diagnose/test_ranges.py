@@ -71,23 +71,28 @@ def test_gradient_hooks_work_with_inplace_relu():
 
 def test_lowbit_recorder_counts_what_each_format_loses_per_eligible_linear():
     from amptrain.diagnose.ranges import LowBitRecorder
-    from amptrain.precision.lowbit_formats import Quantiser, flushed_and_saturated
+    from amptrain.precision.lowbit_operand import Quantiser, flushed_and_saturated
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(8, 64), nn.ReLU(), nn.Linear(64, 48), nn.ReLU(),
                           nn.Linear(48, 2))
     recorder = LowBitRecorder(model)
     # the middle Linear: dims 64 and 48 are multiples of 16 but 48 is not of 32
-    assert recorder.formats == {"2": ["fp8", "fp8-rowwise", "nvfp4"]}
+    sixteen = ["fp8", "fp8-rowwise", "fp8-rowwise-gw-hp", "nvfp4", "nvfp4-plain"]
+    assert recorder.formats == {"2": sixteen}
     x = torch.randn(32, 8)
     hidden = model[1](model[0](x)).detach()
     out = model(x)
     out.pow(2).sum().backward()
     shares = recorder.read()
     recorder.remove()
-    assert set(shares["2"]) == {"fp8", "fp8-rowwise", "nvfp4"}
+    assert set(shares["2"]) == set(sixteen)
     assert set(shares["2"]["nvfp4"]) == {"activation", "weight", "gradient"}
     flushed, saturated = flushed_and_saturated(hidden, Quantiser("nvfp4", "e2m1"))
     assert shares["2"]["nvfp4"]["activation"] == {"flushed": flushed, "saturated": saturated}
     flushed, saturated = flushed_and_saturated(model[2].weight, Quantiser("tensorwise", "e4m3"))
     assert shares["2"]["fp8"]["weight"] == {"flushed": flushed, "saturated": saturated}
+    # the NVFP4 recipe's weights in 16x16 blocks
+    flushed, saturated = flushed_and_saturated(model[2].weight,
+                                               Quantiser("nvfp4", "e2m1", square=True))
+    assert shares["2"]["nvfp4"]["weight"] == {"flushed": flushed, "saturated": saturated}
     assert shares["2"]["fp8"]["activation"]["saturated"] == 0.0   # amax maps to 448

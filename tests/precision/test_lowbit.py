@@ -1,4 +1,5 @@
-"""The low-bit precisions (fp8, fp8-rowwise, mxfp8, mxfp4, nvfp4) emulated: the linear
+"""The low-bit precisions (fp8, fp8-rowwise, fp8-rowwise-gw-hp, mxfp8, mxfp4, nvfp4,
+nvfp4-plain; fp8-blockwise in test_lowbit_training.py) emulated: the linear
 against torchao's own emulated Float8Linear, gradients in every format, which layers they
 touch, what the device support says, and fp32 checkpoints that load without torchao."""
 from __future__ import annotations
@@ -24,7 +25,7 @@ from amptrain.common.quiet import quiet_torchao
 from tests import conftest
 
 ROOT = Path(__file__).parents[2]
-FORMATS = ("fp8", "fp8-rowwise", "mxfp8", "mxfp4", "nvfp4")
+FORMATS = ("fp8", "fp8-rowwise", "fp8-rowwise-gw-hp", "mxfp8", "mxfp4", "nvfp4", "nvfp4-plain")
 needs_torchao = pytest.mark.skipif(importlib.util.find_spec("torchao") is None,
                                    reason="torchao is not installed")
 
@@ -36,7 +37,8 @@ def mlp() -> nn.Sequential:
 
 
 @needs_torchao
-@pytest.mark.parametrize("name,recipe", [("fp8", "tensorwise"), ("fp8-rowwise", "rowwise")])
+@pytest.mark.parametrize("name,recipe", [("fp8", "tensorwise"), ("fp8-rowwise", "rowwise"),
+                                         ("fp8-rowwise-gw-hp", "rowwise_with_gw_hp")])
 def test_emulated_fp8_linear_agrees_with_torchao_emulate(name, recipe):
     with quiet_torchao():
         from torchao.float8 import Float8LinearConfig, convert_to_float8_training
@@ -186,8 +188,10 @@ def test_env_lists_each_format_as_emulated_with_what_native_needs():
     from amptrain.precision.hardware.probe import collect_env
     text = env.format_env(collect_env())
     rows = {line.split()[0]: line for line in text.splitlines() if line.startswith("  ")
-            and line.split() and line.split()[0] in FORMATS}
-    assert set(rows) == set(FORMATS)
+            and line.split() and line.split()[0] in (*FORMATS, "fp8-blockwise")}
+    assert set(rows) == {*FORMATS, "fp8-blockwise"}
     for name, row in rows.items():
         assert "emulated (format numerics, fp32 GEMMs)" in row
-        assert ("compute capability 8.9+" if name.startswith("fp8") else "sm100") in row
+        needs = "compute capability 9.0+" if name == "fp8-blockwise" else \
+            "compute capability 8.9+" if name.startswith("fp8") else "sm100"
+        assert needs in row

@@ -9,10 +9,10 @@ import math
 import pytest
 import torch
 
-from amptrain.precision.lowbit_formats import (E2M1_MAX, E4M3_MAX, E5M2_MAX, Quantiser,
-                                               e8m0_exponent, flushed_and_saturated,
+from amptrain.precision.lowbit_formats import (E2M1_MAX, E4M3_MAX, E5M2_MAX, e8m0_exponent,
                                                qdq_mx, qdq_nvfp4, qdq_rowwise,
                                                qdq_tensorwise, round_e2m1, round_fp8)
+from amptrain.precision.lowbit_operand import Quantiser, flushed_and_saturated
 from amptrain.common.quiet import quiet_torchao
 
 HAS_TORCHAO = importlib.util.find_spec("torchao") is not None
@@ -149,7 +149,10 @@ def test_mx_pads_a_partial_block_and_blocks_along_any_axis():
 
 
 def reference_nvfp4(x: torch.Tensor) -> torch.Tensor:
-    tensor_scale = float(x.abs().max()) / (448.0 * 6.0)
+    """torchao's two-level rule, the per-tensor scale floored at 2^-121 (see
+    nvfp4_tensor_scale: torchao's own overflows below amax ~5e-34)."""
+    tensor_scale = max(float(torch.tensor(float(x.abs().max()) / (448.0 * 6.0),
+                                          dtype=torch.float32)), 2.0 ** -121)
     out = torch.empty_like(x)
     flat, result = x.reshape(-1, 16), out.view(-1, 16)
     for i, block in enumerate(flat):
@@ -223,3 +226,186 @@ def test_fp8_scales_agree_with_torchao(elem, rowwise):
     theirs = to_fp8_saturated(x * scale, dtype).float() / scale
     mine = qdq_rowwise(x, elem, -1) if rowwise else qdq_tensorwise(x, elem)
     assert torch.equal(mine, theirs)
+
+
+# ------------------------------------------------- every magnitude of fp32's range
+#: Tensor magnitudes (amax) from fp32's smallest normal to its largest.
+MAGNITUDES = [1.17549435e-38, 1e-37, 1e-36, 1e-34, 1e-30, 1e-20, 1e-12, 1e-6, 1.0, 1e6,
+              1e20, 1e30, 3.4e38]
+
+
+def scaled(magnitude: float, seed: int = 11) -> torch.Tensor:
+    """A (2, 64) tensor of amax ``magnitude`` whose values spread over 2^-24 .. 1 of it,
+    so small magnitudes hold fp32 subnormals; one row of plain subnormals added."""
+    gen = torch.Generator().manual_seed(seed)
+    values = torch.randn(2, 64, generator=gen, dtype=torch.float64) * \
+        torch.logspace(-7, 0, 64, dtype=torch.float64)
+    x = (values / values.abs().max() * magnitude).float()
+    x[1, :8] = torch.tensor([1e-45, -3e-45, 1e-42, -5e-41, 1e-39, -1.1e-38, 0.0, -0.0])
+    return x
+
+
+def reference_rowwise(x: torch.Tensor, table: list[float]) -> torch.Tensor:
+    rows = []
+    for row in x:
+        amax = max(float(row.abs().max()), 1e-12)
+        scale = float(torch.tensor(448.0 / amax, dtype=torch.float32))
+        scale = 2.0 ** math.floor(math.log2(scale))
+        rows.append(reference_round(row * scale, table) / scale)
+    return torch.stack(rows)
+
+
+@pytest.mark.parametrize("magnitude", MAGNITUDES)
+def test_every_format_matches_its_reference_at_every_magnitude(magnitude):
+    x = scaled(magnitude)
+    assert torch.equal(qdq_tensorwise(x, "e4m3"), reference_tensorwise(x, E4M3_GRID, E4M3_MAX))
+    assert torch.equal(qdq_tensorwise(x, "e5m2"), reference_tensorwise(x, E5M2_GRID, E5M2_MAX))
+    assert torch.equal(qdq_rowwise(x, "e4m3", -1), reference_rowwise(x, E4M3_GRID))
+    for elem, table, emax in (("e4m3", E4M3_GRID, 8), ("e2m1", E2M1_GRID, 2)):
+        expected = torch.cat([reference_mx(block, table, emax) for block in x.reshape(-1, 32)])
+        assert torch.equal(qdq_mx(x, elem).reshape(-1), expected), elem
+    assert torch.equal(qdq_nvfp4(x), reference_nvfp4(x))
+
+
+@pytest.mark.parametrize("magnitude", MAGNITUDES)
+def test_nvfp4_keeps_its_accuracy_at_every_magnitude(magnitude):
+    """The bug of issue 46: a tensor of amax 1e-20 came back all zeros (relative error 1)
+    because the per-tensor scale was floored at the fp8 recipes' amax of 1e-12."""
+    x = scaled(magnitude)[:1]       # the first row: no subnormals of its own
+    error = (qdq_nvfp4(x).double() - x.double()).norm() / x.double().norm()
+    accurate = 0.2 if magnitude > 1e-37 else 0.5   # at 1.2e-38 part of x is subnormal
+    assert 0 < float(error) < accurate, float(error)
+
+
+def test_fp8_tensorwise_flushes_below_torchaos_amax_floor_as_native_torchao_does():
+    """The fp8 recipes keep torchao's 1e-12 amax floor (the native path is torchao's
+    Float8Linear): a tensor far below it flushes to zero, on the GPU as here. Transformer
+    Engine has no such floor; docs/lowbit-recipes.md names the difference."""
+    x = scaled(1e-20)
+    assert torch.equal(qdq_tensorwise(x, "e4m3"), torch.zeros_like(x))
+
+
+def test_rceil_scales_round_up_so_nothing_saturates():
+    amax = torch.tensor([448.0, 449.0, 0.0, 1e-45, math.inf, math.nan, 3e38, 6.0, 6.5])
+    elems = ["e4m3"] * 7 + ["e2m1"] * 2
+    got = [int(e8m0_exponent(a.reshape(1), elem, "rceil")) for a, elem in zip(amax, elems)]
+    assert got == [0, 1, -127, -127, 127, 128, 120, 0, 1]
+    torch.manual_seed(12)
+    x = torch.randn(8, 64) * 5
+    for elem, fmax in (("e4m3", E4M3_MAX), ("e2m1", E2M1_MAX)):
+        blocks = x.reshape(-1, 32)
+        exponent = e8m0_exponent(blocks.abs().amax(1, keepdim=True), elem, "rceil")
+        assert (blocks.abs() <= fmax * 2.0 ** exponent.double()).all()   # within range
+        assert (blocks.abs().amax(1) > fmax * 2.0 ** (exponent.double().squeeze(1) - 1)).all()
+        flushed, saturated = flushed_and_saturated(x, Quantiser("mx", elem, mx_mode="rceil"))
+        assert saturated == 0.0
+
+
+def reference_mx_rceil(block: torch.Tensor, table: list[float]) -> torch.Tensor:
+    """cuBLAS's RCEIL: X = 2^ceil(log2(fp32(amax / fmax))), clamped to [2^-127, 2^127]."""
+    amax = float(block.abs().max())
+    descale = float(torch.tensor(amax / table[-1], dtype=torch.float32))
+    if descale == 0:
+        exponent = -127
+    else:
+        mantissa, exp = math.frexp(descale)
+        exponent = max(-127, min(127, exp - 1 if mantissa == 0.5 else exp))
+    return reference_round(block / 2.0 ** exponent, table) * 2.0 ** exponent
+
+
+@pytest.mark.parametrize("magnitude", [1e-36, 1e-20, 1.0, 1e30])
+def test_mx_rceil_matches_its_reference(magnitude):
+    x = scaled(magnitude)
+    for elem, table in (("e4m3", E4M3_GRID), ("e2m1", E2M1_GRID)):
+        expected = torch.cat([reference_mx_rceil(b, table) for b in x.reshape(-1, 32)])
+        assert torch.equal(qdq_mx(x, elem, mode="rceil").reshape(-1), expected), elem
+
+
+@pytest.mark.parametrize("scaling,elem,options", [
+    ("tensorwise", "e4m3", {}), ("tensorwise", "e4m3", {"power_of_2": True}),
+    ("rowwise", "e4m3", {}), ("mx", "e4m3", {}), ("mx", "e2m1", {"mx_mode": "rceil"}),
+    ("nvfp4", "e2m1", {}), ("nvfp4", "e2m1", {"square": True}),
+    ("nvfp4", "e2m1", {"stochastic": True}), ("blockwise", "e4m3", {}),
+    ("blockwise", "e4m3", {"square": True})])
+def test_zero_sized_tensors_pass_through_every_quantiser(scaling, elem, options):
+    quantiser = Quantiser(scaling, elem, **options)
+    for shape in ((0,), (0, 32), (4, 0)):
+        empty = torch.zeros(shape) if not options.get("square") or len(shape) == 2 \
+            else torch.zeros(0, 0)
+        assert quantiser(empty, -1).shape == empty.shape
+        assert flushed_and_saturated(empty, quantiser) == (0.0, 0.0)
+
+
+# ------------------------------------ against torchao, across the range
+def torchao_mx(x: torch.Tensor, elem: str, mode: str = "floor") -> tuple[torch.Tensor, ...]:
+    with quiet_torchao():
+        from torchao.prototype.mx_formats.config import ScaleCalculationMode
+        from torchao.prototype.mx_formats.mx_tensor import to_dtype, to_mx
+    dtype = torch.float8_e4m3fn if elem == "e4m3" else torch.float4_e2m1fn_x2
+    scale, data = to_mx(x, dtype, 32, scaling_mode=ScaleCalculationMode(mode))
+    return to_dtype(data, scale, dtype, 32, torch.float32), scale.view(torch.uint8)
+
+
+def torchao_nvfp4(x: torch.Tensor) -> torch.Tensor:
+    with quiet_torchao():
+        from torchao.prototype.mx_formats.kernels import f4_unpacked_to_f32, unpack_uint4
+        from torchao.prototype.mx_formats.nvfp4_tensor import (nvfp4_quantize,
+                                                               per_tensor_amax_to_scale)
+    tensor_scale = per_tensor_amax_to_scale(x.abs().amax())
+    scales, packed = nvfp4_quantize(x, 16, tensor_scale)
+    values = f4_unpacked_to_f32(unpack_uint4(packed.view(torch.uint8)))
+    values = values.reshape(x.shape[0], -1, 16)
+    return (values * (tensor_scale * scales.float()).unsqueeze(-1)).reshape(x.shape)
+
+
+@needs_torchao
+@pytest.mark.parametrize("magnitude", MAGNITUDES)
+def test_fp8_and_nvfp4_agree_with_torchao_at_every_magnitude(magnitude):
+    with quiet_torchao():
+        from torchao.float8.config import ScalingGranularity
+        from torchao.float8.float8_utils import tensor_to_scale, to_fp8_saturated
+    x = scaled(magnitude)
+    for elem, dtype in (("e4m3", torch.float8_e4m3fn), ("e5m2", torch.float8_e5m2)):
+        scale = tensor_to_scale(x, dtype)
+        assert torch.equal(qdq_tensorwise(x, elem), to_fp8_saturated(x * scale, dtype).float()
+                           / scale)
+    scale = tensor_to_scale(x, torch.float8_e4m3fn,
+                            scaling_granularity=ScalingGranularity.AXISWISE, axiswise_dim=-1,
+                            round_scales_to_power_of_2=True)
+    assert torch.equal(qdq_rowwise(x, "e4m3", -1),
+                       to_fp8_saturated(x * scale, torch.float8_e4m3fn).float() / scale)
+    theirs = torchao_nvfp4(x)
+    if magnitude >= 2688 * 2.0 ** -121:      # the floor never acts: bit for bit torchao's
+        assert torch.equal(qdq_nvfp4(x), theirs)
+    else:   # torchao's per-tensor scale's reciprocal overflows: NaN (0 x inf) or garbage
+        assert not torch.equal(qdq_nvfp4(x), theirs) and qdq_nvfp4(x).isfinite().all()
+
+
+@needs_torchao
+@pytest.mark.parametrize("mode", ["floor", "rceil"])
+@pytest.mark.parametrize("magnitude", MAGNITUDES)
+def test_mx_agrees_with_torchao_except_in_blocks_of_the_smallest_scale(magnitude, mode):
+    """torchao differs from the spec in one place: a block whose e8m0 scale is 2^-127
+    (code 0). FLOOR: torchao divides by 2^-126 (its workaround for subnormal scales in
+    Triton) and decodes with 2^-127, halving the block; RCEIL: it leaves the block
+    unscaled (reciprocal 1.0, as Transformer Engine's kernels), flushing it to zero.
+    amptrain divides by the scale itself, as the OCP MX spec and cuBLAS define it."""
+    x = scaled(magnitude)
+    for elem in ("e4m3", "e2m1"):
+        theirs, codes = torchao_mx(x, elem, mode)
+        mine = qdq_mx(x, elem, mode=mode)
+        smallest = (codes.reshape(-1) == 0)
+        blocks_mine, blocks_theirs = mine.reshape(-1, 32), theirs.reshape(-1, 32)
+        assert torch.equal(blocks_mine[~smallest], blocks_theirs[~smallest]), elem
+        if mode == "floor":
+            table = E4M3_GRID if elem == "e4m3" else E2M1_GRID
+            for block, their in zip(x.reshape(-1, 32)[smallest], blocks_theirs[smallest]):
+                # quantised as x / 2^-126, decoded as q x 2^-127: half the value
+                assert torch.equal(their, reference_round(block / 2.0 ** -126, table)
+                                   * 2.0 ** -127)
+        else:
+            assert (blocks_theirs[smallest] == 0).all()
+        differ = (blocks_mine != blocks_theirs).any(1)
+        assert not (differ & ~smallest).any()
+        if magnitude <= 1e-37:
+            assert differ.any(), "the difference is exercised"

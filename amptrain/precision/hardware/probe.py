@@ -68,9 +68,14 @@ def env_notes(device: torch.device, flags: dict[str, bool | None], features: dic
     if features["fp8"] and not support.torchao_available():  # looked up: tests fake it
         notes.append("fp8 needs torchao (pip install torchao); it is not installed")
     elif not features["fp8"]:
-        notes.append("fp8 and fp8-rowwise run natively on an NVIDIA GPU with compute "
-                     "capability 8.9+ (Ada/Hopper) and torchao; here they are emulated")
-    notes.append("mxfp8, mxfp4 and nvfp4 are emulated on every device (amptrain drives no "
+        notes.append("fp8, fp8-rowwise and fp8-rowwise-gw-hp run natively on an NVIDIA GPU "
+                     "with compute capability 8.9+ (Ada/Hopper) and torchao, fp8-blockwise "
+                     "on 9.0+ (Hopper) with torchao and Triton; here they are emulated")
+    if features["fp8"] and not features.get("fp8_blocks"):
+        notes.append("fp8-blockwise is emulated here: torchao's blockwise kernels need "
+                     "compute capability 9.0+ (Hopper)")
+    notes.append("mxfp8, mxfp4, nvfp4 and nvfp4-plain are emulated on every device (amptrain "
+                 "drives no "
                  "Blackwell sm100 kernels): an emulated format gives its numerics (accuracy, "
                  "saturation), not its speed or memory")
     memory = memory_note(device, features)

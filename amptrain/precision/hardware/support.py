@@ -24,6 +24,7 @@ CC_FP16 = (6, 0)          # fast fp16 arithmetic (Pascal P100)
 CC_TENSOR_CORES = (7, 0)  # Volta: fp16 Tensor Cores
 CC_BF16 = (8, 0)          # Ampere: bf16 and TF32 Tensor Cores
 CC_FP8 = (8, 9)           # Ada (L4, L40S) and Hopper (H100, H200): fp8 Tensor Cores
+CC_FP8_BLOCKS = (9, 0)    # Hopper: torchao's blockwise fp8 kernels (DeepSeek-V3 tiles)
 
 _F16, _BF16 = torch.float16, torch.bfloat16
 
@@ -71,10 +72,23 @@ def torchao_available() -> bool:
     return importlib.util.find_spec("torchao") is not None
 
 
+def triton_available() -> bool:
+    """True when Triton is installed (torchao's blockwise fp8 kernels are Triton kernels)."""
+    return importlib.util.find_spec("triton") is not None
+
+
 def fp8_native(device: torch.device) -> bool:
     """True when ``device`` has fp8 Tensor Cores (compute capability 8.9+): fp8 and
     fp8-rowwise then run natively, as torchao Float8Linear layers (precision/fp8.py)."""
     return device.type == "cuda" and tuple(torch.cuda.get_device_capability(device)) >= CC_FP8
+
+
+def fp8_blocks_native(device: torch.device) -> bool:
+    """True when ``device`` runs torchao's blockwise fp8 kernels: compute capability 9.0+
+    with torchao and Triton installed (fp8-blockwise then runs natively)."""
+    return device.type == "cuda" and \
+        tuple(torch.cuda.get_device_capability(device)) >= CC_FP8_BLOCKS and \
+        torchao_available() and triton_available()
 
 
 def cuda_bf16_supported(device: torch.device) -> bool:
@@ -87,7 +101,8 @@ def gpu_features(major: int, minor: int) -> dict[str, bool]:
     """The reduced-precision hardware of a GPU of compute capability ``major.minor``."""
     cc = (major, minor)
     return {"tensor_cores": cc >= CC_TENSOR_CORES, "fp16": cc >= CC_FP16,
-            "bf16": cc >= CC_BF16, "tf32": cc >= CC_BF16, "fp8": cc >= CC_FP8}
+            "bf16": cc >= CC_BF16, "tf32": cc >= CC_BF16, "fp8": cc >= CC_FP8,
+            "fp8_blocks": cc >= CC_FP8_BLOCKS}
 
 
 def device_features(device: torch.device,
@@ -100,21 +115,25 @@ def device_features(device: torch.device,
         and onednn_may_use("fp16")
     return {"tensor_cores": False, "amx": bool(flags.get("amx_tile")) and onednn_may_use("amx"),
             "fp16": native_fp16, "bf16": cpu_has_native_bf16(flags), "tf32": False,
-            "fp8": False}
+            "fp8": False, "fp8_blocks": False}
 
 
 def _kind(spec: ModeSpec) -> str:
-    """The hardware feature a mode needs: fp8, mx (the block formats), tf32, bf16, fp16
-    or fp32."""
+    """The hardware feature a mode needs: fp8, fp8-blocks, mx (the block formats), tf32,
+    bf16, fp16 or fp32."""
     dtypes = (spec.compute_dtype, spec.param_dtype)
-    return "fp8" if spec.float8_linears else "mx" if spec.lowbit else "tf32" if spec.tf32 \
+    return "fp8" if spec.float8_linears else "fp8-blocks" if spec.float8_blocks \
+        else "mx" if spec.lowbit else "tf32" if spec.tf32 \
         else "bf16" if _BF16 in dtypes else "fp16" if _F16 in dtypes else "fp32"
 
 
 def lowbit_native(spec: ModeSpec, device: torch.device) -> bool:
-    """True when ``spec``'s low-bit format runs on hardware here (fp8 on an sm89+ GPU, as
-    torchao Float8Linear); False where :mod:`.lowbit` emulates it. amptrain does not drive
-    the block formats' Blackwell (sm100) kernels, so MX and NVFP4 are always emulated."""
+    """True when ``spec``'s low-bit format runs on hardware here (the fp8 recipes on an
+    sm89+ GPU, as torchao Float8Linear; fp8-blockwise on sm90+ with torchao's blockwise
+    kernels); False where :mod:`.lowbit` emulates it. amptrain does not drive the block
+    formats' Blackwell (sm100) kernels, so MX and NVFP4 are always emulated."""
+    if spec.float8_blocks:
+        return fp8_blocks_native(device)
     return spec.float8_linears and fp8_native(device) and torchao_available()
 
 
@@ -132,12 +151,16 @@ def precision_needs(device: torch.device) -> dict[str, str]:
                    "fp16": "compute capability 6.0+ (Tensor Cores: 7.0+)",
                    "bf16": "compute capability 8.0+ (Ampere)",
                    "fp8": "compute capability 8.9+ (Ada/Hopper) and torchao; emulated below",
+                   "fp8-blocks": "compute capability 9.0+ (Hopper), torchao and Triton; "
+                                 "emulated below",
                    "mx": "emulated (amptrain does not drive sm100 MX/NVFP4 kernels)"}
     else:
         by_kind = {"fp32": "any CPU", "tf32": "an NVIDIA GPU (here it trains as 32-true)",
                    "fp16": "AVX512-FP16 or AMX-FP16 (AMX-FP16 for fast conv)",
                    "bf16": "AVX512-BF16 or AMX-BF16 (AMX for speed)",
                    "fp8": "native: a GPU of compute capability 8.9+ with torchao",
+                   "fp8-blocks": "native: a GPU of compute capability 9.0+ with torchao "
+                                 "and Triton",
                    "mx": "native: Blackwell (sm100); not driven by amptrain"}
     return {name: by_kind[_kind(spec)] for name, spec in MODES.items()}
 
@@ -151,8 +174,10 @@ def supported_precisions(features: dict[str, bool]) -> dict[str, bool]:
     supported = {}
     for name, spec in MODES.items():
         kind = _kind(spec)
-        if kind in ("fp8", "mx"):
-            supported[name] = kind == "fp8" and features["fp8"] and torchao_available()
+        if kind in ("fp8", "fp8-blocks", "mx"):
+            blocks = features.get("fp8_blocks", False) and triton_available()
+            supported[name] = (features["fp8"] if kind == "fp8" else blocks
+                               if kind == "fp8-blocks" else False) and torchao_available()
         else:
             supported[name] = kind == "fp32" or bool(features[kind])
     return supported

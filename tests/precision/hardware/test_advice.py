@@ -23,7 +23,8 @@ CPU = torch.device("cpu")
 
 #: class -> (fastest native mode, emulated modes)
 #: The low-bit formats: emulated on every CPU (no CPU has fp8 or fp4 matrix units).
-LOWBIT = {"fp8", "fp8-rowwise", "mxfp8", "mxfp4", "nvfp4"}
+LOWBIT = {"fp8", "fp8-rowwise", "fp8-rowwise-gw-hp", "fp8-blockwise", "mxfp8", "mxfp4", "nvfp4",
+          "nvfp4-plain"}
 EXPECTED = {
     "amx": ("bf16-mixed", LOWBIT),
     "avx512-bf16": ("bf16-mixed", {"16-mixed", "16-master", "16-true"} | LOWBIT),

@@ -46,6 +46,7 @@ def test_collect_env_keeps_the_keys_other_reports_embed():
 def test_fake_h100_supports_fp8_and_recommends_bf16(monkeypatch):
     fake_gpu(monkeypatch, "NVIDIA H100 80GB HBM3", 9, 0, 80)
     monkeypatch.setattr(support, "torchao_available", lambda: True)
+    monkeypatch.setattr(support, "triton_available", lambda: True)
     info = probe.collect_env()
     assert info["device"] == "cuda"
     assert info["cuda"] == "12.4" and info["cudnn"] == "90100" and info["nccl"] == "2.21.5"
@@ -53,7 +54,7 @@ def test_fake_h100_supports_fp8_and_recommends_bf16(monkeypatch):
     assert gpu["compute_capability"] == "9.0" and gpu["memory_bytes"] == 80 * 2 ** 30
     assert gpu["tensor_cores"] and gpu["bf16"] and gpu["tf32"] and gpu["fp8"]
     # the block formats are emulated even here: amptrain drives no sm100 MX/NVFP4 kernels
-    block = {"mxfp8", "mxfp4", "nvfp4"}
+    block = {"mxfp8", "mxfp4", "nvfp4", "nvfp4-plain"}
     assert info["supported"] == {name: name not in block for name in MODES}
     assert {name for name, on in info["emulated"].items() if on} == block
     assert info["recommended_precision"] == "bf16-mixed"
@@ -61,6 +62,20 @@ def test_fake_h100_supports_fp8_and_recommends_bf16(monkeypatch):
     text = env.format_env(info)
     assert "NVIDIA H100 80GB HBM3, compute capability 9.0" in text
     assert "recommended: --precision bf16-mixed" in text
+
+
+def test_fake_l4_runs_the_fp8_recipes_natively_but_emulates_the_blockwise_one(monkeypatch):
+    """fp8-rowwise-gw-hp is torchao Float8Linear (sm89+); fp8-blockwise needs torchao's
+    Hopper (sm90+) Triton kernels, so an L4 (8.9) emulates it, and env says so."""
+    fake_gpu(monkeypatch, "NVIDIA L4", 8, 9, 24)
+    monkeypatch.setattr(support, "torchao_available", lambda: True)
+    monkeypatch.setattr(support, "triton_available", lambda: True)
+    info = probe.collect_env()
+    assert info["supported"]["fp8-rowwise-gw-hp"] and info["supported"]["fp8"]
+    assert not info["supported"]["fp8-blockwise"] and info["emulated"]["fp8-blockwise"]
+    assert "9.0+" in info["needs"]["fp8-blockwise"]
+    text = env.format_env(info)
+    assert "fp8-blockwise" in text and "fp8-rowwise-gw-hp" in text
 
 
 def test_fake_t4_has_no_bf16_and_recommends_fp16(monkeypatch):
