@@ -13,7 +13,6 @@ One optimizer step ("step") is one global batch: ``accumulate`` micro-batches pe
 from __future__ import annotations
 
 import logging
-import time
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
@@ -24,7 +23,7 @@ from torch.utils.data import DataLoader, Dataset
 
 from .. import checkpoint
 from . import datacheck, preemption
-from ..common import outdir
+from ..common import clock, outdir
 from .autobatch import MicroBatchPlanner, MicroBatchSplit
 from ..config import TrainConfig, write_yaml
 from ..distributed import Strategy, build_strategy
@@ -410,7 +409,7 @@ class Trainer:
     def _evaluate_and_log(self, final: bool = False, record: bool = True) -> None:
         parts = self._ready()
         self.finish_step()
-        started = time.perf_counter()
+        started = clock.now()
         result = parts.evaluator.at_step(parts.model, self.step, logger=self.logger,
                                          final=final, out=self.out)
         if result is not None and record:
@@ -418,7 +417,7 @@ class Trainer:
                                         **result.record()})
             self.logger.images(self.step, result.details.get("images") or {})
         # Evaluation time is not training time: keep it out of samples_per_s.
-        self.log_interval.pause(time.perf_counter() - started)
+        self.log_interval.pause(clock.now() - started)
 
     def _save(self, path: str | Path | None = None, *, background: bool) -> Path | None:
         """:meth:`save_checkpoint`; ``background``: the file is written on a thread."""
