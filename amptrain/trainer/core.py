@@ -99,6 +99,9 @@ class Trainer:
         micro-batch; ``accumulate`` of them make a step). The task (loss and metrics) is
         the ``task`` option (``auto``: regression for float targets, ``lm`` for text data,
         else classification), or a :class:`~amptrain.tasks.Task` object given here.
+        ``scheduler`` is a ``torch.optim.lr_scheduler`` object of ``optimizer``, stepped once
+        per epoch (as in Lightning and pytorch/examples), or a dict ``{"scheduler": s,
+        "interval": "epoch" | "step", "frequency": n}``; the run's first line says which.
         ``training_step(ctx)`` replaces the task's step (a
         :class:`~amptrain.tasks.step.StepContext` is its whole view of the Trainer).
         The user's module keeps no patched forward afterwards, also when fit raises.
@@ -338,6 +341,7 @@ class Trainer:
             # A stream (amptrain.trainer.streams) has no length: its epoch ends when it runs out.
             if position.window_in_epoch >= len(windows) or windows.ended:
                 position.next_epoch()
+                parts.steps.epoch_ended()
                 self._end_of_epoch()
                 if position.step == fresh:  # a whole epoch gave nothing: a stream read once
                     break
