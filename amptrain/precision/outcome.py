@@ -10,6 +10,12 @@ from ..common.errors import TrainingHalted, flag
 from .hardware.advice import range_safe_choice
 
 
+def _diagnose() -> str:
+    """Where to find the modules: the command, or its library entry point."""
+    return "`amptrain diagnose`" if flag("lr").startswith("--") else \
+        "amptrain.diagnose_model(model, train_data, loss_fn=...)"
+
+
 class NonFiniteHalt(TrainingHalted):
     """Training stopped: too many consecutive non-finite steps, or the loss scale hit its floor."""
 
@@ -80,11 +86,11 @@ class SkipCounter:
                 f"{where} after {self.consecutive} consecutive overflowing steps: the "
                 f"model overflows fp16 even unscaled. Train with "
                 f"{range_safe_choice(device)}, keep the overflowing modules in fp32 with "
-                f"{flag('keep_fp32')}, or find them with `amptrain diagnose`", step)
+                f"{flag('keep_fp32')}, or find them with {_diagnose()}", step)
         if scale is None and self.consecutive >= max_bad_steps:
             first = f" (first at step {self.first_bad_step})" \
                 if self.first_bad_step is not None else ""
             raise NonFiniteHalt(
                 f"{self.consecutive} consecutive steps had a non-finite loss or gradient"
-                f"{where}{first} (--max-bad-steps {max_bad_steps}); lower --lr, set "
-                f"--clip-grad-norm, or run `amptrain diagnose`", step)
+                f"{where}{first} ({flag('max_bad_steps')} {max_bad_steps}); lower {flag('lr')}, set "
+                f"{flag('clip_grad_norm')}, or run {_diagnose()}", step)
