@@ -28,6 +28,7 @@ from ..precision.hardware.devices import resolve_device
 from ..common.errors import AmptrainWarning, UserError
 from ..common.forward import LossFn
 from ..precision import NonFiniteHalt
+from ..precision.outcome import diagnosing
 from ..precision.hardware.advice import emulation_warning, range_safe_choice
 from ..precision.hardware.support import device_features, supported_precisions
 from ..common.nonfinite import NonFiniteEvent, NonFiniteWatch
@@ -101,7 +102,8 @@ def run_steps(config: TrainConfig, data: DataBundle, model: nn.Module, steps: in
     attached = attach(trainer) if attach is not None else None
     halted = None
     try:
-        trainer.run()
+        with diagnosing():  # its halt must not send the user to run diagnose
+            trainer.run()
     except NonFiniteHalt as exc:
         halted = str(exc)
     finally:

@@ -157,7 +157,8 @@ def setup_lowbit(model: nn.Module, patches: ForwardPatches, spec: ModeSpec,
                  device: torch.device, islands: list[str], skip_first_last: bool) -> Float8Plan:
     """Plan ``spec``'s eligible Linear layers and make them low-bit: torchao's
     ``Float8Linear`` where the format is native on ``device``, else the emulated forward.
-    Logs the plan's one-line summary; warns (naming the flags) when nothing is eligible."""
+    Logs the plan's one-line summary (a warning where nothing handles amptrain's log: a
+    library caller's run); warns (naming the flags) when nothing is eligible."""
     recipe = RECIPES[str(spec.lowbit)]
     native = lowbit_native(spec, device)
     plan = plan_float8(model, islands=islands, skip_first_last=skip_first_last,
@@ -172,7 +173,11 @@ def setup_lowbit(model: nn.Module, patches: ForwardPatches, spec: ModeSpec,
         convert_linears(model, plan, recipe=recipe.torchao_recipe or "tensorwise")
     else:
         install_lowbit_linears(patches, model, plan, recipe)
-    log.info("%s", plan.summary(recipe.name, emulated=not native))
+    summary = plan.summary(recipe.name, emulated=not native)
+    if log.hasHandlers():  # the command line's log (or the caller's logging set-up)
+        log.info("%s", summary)
+    elif plan.convert:  # a library caller has no handler: the line would go nowhere
+        warn(summary)
     return plan
 
 

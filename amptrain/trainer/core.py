@@ -30,6 +30,7 @@ from ..distributed import Strategy, build_strategy
 from ..common.errors import UserError, flag
 from ..common.forward import LossFn
 from ..precision import NonFiniteHalt, Precision, ResolvedPrecision
+from ..precision.outcome import diagnose_hint
 from .streams import as_dataset
 from ..tasks import EvalResult, Task, resolve_task
 from ..tasks.step import StepContext
@@ -172,8 +173,8 @@ class Trainer:
         bad = result.nonfinite_metrics()
         if bad:
             log.warning("training finished with non-finite %s: the model diverged (lower %s, "
-                        "set %s, or run `amptrain diagnose`)", " and ".join(bad), flag("lr"),
-                        flag("clip_grad_norm"))
+                        "set %s, or run %s)", " and ".join(bad), flag("lr"),
+                        flag("clip_grad_norm"), diagnose_hint())
         return result
 
     def train_step(self, window: Any) -> None:
