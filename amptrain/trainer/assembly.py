@@ -110,10 +110,13 @@ def assemble_parts(model: nn.Module, train_data: Any, val_data: Any, *, config: 
     # schedule is asked for: a default cosine decay to 0 would be a surprise.
     constant_lr = optimizer is not None and scheduler is None and "scheduler" not in c.given
     own = SchedulePlan.of_caller(scheduler) if scheduler is not None else None
-    for part in steps.parts.values():
-        # amptrain's own schedules are laid out in optimizer steps: stepped every step
-        part.schedule(own if own is not None else None if constant_lr else SchedulePlan(
-            build_scheduler(c, part.optimizer, run_length.total_steps, plan=lr_plan)))
+    plans = {name: own if own is not None else None if constant_lr else SchedulePlan.of_config(
+        build_scheduler(c, part.optimizer, run_length.total_steps, plan=lr_plan),
+        c.schedule.scheduler, c.schedule.scheduler_interval)
+        for name, part in steps.parts.items()}
+    for name, part in steps.parts.items():
+        part.schedule(plans[name])
+    said = next((p for p in plans.values() if p is not None), None)
     # The caller's loss and the one-time output check belong to the supervised step;
     # a task's own step (or the caller's) is called as it is.
     own_step = training_step or (task.training_step
@@ -137,7 +140,7 @@ def assemble_parts(model: nn.Module, train_data: Any, val_data: Any, *, config: 
     return RunParts(model=model, task=task, evaluator=evaluator, steps=steps,
                     stepper=stepper, windows=windows, lr_plan=lr_plan, run_length=run_length,
                     checkpointer=checkpointer, constant_lr=constant_lr,
-                    schedule_words=own.describe() if own is not None else "")
+                    schedule_words=said.describe() if said is not None else "")
 
 
 def open_run(parts: RunParts, *, config: TrainConfig, strategy: Strategy, out: Path | None,

@@ -12,7 +12,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from ..common.errors import UserError
+from ..common.errors import UserError, flag
+from ..config import SCHEDULERS
 
 INTERVALS = ("epoch", "step")
 _KEYS = {"scheduler", "interval", "frequency"}
@@ -25,7 +26,15 @@ class SchedulePlan:
     scheduler: Any
     interval: str = "step"
     frequency: int = 1
-    own: bool = False  # the caller's scheduler (said in the banner)
+    said: str = ""  # how the banner names a scheduler whose unit it says ("" : none)
+
+    @classmethod
+    def of_config(cls, scheduler: Any, scheduler_name: str, interval: str | None) -> SchedulePlan:
+        """amptrain's own ``--scheduler`` (laid out in optimizer steps: stepped every step)
+        or a torch class named by it (per ``--scheduler-interval``, default epoch)."""
+        if scheduler_name in SCHEDULERS:
+            return cls(scheduler)
+        return cls(scheduler, interval or "epoch", said=f"scheduler {scheduler_name}")
 
     @classmethod
     def of_caller(cls, given: Any) -> SchedulePlan:
@@ -55,13 +64,14 @@ class SchedulePlan:
         if type(scheduler).__name__ == "ReduceLROnPlateau":
             raise UserError("scheduler ReduceLROnPlateau steps on a metric, which fit does not "
                             "hand it: step it yourself in a callback's on_log")
-        return cls(scheduler, interval, frequency, own=True)
+        return cls(scheduler, interval, frequency, said="your scheduler")
 
     def describe(self) -> str:
         """For the run's first line: the unit the caller's scheduler steps in."""
-        if not self.own:
+        if not self.said:
             return ""
         unit = self.interval if self.frequency == 1 else f"{self.frequency} {self.interval}s"
         other = "step" if self.interval == "epoch" else "epoch"
-        return (f"; your scheduler steps once per {unit} (scheduler={{'scheduler': s, "
-                f"'interval': '{other}'}} for per-{other})")
+        how = (f"{flag('scheduler_interval')} {other}" if self.said != "your scheduler" else
+               f"scheduler={{'scheduler': s, 'interval': '{other}'}}")
+        return f"; {self.said} steps once per {unit} ({how} for per-{other})"
