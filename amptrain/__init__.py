@@ -14,8 +14,8 @@ if TYPE_CHECKING:
 
 # The public classes are imported on first use (PEP 562), not with the package: the
 # command line imports amptrain.cli, and `amptrain --help` must not wait for torch.
-_LAZY = {"Precision": "precision", "diagnose_model": "diagnose.library", "EvalResult": "trainer", "FitResult": "trainer",
-         "Trainer": "trainer"}
+_LAZY = {"Precision": "precision", "diagnose_model": "diagnose.library",
+         "EvalResult": "trainer", "FitResult": "trainer", "Trainer": "trainer"}
 
 
 __getattr__ = lazy_exports(__name__, {name: f".{module}" for name, module in _LAZY.items()})

@@ -112,5 +112,6 @@ class SkipCounter:
                 if self.first_bad_step is not None else ""
             raise NonFiniteHalt(
                 f"{self.consecutive} consecutive steps had a non-finite loss or gradient"
-                f"{where}{first} ({flag('max_bad_steps')} {max_bad_steps}); lower {flag('lr')}, set "
+                f"{where}{first} ({flag('max_bad_steps')} {max_bad_steps}); lower "
+                f"{flag('lr')}, set "
                 f"{flag('clip_grad_norm')}, or run {diagnose_hint()}", step)

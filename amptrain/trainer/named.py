@@ -89,7 +89,7 @@ def parse_args(text: Any, option: str) -> dict[str, Any]:
 def check_keywords(cls: type, kwargs: dict[str, Any], option: str,
                    reserved: tuple[str, ...]) -> None:
     """Refuse a keyword ``cls`` does not take, or one amptrain sets itself, naming it."""
-    parameters = inspect.signature(cls.__init__).parameters
+    parameters = inspect.signature(cls).parameters
     takes = [p for p in parameters if p not in ("self", *reserved)
              and parameters[p].kind not in (inspect.Parameter.VAR_POSITIONAL,
                                             inspect.Parameter.VAR_KEYWORD)]
@@ -107,7 +107,7 @@ def check_keywords(cls: type, kwargs: dict[str, Any], option: str,
 def default_lr(name: str) -> float:
     """A torch optimizer's own default learning rate (Adadelta's 1.0), for ``--lr`` unset."""
     cls = lookup(name, optimizer_classes(), "optimizer", ())
-    lr = inspect.signature(cls.__init__).parameters.get("lr")
+    lr = inspect.signature(cls).parameters.get("lr")
     value = lr.default if lr is not None else inspect.Parameter.empty
     if isinstance(value, torch.Tensor):
         value = float(value)

@@ -95,7 +95,7 @@ def torch_optimizer(config: TrainConfig, model: nn.Module, lr: float) -> torch.o
     s = config.schedule
     cls = named.lookup(s.optimizer, named.optimizer_classes(), "optimizer", OPTIMIZERS)
     kwargs = named.parse_args(s.optimizer_args, "optimizer_args")
-    takes = inspect.signature(cls.__init__).parameters
+    takes = inspect.signature(cls).parameters
     if "momentum" in config.given and "momentum" in takes:
         kwargs.setdefault("momentum", s.momentum)
     params: Any = [p for p in model.parameters() if p.requires_grad]
