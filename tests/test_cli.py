@@ -279,7 +279,12 @@ ERROR_TABLE = [
     ("micro-batch-indivisible", "train --batch-size 64 --micro-batch-size 10",
      "--micro-batch-size 10 does not divide"),
     ("unknown-flag", "train --warp-speed 9", "unrecognized arguments: --warp-speed"),
-    ("bad-choice", "train --optimizer adam", "argument --optimizer: invalid choice"),
+    ("bad-choice", "train --lr-scaling cube", "argument --lr-scaling: invalid choice"),
+    ("optimizer-not-torchs", "train --optimizer adamz",
+     "--optimizer adamz is not one of amptrain's (sgd, adamw, adamw8bit) nor a torch.optim "
+     "class"),
+    ("optimizer-args-bad-keyword", "train --optimizer Adadelta --optimizer-args {{\"rhoo\":1}}",
+     "--optimizer-args: Adadelta takes no argument 'rhoo'; did you mean 'rho'?"),
     ("bad-number", "train --epochs three", "argument --epochs: invalid int value"),
     ("bad-yaml", "train --config {yaml}", "not valid YAML at line"),
     ("unknown-yaml-key", "train --config {root}/typo.yaml", "unknown option --epoch"),
