@@ -58,7 +58,7 @@ def main() -> None:
         trainer.setup(copy.deepcopy(model), data.train)
         if name == "unguarded":
             trainer.planner.run = _unguarded
-            trainer.stepper.start = _NoStepStart()
+            trainer._ready().train_step.start = _NoStepStart()
         variants[name] = trainer
     times = bl.interleaved_step_times(variants, args.warmup, args.steps)
     base = statistics.median(times["unguarded"])

@@ -97,3 +97,32 @@ def fake_gpu(monkeypatch, name: str, major: int, minor: int, memory_gib: int = 8
     monkeypatch.setattr(torch.version, "cuda", "12.4")
     monkeypatch.setattr(torch.backends.cudnn, "version", lambda: 90100)
     monkeypatch.setattr(torch.cuda.nccl, "version", lambda: (2, 21, 5))
+
+
+class ManualClock:
+    """Time that passes only when a test says so (:func:`amptrain.common.clock.use`): timing
+    logic judged on step times the test decides, whatever else the machine is running."""
+
+    def __init__(self) -> None:
+        self.seconds = 0.0
+
+    def __call__(self) -> float:
+        return self.seconds
+
+    def advance(self, seconds: float) -> None:
+        self.seconds += seconds
+
+
+def steps_take(monkeypatch, clock: ManualClock, seconds) -> None:
+    """Every ``Trainer.train_step`` takes ``seconds(trainer)`` on ``clock`` (after the real
+    step, which takes none of it)."""
+    from amptrain.trainer import Trainer
+
+    original = Trainer.train_step
+
+    def step(trainer, window):
+        result = original(trainer, window)
+        clock.advance(seconds(trainer))
+        return result
+
+    monkeypatch.setattr(Trainer, "train_step", step)

@@ -252,6 +252,9 @@ import torch
 def no_arguments():
     return torch.nn.Linear(64, 10)
 
+def needs_classes(classes):
+    return torch.nn.Linear(64, classes)
+
 def three_outputs(num_classes, input_shape):
     return torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(64, 3))
 
@@ -276,7 +279,12 @@ ERROR_TABLE = [
     ("micro-batch-indivisible", "train --batch-size 64 --micro-batch-size 10",
      "--micro-batch-size 10 does not divide"),
     ("unknown-flag", "train --warp-speed 9", "unrecognized arguments: --warp-speed"),
-    ("bad-choice", "train --optimizer adam", "argument --optimizer: invalid choice"),
+    ("bad-choice", "train --lr-scaling cube", "argument --lr-scaling: invalid choice"),
+    ("optimizer-not-torchs", "train --optimizer adamz",
+     "--optimizer adamz is not one of amptrain's (sgd, adamw, adamw8bit) nor a torch.optim "
+     "class"),
+    ("optimizer-args-bad-keyword", "train --optimizer Adadelta --optimizer-args {{\"rhoo\":1}}",
+     "--optimizer-args: Adadelta takes no argument 'rhoo'; did you mean 'rho'?"),
     ("bad-number", "train --epochs three", "argument --epochs: invalid int value"),
     ("bad-yaml", "train --config {yaml}", "not valid YAML at line"),
     ("unknown-yaml-key", "train --config {root}/typo.yaml", "unknown option --epoch"),
@@ -368,8 +376,11 @@ ERROR_TABLE = [
      "--batch-size 5000 is larger than the training set (48 samples)"),
     ("micro-batch-over-batch", "train --batch-size 32 --micro-batch-size 64",
      "--micro-batch-size 64 is larger than --batch-size 32"),
-    ("factory-without-arguments", "train --model module:factories.no_arguments",
-     "the factory must accept the keywords num_classes and input_shape"),
+    ("factory-with-an-argument-it-is-not-given", "train --model module:factories.needs_classes",
+     "the factory is called with those of the keywords num_classes, input_shape, kind and "
+     "vocab_size it names"),
+    ("factory-named-by-its-file", "train --model module:factories.py:no_arguments",
+     "give the module's import name, not its file: --model module:factories:no_arguments"),
     ("factory-too-few-outputs", "train --model module:factories.three_outputs",
      "returns 3 outputs per sample, but the data has 10 classes"),
     ("factory-raises", "train --model module:factories.raises",

@@ -25,7 +25,8 @@ log = logging.getLogger("amptrain")
 
 #: Config fields that change the rest of the run's trajectory when they differ on resume.
 INEXACT_IF_CHANGED = ("data", "seed", "epochs", "max_steps", "lr", "scheduler", "warmup_steps",
-                      "weight_decay", "momentum", "clip_grad_norm", "val_fraction")
+                      "weight_decay", "momentum", "clip_grad_norm", "val_fraction",
+                      "optimizer_args", "scheduler_args", "scheduler_interval")
 
 
 def find_resume(target: str, out: str | Path | None, *, cleanup: bool = True

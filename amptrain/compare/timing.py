@@ -7,7 +7,6 @@ import gc
 import itertools
 import logging
 import statistics
-import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -15,6 +14,7 @@ from typing import Any
 import torch
 
 from ..config import RunConfig, replace_options
+from ..common import clock
 from ..common.errors import TrainingHalted
 from ..trainer.memory import MemoryMeter
 from ..precision.tf32 import MathSwitches
@@ -66,7 +66,7 @@ class Contender:
         self.switches.apply()
         device = self.trainer.device
         sync(device)
-        started = time.perf_counter()
+        started = clock.now()
         try:
             for _ in range(self.unit):
                 window = next(self.windows)
@@ -81,7 +81,7 @@ class Contender:
             return
         sync(device)
         if timed:
-            self.step_times_s.append((time.perf_counter() - started) / self.unit)
+            self.step_times_s.append((clock.now() - started) / self.unit)
             self.batch_samples = window.global_samples
 
 

@@ -230,13 +230,29 @@ class ScheduleConfig:
     max_steps: int | None = option(None, "optimizer steps to train: alone it sets the run's "
                                          "length (as many epochs as needed); with --epochs "
                                          "the run ends at whichever comes first", kind=int)
-    optimizer: str = option("adamw", "optimizer", choices=OPTIMIZERS)
+    optimizer: str = option("adamw", "optimizer: amptrain's, or any torch.optim class by "
+                                     "name (Adadelta, RMSprop...)", choices=OPTIMIZERS,
+                            open_choices=True)
+    optimizer_args: str | None = option(None, "keyword arguments of a torch.optim --optimizer "
+                                              "as a JSON object, e.g. '{\"rho\": 0.9}'",
+                                        kind=str)
     lr: float | None = option(None, "learning rate (default: 1e-3 for adamw, 0.05 for sgd)",
                               kind=float)
     momentum: float = option(0.9, "SGD momentum")
     weight_decay: float = option(0.01, "weight decay")
     scheduler: str = option("cosine", "learning-rate schedule over the run (linear: decay to "
-                                      "0 at the end, PPO's annealing)", choices=SCHEDULERS)
+                                      "0 at the end, PPO's annealing), stepped every "
+                                      "optimizer step; or any torch.optim.lr_scheduler class "
+                                      "by name (StepLR...), stepped per --scheduler-interval",
+                            choices=SCHEDULERS, open_choices=True)
+    scheduler_args: str | None = option(None, "keyword arguments of a torch.optim.lr_scheduler "
+                                              "--scheduler as a JSON object, e.g. "
+                                              "'{\"step_size\": 1, \"gamma\": 0.7}'",
+                                        kind=str)
+    scheduler_interval: str | None = option(None, "when a torch.optim.lr_scheduler --scheduler "
+                                                  "steps: once per epoch (the default, as in "
+                                                  "Lightning) or per optimizer step",
+                                            choices=("epoch", "step"))
     warmup_steps: int = option(0, "linear warm-up steps before the schedule")
     lr_scaling: str = option("none", "scale --lr with --batch-size / --base-batch-size",
                              choices=LR_SCALING)
@@ -249,14 +265,49 @@ class ScheduleConfig:
         require_non_negative(self, "warmup_steps", "weight_decay", "momentum")
         _positive_numbers(self, "lr", "clip_grad_norm")
         require_choices(self)
+        self._check_named()
         if self.lr_scaling != "none" and self.base_batch_size is None:
             raise UserError(f"{flag('lr_scaling')} {self.lr_scaling} needs "
                             f"{flag('base_batch_size')} (the batch size {flag('lr')} was "
                             f"tuned for)")
 
+    def _check_named(self) -> None:
+        """A torch class named by --optimizer/--scheduler exists and takes its --*-args (one
+        line each, before anything is built; amptrain's own names need no torch here);
+        the flags that only such a class reads are refused without one."""
+        if self.optimizer not in OPTIMIZERS:
+            from ..trainer import named  # imports torch: only for a torch class's name
+            cls = named.lookup(self.optimizer, named.optimizer_classes(), "optimizer",
+                               OPTIMIZERS)
+            named.check_keywords(cls, named.parse_args(self.optimizer_args, "optimizer_args"),
+                                 "optimizer_args", ("params", "lr"))
+        elif self.optimizer_args:
+            raise UserError(f"{flag('optimizer_args')} is for a torch.optim {flag('optimizer')} "
+                            f"(e.g. Adadelta); {self.optimizer} takes {flag('lr')}, "
+                            f"{flag('momentum')} and {flag('weight_decay')}")
+        if self.scheduler not in SCHEDULERS:
+            from ..trainer import named
+            cls = named.lookup(self.scheduler, named.scheduler_classes(), "scheduler",
+                               SCHEDULERS)
+            named.check_keywords(cls, named.parse_args(self.scheduler_args, "scheduler_args"),
+                                 "scheduler_args", ("optimizer",))
+            if self.warmup_steps:
+                raise UserError(f"{flag('warmup_steps')} is the warm-up of amptrain's "
+                                f"schedules; {flag('scheduler')} {self.scheduler} has its own "
+                                f"arguments ({flag('scheduler_args')})")
+        elif self.scheduler_args or self.scheduler_interval:
+            given = flag("scheduler_args" if self.scheduler_args else "scheduler_interval")
+            raise UserError(f"{given} is for a torch.optim.lr_scheduler {flag('scheduler')} "
+                            f"(e.g. StepLR); {self.scheduler} steps every optimizer step")
+
     def resolved_lr(self) -> float:
         """The learning rate before batch-size scaling: --lr or the optimizer's default."""
-        return self.lr if self.lr is not None else DEFAULT_LR[self.optimizer]
+        if self.lr is not None:
+            return self.lr
+        if self.optimizer in DEFAULT_LR:
+            return DEFAULT_LR[self.optimizer]
+        from ..trainer.named import default_lr  # a torch class's own default (imports torch)
+        return default_lr(self.optimizer)
 
 
 @dataclass

@@ -67,7 +67,9 @@ class TokenBlockData(Dataset):
             rows[row] = self.stream.read(self.start + int(index) * self.seq_len,
                                          self.seq_len + 1)
         ids = torch.from_numpy(rows)
-        return ids[:, :-1], ids[:, 1:]
+        # Contiguous copies, not strided views of ``rows``: a model may ``.view`` its
+        # inputs (nanoGPT's does; issue 49), and the copy is B*T integers per step.
+        return ids[:, :-1].contiguous(), ids[:, 1:].contiguous()
 
 
 def stream_bundle(stream: TokenStream, val_tokens: int, seq_len: int, spec: str,

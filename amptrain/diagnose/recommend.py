@@ -63,6 +63,13 @@ def _casts_inputs_to_half(module: nn.Module) -> bool:
     return has_weights and not isinstance(module, _NORM_TYPES)
 
 
+def _passes_on(module: nn.Module, s: dict[str, Any]) -> bool:
+    """A module without weights (GELU, Dropout) whose inputs already left fp16's range:
+    it passes on an overflow made before it, and in fp32 it would change nothing."""
+    return next(module.parameters(), None) is None and s["input_abs_max"] is not None \
+        and _num(s["input_abs_max"]) > FP16_MAX
+
+
 def keep_fp32_candidates(stats: dict[str, dict[str, Any]], modules: dict[str, nn.Module],
                          root: str, first: NonFiniteEvent | None,
                          kept: Sequence[str] = ()) -> list[dict[str, str]]:
@@ -73,6 +80,8 @@ def keep_fp32_candidates(stats: dict[str, dict[str, Any]], modules: dict[str, nn
     reasons: dict[str, str] = {}
     for name, s in stats.items():
         if name == root or _in_island(name, list(kept)):
+            continue
+        if name in modules and _passes_on(modules[name], s):
             continue
         act = s["activation"]
         if act and _num(act["abs_max"]) > FP16_MAX:

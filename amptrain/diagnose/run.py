@@ -26,7 +26,9 @@ from ..config import RunConfig, TrainConfig, replace_options
 from ..data import DataBundle
 from ..precision.hardware.devices import resolve_device
 from ..common.errors import AmptrainWarning, UserError
+from ..common.forward import LossFn
 from ..precision import NonFiniteHalt
+from ..precision.outcome import diagnosing
 from ..precision.hardware.advice import emulation_warning, range_safe_choice
 from ..precision.hardware.support import device_features, supported_precisions
 from ..precision.nonfinite import NonFiniteEvent, NonFiniteWatch
@@ -72,7 +74,8 @@ class RunSummary:
 
 def run_steps(config: TrainConfig, data: DataBundle, model: nn.Module, steps: int,
               precision: str, attach: Callable[[Trainer], Any] | None = None,
-              task: Task | None = None, **overrides: Any) -> tuple[RunSummary, Any]:
+              task: Task | None = None, loss_fn: LossFn | None = None,
+              **overrides: Any) -> tuple[RunSummary, Any]:
     """Train ``model`` for ``steps`` steps with the Trainer; returns (summary, attached).
 
     ``task`` (default: the one the data says) owns the training step: a GAN's runs are its
@@ -91,7 +94,7 @@ def run_steps(config: TrainConfig, data: DataBundle, model: nn.Module, steps: in
         # diagnose runs 16-mixed and bf16-mixed on purpose, to study their numerics; the
         # report says once whether this device only emulates them (device_note, bf16 verdict)
         warnings.filterwarnings("ignore", r".* is emulated on this", AmptrainWarning)
-        trainer.setup(model, data.train, task=task)
+        trainer.setup(model, data.train, task=task, loss_fn=loss_fn)
     assert trainer.model is not None  # set by setup()
     watch = NonFiniteWatch(trainer.model, lambda: trainer.step,
                            lambda: trainer.precision.loss_scale_tensor,
@@ -99,7 +102,8 @@ def run_steps(config: TrainConfig, data: DataBundle, model: nn.Module, steps: in
     attached = attach(trainer) if attach is not None else None
     halted = None
     try:
-        trainer.run()
+        with diagnosing():  # its halt must not send the user to run diagnose
+            trainer.run()
     except NonFiniteHalt as exc:
         halted = str(exc)
     finally:
@@ -152,14 +156,17 @@ MAX_STEPS = 10_000
 
 
 def diagnose(config: TrainConfig, steps: int = 20, *, data: DataBundle | None = None,
-             model: nn.Module | None = None, task: Task | None = None) -> dict[str, Any]:
+             model: nn.Module | None = None, task: Task | None = None,
+             loss_fn: LossFn | None = None) -> dict[str, Any]:
     """Run the four diagnosis runs and build the report (a JSON-ready dict).
 
     ``config`` (a :class:`RunConfig`) names the model and data, built with
     :func:`~amptrain.workflows.runner.assemble` (with the task the model or data picks), unless
     ``data`` and ``model`` are given (then a plain :class:`TrainConfig` will do, and
-    ``task`` picks the training step: default, the data's). Its training options (batch
-    size, lr, seed, scaler settings, keep_fp32...) apply to every run.
+    ``task`` picks the training step: default, the data's; ``loss_fn`` the loss, as in
+    ``Trainer.fit``). Its training options (batch size, lr, seed, scaler settings,
+    keep_fp32...) apply to every run. One's own model and data:
+    :func:`amptrain.diagnose_model`.
     """
     if steps < 1:
         raise UserError(f"--steps must be an integer >= 1 (got {steps})")
@@ -179,11 +186,11 @@ def diagnose(config: TrainConfig, steps: int = 20, *, data: DataBundle | None = 
         return RangeRecorder(trainer.model, lowbit=True)
 
     stats_run, recorder = run_steps(config, data, copy.deepcopy(initial), steps, "32-true",
-                                    attach=record_ranges, task=task)
+                                    attach=record_ranges, task=task, loss_fn=loss_fn)
     stats = recorder.read()
     device = resolve_device(config.device)
     fp16_run, _ = run_steps(config, data, copy.deepcopy(initial), steps, "16-mixed",
-                            task=task)
+                            task=task, loss_fn=loss_fn)
     first = fp16_run.first_nonfinite
 
     modules = {(n or type(m).__name__): m for n, m in initial.named_modules()}
@@ -205,7 +212,7 @@ def diagnose(config: TrainConfig, steps: int = 20, *, data: DataBundle | None = 
         verify_options["min_scale"] = scale["init_scale"]
     try:
         verified, _ = run_steps(config, data, copy.deepcopy(initial), steps, "16-mixed",
-                                task=task, **verify_options)
+                                task=task, loss_fn=loss_fn, **verify_options)
     except UserError as exc:
         # The precision matches --keep-fp32 within each part of a several-part model (a
         # GAN's discriminator, generator): a whole-model name cannot be checked there.
@@ -216,14 +223,15 @@ def diagnose(config: TrainConfig, steps: int = 20, *, data: DataBundle | None = 
     path_check = None
     if paths:
         kept, _ = run_steps(config, data, copy.deepcopy(initial), steps, "16-mixed",
-                            task=task, keep_fp32=list(config.precision.keep_fp32) + paths)
+                            task=task, loss_fn=loss_fn,
+                            keep_fp32=list(config.precision.keep_fp32) + paths)
         path_check = {"keep_fp32": paths, "skipped_steps": kept.skipped_steps,
                       "steps": kept.steps}
     bf16_run = None
     supported = _supported_here(device)
     if supported["bf16-mixed"] or device.type == "cpu":
         bf16_run, _ = run_steps(config, data, copy.deepcopy(initial), steps, "bf16-mixed",
-                                task=task)
+                                task=task, loss_fn=loss_fn)
 
     for name, s in stats.items():
         island = _in_island(name, islands)

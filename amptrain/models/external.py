@@ -23,6 +23,10 @@ def import_factory(argument: str, spec: str, option: str = "--model") -> Callabl
     if not module_name or not attribute:
         raise UserError(f"{option} {spec}: give the factory as module:PACKAGE.MODULE.FUNCTION, "
                         f"e.g. {option} module:mymodels.build")
+    if module_name.endswith(".py"):  # a file name where the import name goes
+        dotted = module_name[:-3].replace(os.sep, ".").replace("/", ".").lstrip(".")
+        raise UserError(f"{option} {spec}: give the module's import name, not its file: "
+                        f"{option} module:{dotted}:{attribute}")
     # `python -m amptrain` puts the working directory on sys.path, the `amptrain` script
     # does not; both should find ./mymodels.py.
     if os.getcwd() not in sys.path and "" not in sys.path:
@@ -59,14 +63,18 @@ def user_module(argument: str, inputs: ModelInputs) -> nn.Module:
         signature = None
     parameters = signature.parameters if signature is not None else {}
     takes_any = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters.values())
+    # What it names (a class whose constructor takes nothing gets nothing: pytorch/examples'
+    # Net); without a signature, the two every factory used to be given.
     kwargs = {k: v for k, v in offered.items()
-              if k in ("num_classes", "input_shape") or takes_any or k in parameters}
+              if (k in ("num_classes", "input_shape") if signature is None
+                  else takes_any or k in parameters)}
     if signature is not None:
         try:
             signature.bind(**kwargs)
         except TypeError as exc:
-            raise UserError(f"--model {spec}: the factory must accept the keywords "
-                            f"num_classes and input_shape ({exc})") from None
+            raise UserError(f"--model {spec}: the factory is called with those of the "
+                            f"keywords num_classes, input_shape, kind and vocab_size it names "
+                            f"({exc})") from None
     try:
         model = factory(**kwargs)
     except UserError:

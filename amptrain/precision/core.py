@@ -25,7 +25,8 @@ from .lowbit_training import StochasticSeeds
 from .master import check_no_shared_kept, modules_kept_fp32
 from .misuse import CallOrder, check_setup, checked_arguments, checked_state
 from .modes import ModeSpec
-from .outcome import SkipCounter, StepOutcome
+from .halt import LastForward
+from .outcome import NonFiniteHalt, SkipCounter, StepOutcome
 from .pairs import Pairs
 from .policies import WeightPolicy, weight_policy
 from .resolve import PrecisionOptions, ResolvedPrecision, resolve_precision
@@ -96,6 +97,7 @@ class Precision:
         self._unpaired = SkipCounter()  # outcomes that name no pair
         self._pairs = Pairs()
         self._patches = ForwardPatches()
+        self._last_forward: dict[int, LastForward] = {}  # own loops' last inputs (.halt)
         self._order = CallOrder()
         #: The ``loss_id`` of the backward now running, else None (read by the non-finite
         #: watch's gradient hooks to name the loss that overflowed).
@@ -274,6 +276,9 @@ class Precision:
     def teardown(self) -> None:
         """Remove the forward wrappers of every :meth:`setup` and the weight rules' hooks."""
         self._patches.remove()
+        for last in self._last_forward.values():
+            last.remove()
+        self._last_forward.clear()
         for pair in self._pairs:
             pair.policy.remove()
 
@@ -355,8 +360,17 @@ class Precision:
         return StepOutcome(found_inf, pair.next_host_flag(self.device), owner=pair.index)
 
     def step(self, optimizer: torch.optim.Optimizer | None = None) -> bool:
-        """:meth:`step_async` and :meth:`confirm` in one call: True when the weights changed."""
-        return self.confirm(self.step_async(optimizer))
+        """:meth:`step_async` and :meth:`confirm` in one call: True when the weights changed.
+        A :class:`NonFiniteHalt` names the first module whose output on the last batch held
+        inf/NaN (:mod:`.halt`)."""
+        pair = self._pairs.of(optimizer)
+        last = self._last_forward.get(pair.index)
+        if last is None:  # an own loop's: the Trainer confirms its steps itself
+            last = self._last_forward[pair.index] = LastForward(pair.model)
+        try:
+            return self.confirm(self.step_async(optimizer))
+        except NonFiniteHalt as halt:
+            raise last.explain(halt, self.autocast) from None
 
     def update(self) -> None:
         """The loss-scale update, once per iteration after the optimizers' steps (PyTorch's

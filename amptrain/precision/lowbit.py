@@ -301,8 +301,9 @@ def setup_lowbit(model: nn.Module, patches: ForwardPatches, spec: ModeSpec,
     """Plan ``spec``'s eligible Linear layers and make them low-bit: torchao's float8
     layers where the format is native on ``device``, else the emulated forward. Returns
     the plan and, for a recipe that rounds stochastically, the layers' seeds (from
-    ``seed``; checkpointed by the precision). Logs the plan's one-line summary; warns
-    (naming the flags) when nothing is eligible."""
+    ``seed``; checkpointed by the precision). Logs the plan's one-line summary (a warning
+    where nothing handles amptrain's log: a library caller's run); warns (naming the
+    flags) when nothing is eligible."""
     recipe = recipe_for(spec, mx_scale, without)
     native = lowbit_native(spec, device)
     plan = keep_last_in_bf16(plan_float8(model, islands=islands,
@@ -321,7 +322,11 @@ def setup_lowbit(model: nn.Module, patches: ForwardPatches, spec: ModeSpec,
         convert_linears(model, plan, recipe=recipe.torchao_recipe or "tensorwise")
     else:
         install_lowbit_linears(patches, model, plan, recipe, seeds)
-    log.info("%s", plan.summary(recipe.name, emulated=not native))
+    summary = plan.summary(recipe.name, emulated=not native)
+    if log.hasHandlers():  # the command line's log (or the caller's logging set-up)
+        log.info("%s", summary)
+    elif plan.convert:  # a library caller has no handler: the line would go nowhere
+        warn(summary)
     return plan, seeds
 
 

@@ -2,12 +2,38 @@
 halt that ends a run whose steps keep failing."""
 from __future__ import annotations
 
+import contextlib
+import contextvars
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 import torch
 
 from ..common.errors import TrainingHalted, flag
 from .hardware.advice import range_safe_choice
+
+
+#: True inside a diagnosis's own runs, whose halts must not send the user to diagnose.
+_DIAGNOSING: contextvars.ContextVar[bool] = contextvars.ContextVar("amptrain_diagnosing",
+                                                                   default=False)
+
+
+@contextlib.contextmanager
+def diagnosing() -> Iterator[None]:
+    """Within this block a halt says the diagnosis names the modules (diagnose's runs)."""
+    token = _DIAGNOSING.set(True)
+    try:
+        yield
+    finally:
+        _DIAGNOSING.reset(token)
+
+
+def diagnose_hint() -> str:
+    """Where to find the modules: the command, or its library entry point."""
+    if _DIAGNOSING.get():
+        return "the report of this diagnosis"
+    return "`amptrain diagnose`" if flag("lr").startswith("--") else \
+        "amptrain.diagnose_model(model, train_data, loss_fn=...)"
 
 
 class NonFiniteHalt(TrainingHalted):
@@ -80,11 +106,12 @@ class SkipCounter:
                 f"{where} after {self.consecutive} consecutive overflowing steps: the "
                 f"model overflows fp16 even unscaled. Train with "
                 f"{range_safe_choice(device)}, keep the overflowing modules in fp32 with "
-                f"{flag('keep_fp32')}, or find them with `amptrain diagnose`", step)
+                f"{flag('keep_fp32')}, or find them with {diagnose_hint()}", step)
         if scale is None and self.consecutive >= max_bad_steps:
             first = f" (first at step {self.first_bad_step})" \
                 if self.first_bad_step is not None else ""
             raise NonFiniteHalt(
                 f"{self.consecutive} consecutive steps had a non-finite loss or gradient"
-                f"{where}{first} (--max-bad-steps {max_bad_steps}); lower --lr, set "
-                f"--clip-grad-norm, or run `amptrain diagnose`", step)
+                f"{where}{first} ({flag('max_bad_steps')} {max_bad_steps}); lower "
+                f"{flag('lr')}, set "
+                f"{flag('clip_grad_norm')}, or run {diagnose_hint()}", step)

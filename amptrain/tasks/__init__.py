@@ -12,8 +12,11 @@ from __future__ import annotations
 
 from typing import Any
 
+import torch
+
 from ..common.choices import TASK_CHOICES, TASK_NAMES, check_table
 from ..common.errors import UserError, flag
+from ..data.protocol import columns_of
 from .base import EvalResult, EvalSums, Metric, Task, targets_of
 from .classification import ClassificationTask
 from .gan import GanTask
@@ -84,14 +87,29 @@ def build_task(name: str, **facts: Any) -> Task:
 
 def infer_task(data: Any) -> str:
     """``--task auto``: what the data says it is (``text:`` data is an LM's), else
-    regression for float targets and classification for anything else."""
+    regression for float targets, ``lm`` for :func:`token_blocks`, and classification for
+    anything else."""
     hint = getattr(data, "task", None)
     if hint in TASKS:
         return str(hint)
     targets = targets_of(data)
     if targets is not None and targets.is_floating_point():
         return RegressionTask.name
+    if token_blocks(data):
+        return LanguageModelTask.name
     return DEFAULT_TASK
+
+
+def token_blocks(data: Any) -> bool:
+    """Whether ``data`` is two integer columns of one ``[N, T]`` shape: token blocks and
+    their next tokens, as nanoGPT's ``get_batch`` cuts them (a classifier's targets hold
+    one class per sample; issue 49 met torch's "Expected target size" instead)."""
+    columns = columns_of(data)
+    if columns is None or len(columns) != 2:
+        return False
+    inputs, targets = columns
+    return all(t.ndim == 2 and not t.is_floating_point() and not t.is_complex()
+               and t.dtype != torch.bool for t in columns) and inputs.shape == targets.shape
 
 
 #: From this many samples up, integer targets that are all different are not classes.

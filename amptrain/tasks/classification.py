@@ -90,6 +90,13 @@ class ClassificationTask(Task):
         if outputs.ndim < 2:
             raise UserError(f"the model{which} returns shape {tuple(outputs.shape)} for a batch; "
                             f"a classifier must return one row of class logits per sample")
+        if targets.ndim >= 2 and outputs.shape[:-1] == targets.shape:
+            # logits per position, classes last: next-token prediction, not a classifier's
+            # [batch, classes, ...] (torch's message: "Expected target size ...")
+            lm = "--task lm" if flag("task").startswith("--") else 'task="lm"'
+            raise UserError(f"the model{which} returns {tuple(outputs.shape)} for targets of "
+                            f"{tuple(targets.shape)}: logits per position, classes last; "
+                            f"for next-token prediction set {lm}")
         width = outputs.shape[-1]
         num_classes = len(self.class_names) if self.class_names else None
         if num_classes and width < num_classes:

@@ -41,6 +41,7 @@ from .optimizers import OptimizerSteps, Part
 from .parts import RunParts, TaskState
 from .position import LoopPosition, RunLength
 from .reporting import Reporter
+from .schedule import SchedulePlan
 from .stepping import StepFn, TrainStep
 
 log = logging.getLogger("amptrain")
@@ -109,10 +110,14 @@ def assemble_parts(model: nn.Module, train_data: Any, val_data: Any, *, config: 
     # The caller's own optimizer keeps the learning rate it was built with unless a
     # schedule is asked for: a default cosine decay to 0 would be a surprise.
     constant_lr = optimizer is not None and scheduler is None and "scheduler" not in c.given
-    for part in steps.parts.values():
-        part.scheduler = scheduler if scheduler is not None else None \
-            if constant_lr else build_scheduler(c, part.optimizer, run_length.total_steps,
-                                                plan=lr_plan)
+    own = SchedulePlan.of_caller(scheduler) if scheduler is not None else None
+    plans = {name: own if own is not None else None if constant_lr else SchedulePlan.of_config(
+        build_scheduler(c, part.optimizer, run_length.total_steps, plan=lr_plan),
+        c.schedule.scheduler, c.schedule.scheduler_interval)
+        for name, part in steps.parts.items()}
+    for name, part in steps.parts.items():
+        part.schedule(plans[name])
+    said = next((p for p in plans.values() if p is not None), None)
     # The caller's loss and the one-time output check belong to the supervised step;
     # a task's own step (or the caller's) is called as it is.
     own_step = training_step or (task.training_step
@@ -135,7 +140,8 @@ def assemble_parts(model: nn.Module, train_data: Any, val_data: Any, *, config: 
         checkpointer.register(stateful)
     return RunParts(model=model, task=task, evaluator=evaluator, steps=steps,
                     train_step=train_step, windows=windows, lr_plan=lr_plan, run_length=run_length,
-                    checkpointer=checkpointer, constant_lr=constant_lr)
+                    checkpointer=checkpointer, constant_lr=constant_lr,
+                    schedule_words=said.describe() if said is not None else "")
 
 
 def open_run(parts: RunParts, *, config: TrainConfig, strategy: Strategy, out: Path | None,
@@ -168,7 +174,8 @@ def open_run(parts: RunParts, *, config: TrainConfig, strategy: Strategy, out: P
         precision, device=strategy.device, world_size=strategy.world_size,
         run_length=parts.run_length, batch_size=c.batching.batch_size,
         micro=planner.split.micro_batch, accumulate=planner.split.accumulate,
-        task_words=parts.task.describe(), constant_lr=parts.constant_lr))
+        task_words=parts.task.describe(), constant_lr=parts.constant_lr)
+        + parts.schedule_words)
     lr_note = parts.lr_plan.describe(c)
     if lr_note:
         reporter.logger.message(f"amptrain: {lr_note}")

@@ -13,7 +13,6 @@ One optimizer step ("step") is one global batch: ``accumulate`` micro-batches pe
 from __future__ import annotations
 
 import logging
-import time
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
@@ -24,13 +23,14 @@ from torch.utils.data import DataLoader, Dataset
 
 from .. import checkpoint
 from . import datacheck, preemption
-from ..common import outdir
+from ..common import clock, outdir
 from .autobatch import MicroBatchPlanner, MicroBatchSplit
 from ..config import TrainConfig, write_yaml
 from ..distributed import Strategy, build_strategy
 from ..common.errors import UserError, flag
 from ..common.forward import LossFn
 from ..precision import NonFiniteHalt, Precision, ResolvedPrecision
+from ..precision.outcome import diagnose_hint
 from .streams import as_dataset
 from ..tasks import EvalResult, Task, resolve_task
 from ..tasks.step import StepContext
@@ -100,6 +100,9 @@ class Trainer:
         micro-batch; ``accumulate`` of them make a step). The task (loss and metrics) is
         the ``task`` option (``auto``: regression for float targets, ``lm`` for text data,
         else classification), or a :class:`~amptrain.tasks.Task` object given here.
+        ``scheduler`` is a ``torch.optim.lr_scheduler`` object of ``optimizer``, stepped once
+        per epoch (as in Lightning and pytorch/examples), or a dict ``{"scheduler": s,
+        "interval": "epoch" | "step", "frequency": n}``; the run's first line says which.
         ``training_step(ctx)`` replaces the task's step (a
         :class:`~amptrain.tasks.step.StepContext` is its whole view of the Trainer).
         The user's module keeps no patched forward afterwards, also when fit raises.
@@ -187,8 +190,8 @@ class Trainer:
         bad = result.nonfinite_metrics()
         if bad:
             log.warning("training finished with non-finite %s: the model diverged (lower %s, "
-                        "set %s, or run `amptrain diagnose`)", " and ".join(bad), flag("lr"),
-                        flag("clip_grad_norm"))
+                        "set %s, or run %s)", " and ".join(bad), flag("lr"),
+                        flag("clip_grad_norm"), diagnose_hint())
         return result
 
     def train_step(self, window: Any) -> None:
@@ -345,6 +348,7 @@ class Trainer:
         # A stream (amptrain.trainer.streams) has no length: its epoch ends when it runs out.
         if position.window_in_epoch >= len(windows) or windows.ended:
             position.next_epoch()
+            self._ready().steps.epoch_ended()  # a per-epoch schedule steps
             self._epoch_ended()
             return position.step == fresh  # a whole epoch gave nothing: a stream read once
         return False
@@ -420,7 +424,7 @@ class Trainer:
     def _evaluate_and_log(self, final: bool = False, record: bool = True) -> None:
         parts = self._ready()
         self.finish_step()
-        started = time.perf_counter()
+        started = clock.now()
         result = parts.evaluator.at_step(parts.model, self.step, logger=self.logger,
                                          final=final, out=self.out)
         if result is not None and record:
@@ -428,7 +432,7 @@ class Trainer:
                                         **result.record()})
             self.logger.images(self.step, result.details.get("images") or {})
         # Evaluation time is not training time: keep it out of samples_per_s.
-        self.log_interval.pause(time.perf_counter() - started)
+        self.log_interval.pause(clock.now() - started)
 
     def _save(self, path: str | Path | None = None, *, background: bool) -> Path | None:
         """:meth:`save_checkpoint`; ``background``: the file is written on a thread."""

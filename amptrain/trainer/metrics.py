@@ -3,13 +3,13 @@ records (no host sync per step) and read once per record. (A "window" is one ste
 batch, :mod:`amptrain.trainer.windows`; the steps between two records are a log interval.)"""
 from __future__ import annotations
 
-import time
 from collections.abc import Iterable, Iterator
 from typing import Any, TypeVar
 
 import torch
 
 from ..checkpoint import plain_tensor
+from ..common import clock
 from ..distributed import Strategy
 
 T = TypeVar("T")
@@ -27,13 +27,13 @@ class LogInterval:
         self.counts: dict[str, int] = {}
         self.samples = 0           # global samples trained in the interval
         self.data_wait_s = 0.0     # host time spent waiting for step windows in it
-        self.started = 0.0         # perf_counter() at the interval's start
+        self.started = 0.0         # clock.now() at the interval's start
         self.start_step = 0        # the loop's step at the interval's start
         self.grad_norms: dict[str, torch.Tensor | None] = {}
 
     def start(self, step: int) -> None:
         """The interval starts now, at ``step`` (the loop's start)."""
-        self.started = time.perf_counter()
+        self.started = clock.now()
         self.start_step = step
 
     def add(self, logged: Iterable[tuple[str, torch.Tensor, int]], samples: int) -> None:
@@ -57,12 +57,12 @@ class LogInterval:
         """
         iterator = iter(windows)
         while True:
-            started = time.perf_counter()
+            started = clock.now()
             try:
                 window = next(iterator)
             except StopIteration:
                 return
-            self.data_wait_s += time.perf_counter() - started
+            self.data_wait_s += clock.now() - started
             yield window
 
     def pause(self, seconds: float) -> None:
@@ -82,7 +82,7 @@ class LogInterval:
             if float(count.item()) == 0:  # logged in no step of this window (PPO's
                 continue                  # episodes end at rollouts only): no value, not 0
             means[key] = float((loss_sum / count).item())
-        elapsed = time.perf_counter() - self.started
+        elapsed = clock.now() - self.started
         out = {"means": means,
                "samples_per_s": self.samples / elapsed if elapsed > 0 else None,
                # Share of the training time spent waiting for the next window (host clock).

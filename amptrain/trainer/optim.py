@@ -21,6 +21,7 @@ itself is :func:`amptrain.trainer.optim.build_scheduler`'s linear ramp: step ``s
 """
 from __future__ import annotations
 
+import inspect
 import math
 import shutil
 from collections.abc import Callable
@@ -31,9 +32,10 @@ import torch
 from torch import nn
 from torch.optim.lr_scheduler import LambdaLR, LRScheduler, OneCycleLR
 
-from ..config import TrainConfig
+from ..config import OPTIMIZERS, SCHEDULERS, TrainConfig
 from ..common.errors import UserError, flag
 from ..common.quiet import quiet_torchao
+from . import named
 
 
 def scaled_lr(config: TrainConfig) -> float:
@@ -72,6 +74,8 @@ def build_optimizer(config: TrainConfig, model: nn.Module, *, fused_allowed: boo
     run's learning rate (``plan``'s: the Trainer builds its plan first; without one, the
     plan of ``config``)."""
     lr = (plan or LrPlan.for_batch(config)).lr
+    if config.schedule.optimizer not in OPTIMIZERS:
+        return torch_optimizer(config, model, lr)
     groups = parameter_groups(model, config.schedule.weight_decay)
     fused = fused_allowed and _fused_ok(model)
     if config.schedule.optimizer == "sgd" \
@@ -82,6 +86,22 @@ def build_optimizer(config: TrainConfig, model: nn.Module, *, fused_allowed: boo
     if config.schedule.optimizer == "adamw8bit":
         return adamw8bit_class(model)(groups, lr=lr)
     return torch.optim.SGD(groups, lr=lr, momentum=config.schedule.momentum, fused=fused or None)
+
+
+def torch_optimizer(config: TrainConfig, model: nn.Module, lr: float) -> torch.optim.Optimizer:
+    """A torch.optim class named by ``--optimizer`` with ``--optimizer-args``, at ``lr``;
+    its own defaults otherwise (``--weight-decay`` and ``--momentum`` apply only when
+    given and taken: amptrain's defaults for adamw/sgd would change a known recipe)."""
+    s = config.schedule
+    cls = named.lookup(s.optimizer, named.optimizer_classes(), "optimizer", OPTIMIZERS)
+    kwargs = named.parse_args(s.optimizer_args, "optimizer_args")
+    takes = inspect.signature(cls).parameters
+    if "momentum" in config.given and "momentum" in takes:
+        kwargs.setdefault("momentum", s.momentum)
+    params: Any = [p for p in model.parameters() if p.requires_grad]
+    if "weight_decay" in config.given and "weight_decay" in takes:
+        params = parameter_groups(model, s.weight_decay)
+    return named.build(cls, params, {"lr": lr, **kwargs}, "optimizer_args")
 
 
 def adamw8bit_class(model: nn.Module) -> Callable[..., torch.optim.Optimizer]:
@@ -125,6 +145,12 @@ def build_scheduler(config: TrainConfig, optimizer: torch.optim.Optimizer,
 
     The Trainer advances it only after steps that really updated the weights.
     """
+    if config.schedule.scheduler not in SCHEDULERS:
+        cls = named.lookup(config.schedule.scheduler, named.scheduler_classes(), "scheduler",
+                           SCHEDULERS)
+        return named.build(cls, optimizer,
+                           named.parse_args(config.schedule.scheduler_args, "scheduler_args"),
+                           "scheduler_args")
     total_steps = max(1, total_steps)
     warmup = min(plan.warmup_steps if plan is not None else config.schedule.warmup_steps,
                  total_steps)

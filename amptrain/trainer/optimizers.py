@@ -17,6 +17,7 @@ from ..distributed import Strategy
 from ..common.errors import UserError
 from ..precision import Precision, StepOutcome
 from .position import LoopPosition
+from .schedule import SchedulePlan
 
 
 @dataclass
@@ -29,6 +30,25 @@ class Part:
     optimizer: torch.optim.Optimizer
     scheduler: Any = None
     pending: StepOutcome | None = None  # the last step's outcome, not yet read
+    interval: str = "step"             # when the scheduler steps (trainer/schedule.py)
+    frequency: int = 1
+    wait: int = 0                      # steps or epochs since it last stepped
+
+    def schedule(self, plan: SchedulePlan | None) -> None:
+        """Step ``plan``'s scheduler in its unit (None: no scheduler)."""
+        self.scheduler = plan.scheduler if plan is not None else None
+        if plan is not None:
+            self.interval, self.frequency = plan.interval, plan.frequency
+
+    def tick(self, unit: str) -> None:
+        """One more ``unit`` ("step": a step that changed the weights; "epoch") done:
+        the scheduler steps when it is this part's unit and its frequency is reached."""
+        if self.scheduler is None or unit != self.interval:
+            return
+        self.wait += 1
+        if self.wait >= self.frequency:
+            self.wait = 0
+            self.scheduler.step()
 
 
 class OptimizerSteps:
@@ -79,9 +99,14 @@ class OptimizerSteps:
             outcome, part.pending = part.pending, None
             if outcome is None:
                 continue
-            if self.precision.confirm(outcome, step=self.position.step) \
-                    and part.scheduler is not None:
-                part.scheduler.step()
+            if self.precision.confirm(outcome, step=self.position.step):
+                part.tick("step")
+
+    def epoch_ended(self) -> None:
+        """An epoch is over: per-epoch schedulers step (after the last step settled)."""
+        self.settle()
+        for part in self.parts.values():
+            part.tick("epoch")
 
     def zero_grad(self, optimizers: bool = False) -> None:
         """Drop every part's gradients before a step, so that what one loss left on another
@@ -120,7 +145,9 @@ class OptimizerSteps:
         return {p.name: {"optimizer": self.strategy.optimizer_state_dict(p.module, p.optimizer)
                          if optimizer_states else {},
                          "scheduler": p.scheduler.state_dict() if p.scheduler is not None
-                         else None}
+                         else None,
+                         # a scheduler stepped every n units: how far into the n it is
+                         **({"scheduler_wait": p.wait} if p.frequency > 1 else {})}
                 for p in self.parts.values()}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -140,6 +167,7 @@ class OptimizerSteps:
                                                         saved["optimizer"])
             if part.scheduler is not None and saved["scheduler"] is not None:
                 part.scheduler.load_state_dict(saved["scheduler"])
+            part.wait = saved.get("scheduler_wait", 0)
 
     def migrate(self, state: dict[str, Any], version: int) -> dict[str, Any]:
         """Version 0 (a whole file of format 1) kept one part's state as ``optimizer`` and

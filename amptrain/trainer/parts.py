@@ -43,6 +43,7 @@ class RunParts(Prepared):
     run_length: RunLength      # when the loop ends (and the LR schedule's length)
     checkpointer: Checkpointer  # every part with state is registered with it
     constant_lr: bool          # the caller's optimizer, no schedule asked for
+    schedule_words: str = ""   # the banner's note on the caller's scheduler's unit
 
     def use_windows(self, windows: Windows) -> None:
         """Train on ``windows`` from now on (a tool's wrapper of the set-up windows: the

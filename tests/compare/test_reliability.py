@@ -1,19 +1,17 @@
 """compare/reliability.py: when compare's timing is not to be trusted, it says so.
 
-The rule is tested as a pure function of given round times; then a real (small) study
-timed while a busy thread fights it for the interpreter must carry the warning into
-compare.json, report.md and report.html. No timing is asserted.
+The rule is tested as a pure function of given round times; then real (small) studies
+run on a clock the test keeps (:mod:`amptrain.common.clock`), with step times made to
+order, must carry the warning into compare.json, report.md and report.html. Nothing here
+reads the machine's time, so the tests pass however loaded the machine is.
 """
 from __future__ import annotations
 
 import json
 import random
-import threading
-import time
 
 import pytest
-import torch
-
+from amptrain.common import clock
 from amptrain.compare import CompareOptions, assess_timing, run_compare
 from amptrain.compare import pipeline as study_module
 from amptrain.compare.reliability import (
@@ -24,8 +22,8 @@ from amptrain.compare.reliability import (
     check_against_training,
 )
 from amptrain.report import format_table, timing_warning
-from amptrain.trainer import Trainer
 from tests.compare.conftest import small_config
+from tests.conftest import ManualClock, steps_take
 
 STEADY = [10.0] * 10
 
@@ -103,54 +101,33 @@ def test_the_warning_names_the_rows_the_reason_and_the_remedy():
     assert "--timing-steps 100" in warning and "--bench-steps" not in warning
 
 
-def _busy(milliseconds: float) -> None:
-    """Burn a core in pure Python (holding the interpreter) for ``milliseconds``."""
-    end = time.perf_counter() + milliseconds / 1e3
-    while time.perf_counter() < end:
-        pass
-
-
 class _BusyMachine:
-    """Another job on a shared machine, made to order: during a random half of the timed
-    steps a busy thread takes the interpreter and a core for 5-20 ms (a few steps' worth)
-    and the step waits for it, so steps of the same lane measure very differently.
+    """Another job on a shared machine, made to order on a clock the test keeps: a training
+    step takes 1 ms, and during a random half of the timed steps another job holds the
+    core for 5-20 ms more, so steps of the same lane measure very differently.
 
-    (A thread left spinning on its own is not enough: it slows every lane alike for
-    seconds at a time, which the interleaved timing is built to cancel, and it does.)
+    (A job slowing every lane alike for seconds at a time is what the interleaved timing is
+    built to cancel, so it would not show.)
     """
 
     def __init__(self, monkeypatch) -> None:
         rng = random.Random(0)
-        original = Trainer.train_step
-
-        def loaded_step(trainer, window):
-            if rng.random() < 0.5:
-                job = threading.Thread(target=_busy, args=(rng.uniform(5, 20),))
-                job.start()
-                original(trainer, window)
-                job.join()
-            else:
-                original(trainer, window)
-
-        monkeypatch.setattr(Trainer, "train_step", loaded_step)
+        self.clock = ManualClock()
+        steps_take(monkeypatch, self.clock,
+                   lambda trainer: 1e-3 + (rng.uniform(5e-3, 20e-3) if rng.random() < 0.5
+                                           else 0.0))
 
 
 def test_a_study_timed_on_a_busy_machine_says_its_speedups_are_not_reliable(tmp_path,
                                                                            monkeypatch):
-    # The busy thread alone must show in the timing: the load average (which other jobs
+    # The busy job alone must show in the timing: the load average (which other jobs
     # on a shared test machine raise as well) is taken out of the rule here.
     monkeypatch.setattr(study_module, "machine_load", lambda: 0.0)
     out = tmp_path / "study"
     options = CompareOptions(precisions="32-true,bf16-mixed", bench_steps=16, timing_warmup=1)
-    _BusyMachine(monkeypatch)
-    # One intra-op thread: with two on a shared machine, an OpenMP barrier waiting for a
-    # descheduled thread can make whole seconds of steps 100x slower, in every lane alike.
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
+    busy = _BusyMachine(monkeypatch)
+    with clock.use(busy.clock):
         result = run_compare(small_config(out), options, pick_log_every=False)
-    finally:
-        torch.set_num_threads(threads)
     rows = result["summary"]
     assert any(r["timing_reliable"] is False for r in rows), rows
     doubtful = next(r for r in rows if r["timing_reliable"] is False)
@@ -234,18 +211,16 @@ def test_without_runs_or_timing_nothing_is_judged():
 
 
 class _SlowTimings:
-    """compare's timings made 0.1 s a step slower than its training runs (issue 38 saw
-    40x): the ``slowed`` timings (1-based) of the study; its training runs untouched."""
+    """compare's timings made 100x slower than its training runs (issue 38 saw 40x) on a
+    clock the test keeps: a step takes 1 ms, and 100 ms in the ``slowed`` timings (1-based)
+    of the study; its training runs untouched. Nothing here reads the machine's time."""
 
     def __init__(self, monkeypatch, slowed) -> None:
         self.count, self.timing, self.slowed = 0, False, slowed
-        original_step, original_measure = (Trainer.train_step,
-                                           study_module.measure_speed_and_memory)
-
-        def step(trainer, window):
-            if self.timing and self.count in self.slowed:
-                time.sleep(0.1)
-            return original_step(trainer, window)
+        self.clock = ManualClock()
+        original_measure = study_module.measure_speed_and_memory
+        steps_take(monkeypatch, self.clock,
+                   lambda trainer: 0.1 if self.timing and self.count in self.slowed else 1e-3)
 
         def measure(*args, **kwargs):
             self.count += 1
@@ -255,15 +230,13 @@ class _SlowTimings:
             finally:
                 self.timing = False
 
-        monkeypatch.setattr(Trainer, "train_step", step)
         monkeypatch.setattr(study_module, "measure_speed_and_memory", measure)
         monkeypatch.setattr(study_module, "machine_load", lambda: 0.0)
 
-    @staticmethod
-    def study(out, caplog) -> dict:
+    def study(self, out, caplog) -> dict:
         options = CompareOptions(precisions="32-true,bf16-mixed", timing_steps=5,
                                  timing_warmup=1, seeds=1)
-        with caplog.at_level("INFO", logger="amptrain"):
+        with caplog.at_level("INFO", logger="amptrain"), clock.use(self.clock):
             return run_compare(small_config(out, log_every=2), options, pick_log_every=False)
 
 

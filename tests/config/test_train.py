@@ -51,7 +51,8 @@ from amptrain.common.errors import UserError, cli_spelling
     (ScheduleConfig, {"lr": math.nan}, "lr", "must be a positive number"),
     (ScheduleConfig, {"clip_grad_norm": 0.0}, "clip_grad_norm", "must be a positive number"),
     (ScheduleConfig, {"scheduler": "step"}, "scheduler",
-     "must be one of none, cosine, onecycle, linear"),
+     "is not one of amptrain's (none, cosine, onecycle, linear) nor a "
+     "torch.optim.lr_scheduler class: did you mean StepLR?"),
     (ScheduleConfig, {"lr_scaling": "sqrt"}, "lr_scaling", "needs"),
     (CheckpointConfig, {"save_every": 0}, "save_every", "must be an integer >= 1"),
     (CheckpointConfig, {"keep_last": -1}, "keep_last", "must be >= 0"),
@@ -183,7 +184,7 @@ def test_from_options_takes_flat_names():
     ({"accumulate": 0}, "--accumulate"),
     ({"batch_size": -4}, "--batch-size"),
     ({"lr": -1.0}, "--lr"),
-    ({"optimizer": "adam"}, "--optimizer"),
+    ({"optimizer": "adamz"}, "--optimizer"),
     ({"micro_batch_size": "big"}, "--micro-batch-size"),
     ({"growth_factor": 1.0}, "--growth-factor"),
     ({"backoff_factor": 1.5}, "--backoff-factor"),

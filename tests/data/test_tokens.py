@@ -144,3 +144,25 @@ trainer.strategy.teardown()
         # Rank 0 the first half of each global batch, rank 1 the second: disjoint shares.
         half = len(want) // 2
         assert ranks[0][step] == want[:half] and ranks[1][step] == want[half:]
+
+
+class ViewingLM(TinyLM):
+    """nanoGPT-style: flattens its input with ``.view``, which a strided batch refuses."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        batch, time = x.shape
+        return super().forward(x.view(batch * time)).view(batch, time, -1)
+
+
+def test_batches_are_contiguous_so_a_model_may_view_them(shards, tmp_path):
+    bundle = build_data(f"tokens:{shards}", DataOptions(seq_len=32))
+    x, y = bundle.train.read_batch([0, 2, 1])
+    assert x.is_contiguous() and y.is_contiguous()  # issue 49: they were strided views
+    seen = []
+    trainer = Trainer(precision="32-true", device="cpu", batch_size=8, micro_batch_size=4,
+                      max_steps=2, lr=0.01, no_progress=True,
+                      callbacks=[])
+    model = ViewingLM()
+    model.register_forward_pre_hook(lambda module, args: seen.append(args[0].is_contiguous()))
+    result = trainer.fit(model, bundle.train)
+    assert result.steps == 2 and seen and all(seen)

@@ -138,3 +138,21 @@ def test_run_scale_overflow_names_leaves_largest_first_with_their_loss():
         "module": "kept.0", "kind": "weight gradients", "abs_max": 50.0,
         "scaled": 50.0 * 65536, "path": None, "loss": None}
     assert run_scale_overflow(stats, ["kept"], 1024.0) == []
+
+
+def test_weightless_modules_that_pass_an_overflow_on_are_not_kept_in_fp32():
+    """issue 49: GELU and Dropout after an overflowing Linear were advised into fp32,
+    where they change nothing; the module that made the overflow is."""
+    from collections import OrderedDict
+
+    import torch
+
+    from tests.diagnose.conftest import Scale
+
+    torch.manual_seed(0)
+    model = nn.Sequential(OrderedDict(
+        body=nn.Sequential(nn.Linear(8, 32), nn.Tanh()), amplify=Scale(1e5),
+        gelu=nn.GELU(), dropout=nn.Dropout(0.1), head=nn.Linear(32, 3)))
+    report = diagnose(config(), steps=2, data=bundle(), model=model)
+    keep = [k["pattern"] for k in report["recommendations"]["keep_fp32"]]
+    assert "amplify" in keep and "gelu" not in keep and "dropout" not in keep

@@ -166,3 +166,12 @@ def test_ppo_value_loss_overflow_is_named_at_the_critic_with_what_follows(tmp_pa
     follows = next(line for line in lines if line.startswith("  follows: "))
     assert "--init-scale" in follows and "--keep-fp32 critic" in follows
     assert "smaller returns" in follows
+
+
+def test_a_diagnosis_runs_halt_does_not_send_the_user_to_run_diagnose():
+    summary, _ = run_steps(config(min_scale=2.0 ** 10, init_scale=2.0 ** 12), bundle(),
+                           scaled_model(1e5), 6, "16-mixed")
+    assert summary.halted and "loss scale fell" in summary.halted
+    assert "amptrain diagnose" not in summary.halted and "diagnose_model" not in \
+        summary.halted
+    assert "the report of this diagnosis" in summary.halted

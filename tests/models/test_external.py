@@ -31,6 +31,16 @@ FACTORIES = '''
     def not_a_module(num_classes, input_shape):
         return "a string"
 
+    class Net(nn.Module):
+        """pytorch/examples' way: the constructor takes nothing."""
+
+        def __init__(self):
+            super().__init__()
+            self.fc = nn.Linear(8, 3)
+
+        def forward(self, x):
+            return self.fc(x)
+
     SEEN = {}
 '''
 
@@ -57,11 +67,18 @@ def test_module_factory(user_package):
     assert seen == {"kind": "sequence", "vocab_size": 50}
 
 
+def test_a_class_whose_constructor_takes_nothing_is_a_factory(user_package):
+    model = build_model("module:userpkg.models:Net", FEATURES)  # issue 49
+    assert type(model).__name__ == "Net"
+
+
 @pytest.mark.parametrize("spec,match", [
     ("module:userpkg.nothere.build", "cannot import userpkg.nothere"),
     ("module:nopkg_xyz.build", "cannot import nopkg_xyz"),
     ("module:userpkg.models.missing", "has no callable 'missing'"),
-    ("module:userpkg.models.wrong_signature", "must accept the keywords num_classes and input_shape"),
+    ("module:userpkg.models.wrong_signature", "the factory is called with those of the keywords"),
+    ("module:userpkg/models.py:build",
+     "give the module's import name, not its file: --model module:userpkg.models:build"),
     ("module:userpkg.models.not_a_module", "returned a str, not a torch.nn.Module"),
     ("module:userpkg.broken.oops", "syntax error in userpkg.broken"),
     ("module:build", "give the factory as module:PACKAGE.MODULE.FUNCTION"),

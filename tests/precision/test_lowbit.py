@@ -195,3 +195,17 @@ def test_env_lists_each_format_as_emulated_with_what_native_needs():
         needs = "compute capability 9.0+" if name == "fp8-blockwise" else \
             "compute capability 8.9+" if name.startswith("fp8") else "sm100"
         assert needs in row
+
+
+def test_a_library_run_sees_which_linear_layers_run_low_bit(monkeypatch):
+    """issue 49: the "N of M Linear layers" line went only to an INFO log that a library
+    caller never sees; without a handler it comes as a warning."""
+    import logging
+
+    logger = logging.getLogger("amptrain")
+    monkeypatch.setattr(logger, "handlers", [])
+    monkeypatch.setattr(logger, "propagate", False)  # nothing handles amptrain's log
+    model = nn.Sequential(nn.Linear(32, 48), nn.Linear(48, 64), nn.Linear(64, 64),
+                          nn.Linear(64, 8))
+    with pytest.warns(AmptrainWarning, match=r"^fp8: 2 of 4 Linear layers run in fp8"):
+        Precision("fp8", device="cpu").setup(model, None)

@@ -168,3 +168,48 @@ def test_resume_mismatch_names_the_flag_of_the_block_size_or_the_tokenizer():
     # Other tasks leave the message to resume's generic one.
     assert RegressionTask.resume_mismatch("num_classes", 2, 1, config={}, saved={},
                                           path="c.pt") is None
+
+
+class _PositionLM(torch.nn.Module):
+    """Logits per position, classes last (nanoGPT's shape)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.embed, self.head = torch.nn.Embedding(50, 8), torch.nn.Linear(8, 50)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(self.embed(x))
+
+
+def _token_dataset() -> torch.utils.data.TensorDataset:
+    ids = torch.randint(0, 50, (32, 9), generator=torch.Generator().manual_seed(0))
+    return torch.utils.data.TensorDataset(ids[:, :-1].contiguous(), ids[:, 1:].contiguous())
+
+
+def test_a_tensor_dataset_of_token_blocks_trains_as_an_lm_by_default(capsys):
+    """issue 49: the default task ended in torch's "Expected target size [2, 128], got
+    [2, 64]"; token blocks and their next tokens are an LM's data."""
+    from amptrain import Trainer
+
+    data = _token_dataset()
+    assert infer_task(data) == "lm"
+    assert infer_task(torch.utils.data.TensorDataset(torch.zeros(4, 3, dtype=torch.long),
+                                                     torch.zeros(4, dtype=torch.long))) \
+        == "classification"
+    trainer = Trainer(precision="32-true", device="cpu", batch_size=8, max_steps=2,
+                      no_progress=True)
+    result = trainer.fit(_PositionLM(), data, data)
+    assert trainer.task.name == "lm" and math.isfinite(result.final_loss)
+    assert "task lm" in capsys.readouterr().err.splitlines()[0]
+
+
+def test_classification_asked_for_on_token_blocks_names_task_lm_in_one_line():
+    from amptrain import Trainer
+
+    trainer = Trainer(precision="32-true", device="cpu", batch_size=8, max_steps=2,
+                      no_progress=True, task="classification")
+    with pytest.raises(UserError, match=r'^the model returns \(2, 8, 50\) for targets of '
+                                        r'\(2, 8\): logits per position, classes last; for '
+                                        r'next-token prediction set task="lm"$'):
+        trainer.fit(_PositionLM(), _token_dataset())
