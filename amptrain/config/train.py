@@ -276,7 +276,7 @@ class ScheduleConfig:
         line each, before anything is built; amptrain's own names need no torch here);
         the flags that only such a class reads are refused without one."""
         if self.optimizer not in OPTIMIZERS:
-            from ..trainer import named  # imports torch: only for a torch class's name
+            from . import named  # deferred: it imports torch, needed only for a torch name
             cls = named.lookup(self.optimizer, named.optimizer_classes(), "optimizer",
                                OPTIMIZERS)
             named.check_keywords(cls, named.parse_args(self.optimizer_args, "optimizer_args"),
@@ -286,7 +286,7 @@ class ScheduleConfig:
                             f"(e.g. Adadelta); {self.optimizer} takes {flag('lr')}, "
                             f"{flag('momentum')} and {flag('weight_decay')}")
         if self.scheduler not in SCHEDULERS:
-            from ..trainer import named
+            from . import named  # deferred: as above
             cls = named.lookup(self.scheduler, named.scheduler_classes(), "scheduler",
                                SCHEDULERS)
             named.check_keywords(cls, named.parse_args(self.scheduler_args, "scheduler_args"),
@@ -306,7 +306,7 @@ class ScheduleConfig:
             return self.lr
         if self.optimizer in DEFAULT_LR:
             return DEFAULT_LR[self.optimizer]
-        from ..trainer.named import default_lr  # a torch class's own default (imports torch)
+        from .named import default_lr  # deferred: a torch class's own default (torch)
         return default_lr(self.optimizer)
 
 

@@ -35,7 +35,7 @@ from torch.optim.lr_scheduler import LambdaLR, LRScheduler, OneCycleLR
 from ..config import OPTIMIZERS, SCHEDULERS, TrainConfig
 from ..common.errors import UserError, flag
 from ..common.quiet import quiet_torchao
-from . import named
+from ..config import named
 
 
 def scaled_lr(config: TrainConfig) -> float:
