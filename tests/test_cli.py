@@ -606,6 +606,35 @@ ERROR_TABLE = [
      "eval --checkpoint {cls_ckpt} --data text:{long_txt} --out {root}/tasks-eval",
      "classes and inputs (128,), but the checkpoint's model expects"),
     # (end of tasks)
+    # --- reliab ---
+    # Issue 48: the user's environment fails (data/gym_guard.py wraps it once), waits and
+    # sizes bounded before anything is made or allocated.
+    ("reliab-env-reset-raises",
+     "train --data gym:tests.data.hostile_envs:ResetRaises-v0 --out {root}/rl1",
+     "raised in reset (seed 1000000): OSError: no such map file"),
+    ("reliab-env-old-api",
+     "train --data gym:tests.data.hostile_envs:OldApi-v0 --out {root}/rl2",
+     "returned a 4-tuple from step at step 1 (the old Gym API)"),
+    ("reliab-env-0d-observations",
+     "train --data gym:tests.data.hostile_envs:ZeroD-v0 --out {root}/rl3",
+     "observation space has shape (); amptrain's ppo needs at least one observed value"),
+    ("reliab-env-needs-pygame",
+     "train --data gym:tests.data.hostile_envs:NeedsPygame-v0 --out {root}/rl4",
+     "failed: DependencyNotInstalled: pygame is not installed"),
+    ("reliab-env-registration-fails",
+     "train --data gym:tests.data.hostile_envs:Unimportable-v0 --out {root}/rl5",
+     "failed: ModuleNotFoundError: No module named 'tests.data.no_such_module'"),
+    ("reliab-env-module-import-error", "train --data gym:tests.no_such_module:X-v0",
+     "making the environment tests.no_such_module:X-v0 failed: ModuleNotFoundError"),
+    ("reliab-env-max-episode-steps-0", "train --data gym:CartPole-v1,max_episode_steps=0",
+     "Expect the `max_episode_steps` to be positive, actually: 0"),
+    ("reliab-rollout-steps-2e9",
+     "train --data gym:CartPole-v1 --rollout-steps 2000000000 --out {root}/rl6",
+     "--rollout-steps 2000000000 x --num-envs 4: the rollout would need about"),
+    ("reliab-eval-episodes-10-6",
+     "train --data gym:CartPole-v1 --eval-episodes 1000000 --out {root}/rl7",
+     "--eval-episodes 1000000 is more than the 10000 evaluation episodes"),
+    # (end of reliab)
     # --- owners ---
     # Issue 33: compare's YAML meets its flags where every command's do (merged_values).
     ("compare-unknown-yaml-key", "compare --config {root}/typo.yaml",

@@ -260,6 +260,9 @@ class Task(ABC):
         """The pass's result; ``gather(tensor)`` concatenates a tensor over all processes."""
 
     # ------------------------------------------------------- checks (optional)
+    def close(self) -> None:  # noqa: B027  (optional hook)
+        """Release what the task opened for a run (environments); called when it ends."""
+
     def check_data(self, data: Any, keyword: str) -> None:  # noqa: B027  (optional hook)
         """Refuse data this task cannot train on (once, at set-up), naming ``keyword``.
         Every built-in task refuses what it cannot learn from; the default takes any data."""

@@ -185,6 +185,11 @@ def run_evaluation(*, checkpoint_path: str, data: str | None, precision: str, ou
     ``progress`` is kept for callers; an evaluation outside training shows no bar."""
     if episodes is not None and episodes < 1:
         raise UserError(f"--episodes must be >= 1 (got {episodes})")
+    from ..data.gym import MAX_EVAL_EPISODES
+
+    if episodes is not None and episodes > MAX_EVAL_EPISODES:
+        raise UserError(f"--episodes {episodes} is more than the {MAX_EVAL_EPISODES} "
+                        f"evaluation episodes amptrain plays (each is reset up front)")
     outdir.claim(out, outdir.EVAL_OUTPUTS)  # before anything is read: one line, no report lost
     saved = open_run(checkpoint_path)
     run = saved.run
