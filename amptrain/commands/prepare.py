@@ -10,6 +10,7 @@ import shutil
 import time
 from pathlib import Path
 
+from ..common import outdir
 from ..common.errors import UserError
 
 HELP = "tokenize a text corpus once into token shards for --data tokens:DIR"
@@ -61,11 +62,19 @@ def run(args: argparse.Namespace) -> int:
 
         tokenizer = ByteTokenizer()
     out = Path(args.out)
-    if out.exists() and (not out.is_dir() or any(out.iterdir())):
-        raise UserError(f"--out {out} already exists and is not an empty directory; amptrain "
-                        f"never overwrites what it did not write: choose a new directory")
+
+    def refuse_unless_empty() -> None:
+        if out.exists() and (not out.is_dir() or any(p.name != outdir.LOCK_NAME
+                                                     for p in out.iterdir())):
+            raise UserError(f"--out {out} already exists and is not an empty directory; "
+                            f"amptrain never overwrites what it did not write: choose a new "
+                            f"directory")
+
+    refuse_unless_empty()
     created = not out.exists()
-    out.mkdir(parents=True, exist_ok=True)
+    outdir.make(out)
+    outdir.lock(out)  # two prepare runs on one --out: the second is refused here
+    refuse_unless_empty()  # ... or here, when the first finished before it locked
     started = time.perf_counter()
     try:
         meta = prepare_corpus(path, out, tokenizer, glob=args.text_glob,
@@ -79,11 +88,13 @@ def run(args: argparse.Namespace) -> int:
     except BaseException:
         # Only what this invocation wrote goes: the directory when it made it, else the
         # files inside (it was empty before).
+        outdir.release(out)
         if created:
             shutil.rmtree(out, ignore_errors=True)
         else:
             for child in out.iterdir():
-                child.unlink()
+                if child.name != outdir.LOCK_NAME:
+                    child.unlink()
         raise
     seconds = time.perf_counter() - started
     workers = workers if meta.text_bytes >= PARALLEL_BYTES else 1

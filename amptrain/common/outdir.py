@@ -17,6 +17,7 @@ the other is one line, exit 2.
 """
 from __future__ import annotations
 
+import atexit
 import contextlib
 import errno
 import fcntl
@@ -41,8 +42,12 @@ COMPARE_OUTPUTS = ("compare.json", "study.json", "report.md", "report.html", "co
 
 #: The lock file a training run holds in its ``--out`` while it writes there.
 LOCK_NAME = ".amptrain.lock"
-#: Locks this process holds: resolved ``--out`` -> the locked file's descriptor.
-_HELD: dict[str, int] = {}
+#: What amptrain writes into the lock files it creates: a file of that name holding
+#: anything else is the user's, refused and never removed.
+LOCK_MARK = b"amptrain lock\n"
+#: Locks this process holds: resolved ``--out`` -> (the locked file's descriptor, whether
+#: this process created the file: only then does :func:`release` remove it).
+_HELD: dict[str, tuple[int, bool]] = {}
 
 
 def train_outputs(loggers: str | list[str] | tuple[str, ...] = "tensorboard"
@@ -190,9 +195,14 @@ def lock(path: Path) -> None:
     if key in _HELD:
         return
     file = path / LOCK_NAME
+    flags = os.O_RDWR | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+    created = True
     try:
-        fd = os.open(file, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK
-                     | os.O_CLOEXEC, 0o644)
+        try:
+            fd = os.open(file, flags | os.O_CREAT | os.O_EXCL, 0o644)
+        except FileExistsError:  # another run's (live or ended) or the user's own file
+            created = False
+            fd = os.open(file, flags)
     except OSError as exc:
         raise UserError(f"{flag('out')} {path}: cannot lock it with {file} "
                         f"({exc.strerror or type(exc).__name__})") from None
@@ -209,6 +219,16 @@ def lock(path: Path) -> None:
                             f"{flag('out')}") from None
         raise UserError(f"{flag('out')} {path}: cannot lock it "
                         f"({exc.strerror or type(exc).__name__})") from None
+    if created:
+        with contextlib.suppress(OSError):
+            os.write(fd, LOCK_MARK)
+    else:
+        head = os.pread(fd, len(LOCK_MARK) + 1, 0)
+        if head and head != LOCK_MARK:
+            os.close(fd)
+            raise UserError(f"{flag('out')} {path} holds {LOCK_NAME}, a file amptrain did not "
+                            f"create (it locks {flag('out')} with that name); move it away "
+                            f"or choose another {flag('out')}")
     try:  # the file locked must still be the lock: a run that ended may have removed it
         same = os.stat(file, follow_symlinks=False).st_ino == os.fstat(fd).st_ino
     except OSError:
@@ -217,19 +237,42 @@ def lock(path: Path) -> None:
         os.close(fd)
         raise UserError(f"{flag('out')} {path} is in use by another amptrain run (its lock "
                         f"changed hands); wait for it to end or choose another {flag('out')}")
-    _HELD[key] = fd
+    _HELD[key] = (fd, created)
 
 
 def release(path: str | os.PathLike[str] | None) -> None:
     """Give up this process's lock on ``path`` (nothing when it holds none)."""
     if path is None:
         return
-    fd = _HELD.pop(os.path.realpath(path), None)
-    if fd is not None:
-        # Removed while still held (no other run can have it), then unlocked by closing.
-        with contextlib.suppress(OSError):
-            os.unlink(Path(path) / LOCK_NAME)
+    held = _HELD.pop(os.path.realpath(path), None)
+    if held is not None:
+        fd, created = held
+        if created:  # only a file this process created: removed while still held (no
+            # other run can have it), then unlocked by closing
+            with contextlib.suppress(OSError):
+                os.unlink(Path(path) / LOCK_NAME)
         os.close(fd)
+
+
+def claim_locked(out: str | os.PathLike[str], outputs: tuple[str, ...]) -> Path:
+    """:func:`claim`, then create ``out`` and lock it for the rest of this process (every
+    command that writes a directory: two on one ``--out`` cannot both write it) and claim
+    again under the lock. Released at exit (or by :func:`release`)."""
+    path = claim(out, outputs)
+    make(path)
+    lock(path)
+    try:
+        return claim(path, outputs)
+    except UserError:
+        release(path)
+        raise
+
+
+@atexit.register
+def release_all() -> None:
+    """Give up every lock this process holds (a command's end; the process's exit)."""
+    for key in list(_HELD):
+        release(key)
 
 
 def new_file(path: str | os.PathLike[str], *, option: str = "out") -> IO[bytes]:
