@@ -199,30 +199,45 @@ class PpoTask(Task):
         """The run's length and minibatch from ``--env-steps`` and the rollout, and the
         recipe's optimizer settings for those the user did not give."""
         given = given_options(config)
-        decided = [name for name in ("epochs", "max_steps")
-                   if getattr(config.schedule, name) is not None]
-        if decided:
-            raise UserError(f"{flag(decided[0])} does not apply to {flag('task')} ppo: "
-                            f"{flag('env_steps')} sets the run's length")
-        if "batch_size" in given:
-            raise UserError(f"{flag('batch_size')} does not apply to {flag('task')} ppo: a "
-                            f"step's minibatch is the rollout ({flag('num_envs')} x "
-                            f"{flag('rollout_steps')}) over {flag('minibatches')}")
         env = data.train.env
         s = self.recipe(env)
         _, world = _world()
         rollout = env.rollout_size * world
         minibatches = s["minibatches"]
+        shape = (f"{flag('num_envs')} {env.num_envs} x {flag('rollout_steps')} "
+                 f"{env.rollout_steps}" + (f" x {world} processes" if world > 1 else ""))
         if rollout % minibatches:
             raise UserError(f"{flag('minibatches')} {minibatches} does not divide the rollout "
-                            f"of {rollout} transitions ({flag('num_envs')} {env.num_envs} x "
-                            f"{flag('rollout_steps')} {env.rollout_steps}"
-                            + (f" x {world} processes" if world > 1 else "") + ")")
+                            f"of {rollout} transitions ({shape})")
+        if rollout // minibatches < 2:  # advantage normalisation: the std of one is NaN
+            raise UserError(f"{flag('minibatches')} {minibatches} leaves minibatches of one "
+                            f"transition (the rollout is {rollout}: {shape}); a minibatch "
+                            f"needs 2 or more (advantages are normalised over it)")
         env_steps = self.env_steps if self.env_steps is not None else 500_000
-        updates = max(1, env_steps // rollout)
+        if env_steps < rollout:
+            raise UserError(f"{flag('env_steps')} {env_steps} is less than one rollout of "
+                            f"{rollout} environment steps ({shape}); give at least {rollout} "
+                            f"or a smaller rollout")
+        updates = env_steps // rollout
         per_update = minibatches * s["update_epochs"]
         options: dict[str, Any] = {"batch_size": rollout // minibatches,
                                    "max_steps": updates * per_update}
+        # A run's own config.yaml holds the length and minibatch decided here: the same
+        # values rerun it; any other is refused (--env-steps decides them).
+        if getattr(config.schedule, "epochs", None) is not None:
+            raise UserError(f"{flag('epochs')} does not apply to {flag('task')} ppo: "
+                            f"{flag('env_steps')} sets the run's length")
+        if config.schedule.max_steps not in (None, options["max_steps"]):
+            raise UserError(f"{flag('max_steps')} does not apply to {flag('task')} ppo: "
+                            f"{flag('env_steps')} sets the run's length")
+        if "batch_size" in given and config.batching.batch_size != options["batch_size"]:
+            raise UserError(f"{flag('batch_size')} does not apply to {flag('task')} ppo: a "
+                            f"step's minibatch is the rollout ({flag('num_envs')} x "
+                            f"{flag('rollout_steps')}) over {flag('minibatches')}")
+        if getattr(config.batching, "micro_batch_size", None) == "auto":
+            raise UserError(f"{flag('micro_batch_size')} auto does not apply to {flag('task')} "
+                            f"ppo: a step's minibatch is {options['batch_size']} transitions; "
+                            f"give {flag('micro_batch_size')} N (a divisor of it) or leave it out")
         if hasattr(config, "model") and "model" not in given:
             options["model"] = DEFAULT_MODEL  # (cnn, for images) -> the built-in actor-critic
         # The recipe's lr, linear annealing, Adam without weight decay and clipping,
