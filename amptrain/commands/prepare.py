@@ -6,6 +6,7 @@ Imports nothing heavy at import time (numpy, torch and tokenizers load in :func:
 from __future__ import annotations
 
 import argparse
+import errno
 import shutil
 import time
 from pathlib import Path
@@ -85,16 +86,15 @@ def run(args: argparse.Namespace) -> int:
             raise UserError(f"--val-fraction {args.val_fraction} leaves {max(train_tokens, 0)} "
                             f"of the {meta.tokens} tokens to train on; lower --val-fraction "
                             f"(nothing was written)")
+    except OSError as exc:  # a full disk while the shards are written: one line
+        _remove_own(out, created)
+        if exc.errno not in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG):
+            raise
+        raise UserError(outdir.write_error(out, exc)) from None
     except BaseException:
         # Only what this invocation wrote goes: the directory when it made it, else the
         # files inside (it was empty before).
-        outdir.release(out)
-        if created:
-            shutil.rmtree(out, ignore_errors=True)
-        else:
-            for child in out.iterdir():
-                if child.name != outdir.LOCK_NAME:
-                    child.unlink()
+        _remove_own(out, created)
         raise
     seconds = time.perf_counter() - started
     workers = workers if meta.text_bytes >= PARALLEL_BYTES else 1
@@ -105,6 +105,18 @@ def run(args: argparse.Namespace) -> int:
     print(f"took {seconds:.1f} s ({mb / max(seconds, 1e-9):.1f} MB/s of text, {workers} "
           f"process(es)); train with: amptrain train --model gpt --data tokens:{out}")
     return 0
+
+
+def _remove_own(out: Path, created: bool) -> None:
+    """Only what this invocation wrote goes: the directory when it made it, else the
+    files inside (it was empty before)."""
+    outdir.release(out)
+    if created:
+        shutil.rmtree(out, ignore_errors=True)
+    else:
+        for child in out.iterdir():
+            if child.name != outdir.LOCK_NAME:
+                child.unlink(missing_ok=True)
 
 
 #: The fewest training tokens a split may leave: one input token and its next-token target.

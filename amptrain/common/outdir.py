@@ -359,8 +359,7 @@ def write_bytes(path: str | os.PathLike[str], data: bytes, *, replace: bool,
     never waited on."""
     path = Path(path)
     if not replace or not (path.exists() or path.is_symlink()):
-        with new_file(path, option=option) as f:
-            f.write(data)
+        _written(path, path, data, option)
         return path
     if path.is_symlink() or not path.is_file():
         kind = "a symbolic link" if path.is_symlink() else \
@@ -368,7 +367,36 @@ def write_bytes(path: str | os.PathLike[str], data: bytes, *, replace: bool,
         raise UserError(f"{flag(option)}: {path} is {kind}; amptrain writes a file of its "
                         f"own there; move it away or choose another {flag(option)}")
     partial = path.with_name(f".{path.name}.{os.getpid()}.partial")
-    with new_file(partial, option=option) as f:
-        f.write(data)
-    os.replace(partial, path)
+    _written(partial, path, data, option)
+    try:
+        os.replace(partial, path)
+    except OSError as exc:
+        partial.unlink(missing_ok=True)
+        raise UserError(write_error(path, exc, option)) from None
     return path
+
+
+def write_text(path: str | os.PathLike[str], text: str, *, replace: bool,
+               option: str = "out") -> Path:
+    """:func:`write_bytes` of ``text`` in UTF-8 (every report amptrain writes)."""
+    return write_bytes(path, text.encode("utf-8"), replace=replace, option=option)
+
+
+def write_error(path: str | os.PathLike[str], exc: OSError, option: str = "out") -> str:
+    """The one line for a write that failed (a full disk: the disk and its free space)."""
+    from .pathkind import write_failure
+
+    return (f"{write_failure(path, exc)}; free space there (or choose another "
+            f"{flag(option)}) and run the command again")
+
+
+def _written(target: Path, shown: Path, data: bytes, option: str) -> None:
+    """``data`` into the new file ``target``: whole, or removed again with one line
+    naming ``shown`` (a full disk, a quota, an I/O error)."""
+    f = new_file(target, option=option)
+    try:
+        with f:
+            f.write(data)
+    except OSError as exc:
+        target.unlink(missing_ok=True)
+        raise UserError(write_error(shown, exc, option)) from None

@@ -58,10 +58,15 @@ class EvalResult:
         """Write eval/report.json and the task's readable report into ``directory``."""
         assert self.task is not None, "an EvalResult reports through its task"
         directory = Path(directory)
-        directory.mkdir(parents=True, exist_ok=True)
-        (directory / "report.json").write_text(json.dumps(self.task.report(self), indent=2))
+        from ..common import outdir
+
+        outdir.make(directory)
+        # One writer for every file (a full disk is one line, no half-written report);
+        # the command's claim on --out made sure nothing here is the user's.
+        outdir.write_text(directory / "report.json",
+                          json.dumps(self.task.report(self), indent=2), replace=True)
         name, text = self.task.report_text(self)
-        (directory / name).write_text(text)
+        outdir.write_text(directory / name, text, replace=True)
         self.task.write_files(self, directory)
 
     def __getattr__(self, name: str) -> Any:
