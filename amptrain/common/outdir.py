@@ -48,6 +48,8 @@ LOCK_MARK = b"amptrain lock\n"
 #: Locks this process holds: resolved ``--out`` -> (the locked file's descriptor, whether
 #: this process created the file: only then does :func:`release` remove it).
 _HELD: dict[str, tuple[int, bool]] = {}
+#: Directories :func:`claim_locked` created (removed again by :func:`release` if empty).
+_MADE: set[str] = set()
 
 
 def train_outputs(loggers: str | list[str] | tuple[str, ...] = "tensorboard"
@@ -252,6 +254,11 @@ def release(path: str | os.PathLike[str] | None) -> None:
             with contextlib.suppress(OSError):
                 os.unlink(Path(path) / LOCK_NAME)
         os.close(fd)
+    key = os.path.realpath(path)
+    if key in _MADE:  # a directory claim_locked made stays only if the command wrote in it
+        _MADE.discard(key)
+        with contextlib.suppress(OSError):
+            os.rmdir(key)
 
 
 def claim_locked(out: str | os.PathLike[str], outputs: tuple[str, ...]) -> Path:
@@ -259,7 +266,10 @@ def claim_locked(out: str | os.PathLike[str], outputs: tuple[str, ...]) -> Path:
     command that writes a directory: two on one ``--out`` cannot both write it) and claim
     again under the lock. Released at exit (or by :func:`release`)."""
     path = claim(out, outputs)
-    make(path)
+    if not path.exists():
+        _MADE.add(os.path.realpath(make(path)))
+    else:
+        make(path)
     lock(path)
     try:
         return claim(path, outputs)
