@@ -158,3 +158,21 @@ def test_sigterm_to_an_async_run_checkpoints_and_exits(tmp_path):
     out = _finish(proc, 90)
     assert proc.returncode == 143, out
     assert "checkpoint" in out and (tmp_path / "run" / "checkpoints" / "last.pt").is_file()
+
+
+# ------------------------------------------------------ messages that point the right way
+@pytest.mark.slow
+@pytest.mark.timeout(120)
+def test_resume_with_another_num_envs_names_num_envs(tmp_path):
+    from tests.test_cli import run_in_process
+
+    args = ["train", "--data", "gym:CartPole-v1", "--env-steps", "64", "--rollout-steps",
+            "16", "--eval-episodes", "1", "--out", str(tmp_path / "run"), "--no-progress",
+            "--logger", "none"]
+    assert run_in_process([*args, "--num-envs", "2"], tmp_path).returncode == 0
+    checkpoint = (tmp_path / "run" / "checkpoints" / "last.pt").read_bytes()
+    again = run_in_process([*args, "--num-envs", "4", "--resume", "auto"], tmp_path)
+    lines = again.stderr.strip().splitlines()
+    assert again.returncode == 2 and len(lines) == 1, again.stderr
+    assert "--num-envs 4 differs from checkpoint" in lines[0] and "--batch-size" not in lines[0]
+    assert (tmp_path / "run" / "checkpoints" / "last.pt").read_bytes() == checkpoint
