@@ -163,4 +163,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("amptrain: interrupted", file=sys.stderr)
         return 130
+    finally:
+        from .common import outdir
+
+        outdir.release_all()  # the locks of the command's --out end with it
 

@@ -53,7 +53,18 @@ def bad_inputs(root: Path) -> dict[str, Path]:
              "yaml": bad_yaml, "checkpoint": checkpoint, "existing": existing}
     paths.update(hostile_inputs(root))
     paths.update(reader_inputs(root))
+    paths.update(reliab_inputs(root))
     return paths
+
+
+def reliab_inputs(root: Path) -> dict[str, Path]:
+    """Issue 48: a YAML base-60 number, a user's own file named like amptrain's lock."""
+    base60 = root / "base60.yaml"
+    base60.write_text("max_steps: 1:00\n")
+    locked = root / "user_lock"
+    locked.mkdir()
+    (locked / ".amptrain.lock").write_text("the user's own notes\n")
+    return {"reliab_base60": base60, "reliab_user_lock": locked}
 
 
 def hostile_inputs(root: Path) -> dict[str, Path]:
@@ -617,6 +628,59 @@ ERROR_TABLE = [
      "eval --checkpoint {cls_ckpt} --data text:{long_txt} --out {root}/tasks-eval",
      "classes and inputs (128,), but the checkpoint's model expects"),
     # (end of tasks)
+    # --- reliab ---
+    # Issue 48: the user's environment fails (data/gym_guard.py wraps it once), waits and
+    # sizes bounded before anything is made or allocated.
+    ("reliab-env-reset-raises",
+     "train --data gym:tests.data.hostile_envs:ResetRaises-v0 --out {root}/rl1",
+     "raised in reset (seed 1000000): OSError: no such map file"),
+    ("reliab-env-old-api",
+     "train --data gym:tests.data.hostile_envs:OldApi-v0 --out {root}/rl2",
+     "returned a 4-tuple from step at step 1 (the old Gym API)"),
+    ("reliab-env-0d-observations",
+     "train --data gym:tests.data.hostile_envs:ZeroD-v0 --out {root}/rl3",
+     "observation space has shape (); amptrain's ppo needs at least one observed value"),
+    ("reliab-env-needs-pygame",
+     "train --data gym:tests.data.hostile_envs:NeedsPygame-v0 --out {root}/rl4",
+     "failed: DependencyNotInstalled: pygame is not installed"),
+    ("reliab-env-registration-fails",
+     "train --data gym:tests.data.hostile_envs:Unimportable-v0 --out {root}/rl5",
+     "failed: ModuleNotFoundError: No module named 'tests.data.no_such_module'"),
+    ("reliab-env-module-import-error", "train --data gym:tests.no_such_module:X-v0",
+     "making the environment tests.no_such_module:X-v0 failed: ModuleNotFoundError"),
+    ("reliab-env-max-episode-steps-0", "train --data gym:CartPole-v1,max_episode_steps=0",
+     "Expect the `max_episode_steps` to be positive, actually: 0"),
+    ("reliab-rollout-steps-2e9",
+     "train --data gym:CartPole-v1 --rollout-steps 2000000000 --out {root}/rl6",
+     "--rollout-steps 2000000000 x --num-envs 4: the rollout would need about"),
+    ("reliab-eval-episodes-10-6",
+     "train --data gym:CartPole-v1 --eval-episodes 1000000 --out {root}/rl7",
+     "--eval-episodes 1000000 is more than the 10000 evaluation episodes"),
+    ("reliab-env-steps-below-a-rollout", "train --data gym:CartPole-v1 --env-steps 1",
+     "--env-steps 1 is less than one rollout of 512 environment steps (--num-envs 4 x "
+     "--rollout-steps 128)"),
+    ("reliab-minibatch-of-one-transition",
+     "train --data gym:CartPole-v1 --num-envs 1 --rollout-steps 4 --minibatches 4",
+     "--minibatches 4 leaves minibatches of one transition"),
+    ("reliab-ppo-micro-batch-auto", "train --data gym:CartPole-v1 --micro-batch-size auto",
+     "--micro-batch-size auto does not apply to --task ppo"),
+    ("reliab-ppo-max-steps-not-its-own",
+     "train --data gym:CartPole-v1 --env-steps 2048 --max-steps 64000",
+     "--max-steps does not apply to --task ppo"),
+    ("reliab-yaml-base-60", "train --config {reliab_base60}",
+     "--max-steps must be an integer (got '1:00')"),
+    ("reliab-user-lock-file-train", "train --max-steps 1 --out {reliab_user_lock}",
+     "holds .amptrain.lock, a file amptrain did not create"),
+    ("reliab-user-lock-file-diagnose", "diagnose --steps 1 --out {reliab_user_lock}",
+     "holds .amptrain.lock, a file amptrain did not create"),
+    ("reliab-user-lock-file-eval", "eval --checkpoint {checkpoint} --out {reliab_user_lock}",
+     "holds .amptrain.lock, a file amptrain did not create"),
+    ("reliab-user-lock-file-prepare",
+     "prepare --data text:{long_txt} --out {reliab_user_lock}",
+     "holds .amptrain.lock, a file amptrain did not create"),
+    ("reliab-user-lock-file-compare", "compare --bench-steps 1 --out {reliab_user_lock}",
+     "holds .amptrain.lock, a file amptrain did not create"),
+    # (end of reliab)
     # --- owners ---
     # Issue 33: compare's YAML meets its flags where every command's do (merged_values).
     ("compare-unknown-yaml-key", "compare --config {root}/typo.yaml",

@@ -119,6 +119,15 @@ def check_compatible(state: dict[str, Any], config: dict[str, Any], run_info: di
         now, then = _plain(inputs[key]), _plain(saved_inputs[key])
         if now != then:
             raise UserError(_inputs_differ(task, key, now, then, config, saved, path))
+    if str(saved.get("data", "")).startswith("gym:"):
+        # A ppo step's minibatch comes from the rollout: name the option that changed it,
+        # not --batch-size (which ppo refuses).
+        for key in ("num_envs", "rollout_steps", "minibatches"):
+            if key in saved and saved[key] != config.get(key):
+                raise UserError(f"--{key.replace('_', '-')} {config.get(key)} differs from "
+                                f"checkpoint {path}'s {saved[key]}: its rollout and step "
+                                f"count come from it; resume with --{key.replace('_', '-')} "
+                                f"{saved[key]}")
     if "batch_size" in saved and saved["batch_size"] != config.get("batch_size"):
         raise UserError(f"--batch-size {config.get('batch_size')} differs from checkpoint {path}'s "
                         f"{saved['batch_size']}: its data position and learning-rate schedule "

@@ -42,7 +42,7 @@ def run(args: argparse.Namespace) -> int:
             del values[key]
     config = with_out(build_config(RunConfig, values, source="option"))
     out = str(config.out)  # decided by with_out
-    outdir.claim(out, outdir.DIAGNOSE_OUTPUTS)  # refused before the runs, not after
+    outdir.claim_locked(out, outdir.DIAGNOSE_OUTPUTS)  # refused before the runs, not after
     report = diagnose(config, args.steps)
     json_path, md_path = write_reports(report, out)
     print("\n".join(summary_lines(report)))

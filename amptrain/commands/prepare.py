@@ -6,10 +6,12 @@ Imports nothing heavy at import time (numpy, torch and tokenizers load in :func:
 from __future__ import annotations
 
 import argparse
+import errno
 import shutil
 import time
 from pathlib import Path
 
+from ..common import outdir
 from ..common.errors import UserError
 
 HELP = "tokenize a text corpus once into token shards for --data tokens:DIR"
@@ -63,11 +65,19 @@ def run(args: argparse.Namespace) -> int:
 
         tokenizer = ByteTokenizer()
     out = Path(args.out)
-    if out.exists() and (not out.is_dir() or any(out.iterdir())):
-        raise UserError(f"--out {out} already exists and is not an empty directory; amptrain "
-                        f"never overwrites what it did not write: choose a new directory")
+
+    def refuse_unless_empty() -> None:
+        if out.exists() and (not out.is_dir() or any(p.name != outdir.LOCK_NAME
+                                                     for p in out.iterdir())):
+            raise UserError(f"--out {out} already exists and is not an empty directory; "
+                            f"amptrain never overwrites what it did not write: choose a new "
+                            f"directory")
+
+    refuse_unless_empty()
     created = not out.exists()
-    out.mkdir(parents=True, exist_ok=True)
+    outdir.make(out)
+    outdir.lock(out)  # two prepare runs on one --out: the second is refused here
+    refuse_unless_empty()  # ... or here, when the first finished before it locked
     started = time.perf_counter()
     try:
         meta = prepare_corpus(path, out, tokenizer, glob=args.text_glob,
@@ -78,14 +88,15 @@ def run(args: argparse.Namespace) -> int:
             raise UserError(f"--val-fraction {args.val_fraction} leaves {max(train_tokens, 0)} "
                             f"of the {meta.tokens} tokens to train on; lower --val-fraction "
                             f"(nothing was written)")
+    except OSError as exc:  # a full disk while the shards are written: one line
+        _remove_own(out, created)
+        if exc.errno not in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG):
+            raise
+        raise UserError(outdir.write_error(out, exc)) from None
     except BaseException:
         # Only what this invocation wrote goes: the directory when it made it, else the
         # files inside (it was empty before).
-        if created:
-            shutil.rmtree(out, ignore_errors=True)
-        else:
-            for child in out.iterdir():
-                child.unlink()
+        _remove_own(out, created)
         raise
     seconds = time.perf_counter() - started
     workers = workers if meta.text_bytes >= PARALLEL_BYTES else 1
@@ -96,6 +107,18 @@ def run(args: argparse.Namespace) -> int:
     print(f"took {seconds:.1f} s ({mb / max(seconds, 1e-9):.1f} MB/s of text, {workers} "
           f"process(es)); train with: amptrain train --model gpt --data tokens:{out}")
     return 0
+
+
+def _remove_own(out: Path, created: bool) -> None:
+    """Only what this invocation wrote goes: the directory when it made it, else the
+    files inside (it was empty before)."""
+    outdir.release(out)
+    if created:
+        shutil.rmtree(out, ignore_errors=True)
+    else:
+        for child in out.iterdir():
+            if child.name != outdir.LOCK_NAME:
+                child.unlink(missing_ok=True)
 
 
 #: The fewest training tokens a split may leave: one input token and its next-token target.

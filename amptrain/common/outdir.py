@@ -17,6 +17,7 @@ the other is one line, exit 2.
 """
 from __future__ import annotations
 
+import atexit
 import contextlib
 import errno
 import fcntl
@@ -41,8 +42,14 @@ COMPARE_OUTPUTS = ("compare.json", "study.json", "report.md", "report.html", "co
 
 #: The lock file a training run holds in its ``--out`` while it writes there.
 LOCK_NAME = ".amptrain.lock"
-#: Locks this process holds: resolved ``--out`` -> the locked file's descriptor.
-_HELD: dict[str, int] = {}
+#: What amptrain writes into the lock files it creates: a file of that name holding
+#: anything else is the user's, refused and never removed.
+LOCK_MARK = b"amptrain lock\n"
+#: Locks this process holds: resolved ``--out`` -> (the locked file's descriptor, whether
+#: this process created the file: only then does :func:`release` remove it).
+_HELD: dict[str, tuple[int, bool]] = {}
+#: Directories :func:`claim_locked` created (removed again by :func:`release` if empty).
+_MADE: set[str] = set()
 
 
 def holds_run(out: Path) -> bool:
@@ -177,9 +184,14 @@ def lock(path: Path) -> None:
     if key in _HELD:
         return
     file = path / LOCK_NAME
+    flags = os.O_RDWR | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+    created = True
     try:
-        fd = os.open(file, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK
-                     | os.O_CLOEXEC, 0o644)
+        try:
+            fd = os.open(file, flags | os.O_CREAT | os.O_EXCL, 0o644)
+        except FileExistsError:  # another run's (live or ended) or the user's own file
+            created = False
+            fd = os.open(file, flags)
     except OSError as exc:
         raise UserError(f"{flag('out')} {path}: cannot lock it with {file} "
                         f"({exc.strerror or type(exc).__name__})") from None
@@ -196,6 +208,16 @@ def lock(path: Path) -> None:
                             f"{flag('out')}") from None
         raise UserError(f"{flag('out')} {path}: cannot lock it "
                         f"({exc.strerror or type(exc).__name__})") from None
+    if created:
+        with contextlib.suppress(OSError):
+            os.write(fd, LOCK_MARK)
+    else:
+        head = os.pread(fd, len(LOCK_MARK) + 1, 0)
+        if head and head != LOCK_MARK:
+            os.close(fd)
+            raise UserError(f"{flag('out')} {path} holds {LOCK_NAME}, a file amptrain did not "
+                            f"create (it locks {flag('out')} with that name); move it away "
+                            f"or choose another {flag('out')}")
     try:  # the file locked must still be the lock: a run that ended may have removed it
         same = os.stat(file, follow_symlinks=False).st_ino == os.fstat(fd).st_ino
     except OSError:
@@ -204,19 +226,50 @@ def lock(path: Path) -> None:
         os.close(fd)
         raise UserError(f"{flag('out')} {path} is in use by another amptrain run (its lock "
                         f"changed hands); wait for it to end or choose another {flag('out')}")
-    _HELD[key] = fd
+    _HELD[key] = (fd, created)
 
 
 def release(path: str | os.PathLike[str] | None) -> None:
     """Give up this process's lock on ``path`` (nothing when it holds none)."""
     if path is None:
         return
-    fd = _HELD.pop(os.path.realpath(path), None)
-    if fd is not None:
-        # Removed while still held (no other run can have it), then unlocked by closing.
-        with contextlib.suppress(OSError):
-            os.unlink(Path(path) / LOCK_NAME)
+    held = _HELD.pop(os.path.realpath(path), None)
+    if held is not None:
+        fd, created = held
+        if created:  # only a file this process created: removed while still held (no
+            # other run can have it), then unlocked by closing
+            with contextlib.suppress(OSError):
+                os.unlink(Path(path) / LOCK_NAME)
         os.close(fd)
+    key = os.path.realpath(path)
+    if key in _MADE:  # a directory claim_locked made stays only if the command wrote in it
+        _MADE.discard(key)
+        with contextlib.suppress(OSError):
+            os.rmdir(key)
+
+
+def claim_locked(out: str | os.PathLike[str], outputs: tuple[str, ...]) -> Path:
+    """:func:`claim`, then create ``out`` and lock it for the rest of this process (every
+    command that writes a directory: two on one ``--out`` cannot both write it) and claim
+    again under the lock. Released at exit (or by :func:`release`)."""
+    path = claim(out, outputs)
+    if not path.exists():
+        _MADE.add(os.path.realpath(make(path)))
+    else:
+        make(path)
+    lock(path)
+    try:
+        return claim(path, outputs)
+    except UserError:
+        release(path)
+        raise
+
+
+@atexit.register
+def release_all() -> None:
+    """Give up every lock this process holds (a command's end; the process's exit)."""
+    for key in list(_HELD):
+        release(key)
 
 
 def new_file(path: str | os.PathLike[str], *, option: str = "out") -> IO[bytes]:
@@ -303,8 +356,7 @@ def write_bytes(path: str | os.PathLike[str], data: bytes, *, replace: bool,
     never waited on."""
     path = Path(path)
     if not replace or not (path.exists() or path.is_symlink()):
-        with new_file(path, option=option) as f:
-            f.write(data)
+        _written(path, path, data, option)
         return path
     if path.is_symlink() or not path.is_file():
         kind = "a symbolic link" if path.is_symlink() else \
@@ -312,7 +364,36 @@ def write_bytes(path: str | os.PathLike[str], data: bytes, *, replace: bool,
         raise UserError(f"{flag(option)}: {path} is {kind}; amptrain writes a file of its "
                         f"own there; move it away or choose another {flag(option)}")
     partial = path.with_name(f".{path.name}.{os.getpid()}.partial")
-    with new_file(partial, option=option) as f:
-        f.write(data)
-    os.replace(partial, path)
+    _written(partial, path, data, option)
+    try:
+        os.replace(partial, path)
+    except OSError as exc:
+        partial.unlink(missing_ok=True)
+        raise UserError(write_error(path, exc, option)) from None
     return path
+
+
+def write_text(path: str | os.PathLike[str], text: str, *, replace: bool,
+               option: str = "out") -> Path:
+    """:func:`write_bytes` of ``text`` in UTF-8 (every report amptrain writes)."""
+    return write_bytes(path, text.encode("utf-8"), replace=replace, option=option)
+
+
+def write_error(path: str | os.PathLike[str], exc: OSError, option: str = "out") -> str:
+    """The one line for a write that failed (a full disk: the disk and its free space)."""
+    from .pathkind import write_failure
+
+    return (f"{write_failure(path, exc)}; free space there (or choose another "
+            f"{flag(option)}) and run the command again")
+
+
+def _written(target: Path, shown: Path, data: bytes, option: str) -> None:
+    """``data`` into the new file ``target``: whole, or removed again with one line
+    naming ``shown`` (a full disk, a quota, an I/O error)."""
+    f = new_file(target, option=option)
+    try:
+        with f:
+            f.write(data)
+    except OSError as exc:
+        target.unlink(missing_ok=True)
+        raise UserError(write_error(shown, exc, option)) from None

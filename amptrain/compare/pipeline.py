@@ -31,7 +31,7 @@ def check_out(out: Path) -> None:
     any report file there (the rule of :mod:`amptrain.common.outdir`)."""
     if (out / "compare.json").exists() or (out / "runs").exists():
         raise UserError(f"--out {out} already holds a compare study; choose another --out")
-    outdir.claim(out, outdir.COMPARE_OUTPUTS)
+    outdir.claim_locked(out, outdir.COMPARE_OUTPUTS)
 
 
 def run_compare(config: RunConfig, options: CompareOptions, *, command: str | None = None,

@@ -10,6 +10,7 @@ validated config; :func:`to_dict` turns it back (config.yaml, checkpoints).
 from __future__ import annotations
 
 import dataclasses
+import numbers
 import difflib
 import math
 import os
@@ -233,6 +234,7 @@ def coerce(field_: dataclasses.Field, value: Any) -> Any:
 
 
 def _coerce_text(field_: dataclasses.Field, name: str, value: Any) -> Any:
+    value = library_number(value)
     if field_.metadata.get("integer_or_word") and not isinstance(value, bool):
         # micro_batch_size: an integer, or the word auto
         if isinstance(value, int):
@@ -249,7 +251,21 @@ def _coerce_text(field_: dataclasses.Field, name: str, value: Any) -> Any:
     return value
 
 
+def library_number(value: Any) -> Any:
+    """A library caller's number as Python's own: numpy's (and any other registered
+    ``numbers``) integers and reals become ``int`` / ``float``, so ``np.int64(3)`` is
+    taken wherever ``3`` is; anything else is returned unchanged."""
+    if isinstance(value, bool) or isinstance(value, (int, float, str)):
+        return value
+    if isinstance(value, numbers.Integral):
+        return int(value)
+    if isinstance(value, numbers.Real):
+        return float(value)
+    return value
+
+
 def _coerce_number(name: str, kind: type, value: Any) -> Any:
+    value = library_number(value)
     if isinstance(value, bool) or not isinstance(value, (int, float, str)):
         raise UserError(f"{flag(name)} must be {_A_KIND[kind]} (got {shown(value)})")
     try:
@@ -370,6 +386,29 @@ MAX_CONFIG_BYTES = 1 << 20
 MAX_CONFIG_VALUES = 10_000
 
 
+_INT_TAG, _FLOAT_TAG, _STR_TAG = ("tag:yaml.org,2002:int", "tag:yaml.org,2002:float",
+                                  "tag:yaml.org,2002:str")
+
+
+def _scalars(node: yaml.Node) -> list[yaml.ScalarNode]:
+    """Every scalar node under ``node`` (each once; aliases are the same node)."""
+    seen: set[int] = set()
+    found: list[yaml.ScalarNode] = []
+    stack = [node]
+    while stack:
+        n = stack.pop()
+        if id(n) in seen:
+            continue
+        seen.add(id(n))
+        if isinstance(n, yaml.ScalarNode):
+            found.append(n)
+        elif isinstance(n, yaml.SequenceNode):
+            stack.extend(n.value)
+        elif isinstance(n, yaml.MappingNode):
+            stack.extend(c for pair in n.value for c in pair)
+    return found
+
+
 def _bounded_yaml(text: str, path: Path) -> Any:
     """``yaml.safe_load(text)``, refusing a document whose aliases expand past
     :data:`MAX_CONFIG_VALUES` values (counted on the composed nodes, before any is built)."""
@@ -398,6 +437,11 @@ def _bounded_yaml(text: str, path: Path) -> Any:
             raise UserError(f"--config {path}: its YAML aliases expand to more than "
                             f"{MAX_CONFIG_VALUES} values; write the options out as "
                             f"option: value lines")
+        for n in _scalars(node):
+            # YAML 1.1 reads 1:00 as 60 (base 60); a flag never does: the text goes to
+            # the option's own coercion, which refuses it as the flag would.
+            if n.tag in (_INT_TAG, _FLOAT_TAG) and ":" in str(n.value):
+                n.tag = _STR_TAG
         return loader.construct_document(node)
     finally:
         loader.dispose()

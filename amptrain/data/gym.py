@@ -29,6 +29,7 @@ This module never imports the tasks: it knows environments, not learning.
 from __future__ import annotations
 
 import ast
+import logging
 from typing import Any
 
 import numpy as np
@@ -36,6 +37,9 @@ import torch
 
 from ..common.errors import UserError
 from .core import DataBundle, DataOptions, TensorData, register
+from .gym_guard import EnvGuard, action_map, describe_spaces, made
+
+log = logging.getLogger("amptrain")
 
 #: Seed of evaluation episode k: EVAL_SEED + k (fixed, not --seed, like the split seed).
 EVAL_SEED = 1_000_000
@@ -45,6 +49,13 @@ NORM_CLIP = 10.0
 #: CleanRL ppo.py (discrete) and ppo_continuous_action.py (continuous).
 DEFAULT_ROLLOUT = {"discrete": (4, 128), "continuous": (1, 2048)}
 DEFAULT_EVAL_EPISODES = 10
+#: The most evaluation episodes a run plays (each is reset up front, then played).
+MAX_EVAL_EPISODES = 10_000
+#: The longest evaluation episode played: environments without a time limit are cut
+#: there (said when the data is built; the task counts cut episodes).
+EVAL_EPISODE_CAP = 10_000
+#: Bytes of device memory one rollout may take at most, as a share of the host's memory.
+ROLLOUT_MEMORY_SHARE = 0.5
 VECTOR_MODES = ("sync", "async")
 INSTALL = "pip install 'amptrain[rl]' (or pip install gymnasium)"
 
@@ -121,6 +132,8 @@ class GymEnvs:
         self.actions: int = space["actions"]            # count, or the action vector's size
         self.obs_shape: tuple[int, ...] = space["obs_shape"]
         self.low, self.high = space.get("low"), space.get("high")
+        #: amptrain's actions -> the environment's (Discrete's start, Box's bounds).
+        self._to_env = action_map(space)
         #: CleanRL normalises for continuous control only.
         self.normalise = not self.discrete
         self.obs_stats = RunningMeanStd(self.obs_shape)
@@ -134,10 +147,12 @@ class GymEnvs:
         """Transitions in one process's rollout."""
         return self.num_envs * self.rollout_steps
 
-    def make(self, **extra: Any) -> Any:
-        """One environment (evaluation)."""
+    def make(self, **extra: Any) -> EnvGuard:
+        """One environment (evaluation), called through its guard (data/gym_guard.py)."""
         gym = import_gymnasium(self.spec)
-        return gym.make(self.env_id, **self.kwargs, **extra)
+        env = made(self.spec, self.env_id,
+                   lambda: gym.make(self.env_id, **self.kwargs, **extra))
+        return EnvGuard(self.spec, self.env_id, env, self.obs_shape)
 
     def normalised(self, obs: np.ndarray, update: bool) -> np.ndarray:
         """Observations as the policy sees them (``update``: learn from them first)."""
@@ -153,9 +168,10 @@ class GymEnvs:
         return float(np.sqrt(self.reward_stats.var + 1e-8)) if self.normalise else 1.0
 
     def to_env(self, actions: np.ndarray) -> np.ndarray:
-        """Actions as the environment takes them (continuous ones clipped to its bounds,
-        as CleanRL's ClipAction; the rollout keeps the unclipped sample)."""
-        return actions if self.discrete else np.clip(actions, self.low, self.high)
+        """Actions as the environment takes them: a discrete index plus the space's
+        ``start``, continuous ones clipped to its bounds (as CleanRL's ClipAction; the
+        rollout keeps the unclipped sample)."""
+        return self._to_env(actions)
 
     def stepper(self, rank: int, world: int, restart: int = 0) -> EnvStepper:
         """This process's vector environment, reset with its seeds (``restart``: the
@@ -164,21 +180,26 @@ class GymEnvs:
         from gymnasium.vector import AutoresetMode
 
         mode = "async" if self.vector == "async" else "sync"
-        envs = gym.make_vec(self.env_id, num_envs=self.num_envs, vectorization_mode=mode,
-                            vector_kwargs={"autoreset_mode": AutoresetMode.SAME_STEP},
-                            **self.kwargs)
+        envs = made(self.spec, self.env_id, lambda: gym.make_vec(
+            self.env_id, num_envs=self.num_envs, vectorization_mode=mode,
+            vector_kwargs={"autoreset_mode": AutoresetMode.SAME_STEP}, **self.kwargs))
+        guarded = EnvGuard(self.spec, self.env_id, envs, self.obs_shape, batch=self.num_envs)
         first = self.seed + rank * self.num_envs + restart * self.num_envs * world
-        return EnvStepper(self, envs, [first + i for i in range(self.num_envs)])
+        try:
+            return EnvStepper(self, guarded, [first + i for i in range(self.num_envs)])
+        except BaseException:
+            guarded.close()
+            raise
 
 
 class EnvStepper:
     """A process's running environments: raw episode statistics, normalised observations
     and rewards for learning, the final observation of truncated episodes."""
 
-    def __init__(self, source: GymEnvs, envs: Any, seeds: list[int]) -> None:
+    def __init__(self, source: GymEnvs, envs: EnvGuard, seeds: list[int]) -> None:
         self.source, self.envs, self.seeds = source, envs, seeds
-        obs, _ = envs.reset(seed=seeds)
-        self.obs = source.normalised(np.asarray(obs, dtype=np.float64), update=True)
+        obs = envs.reset(seed=seeds)
+        self.obs = source.normalised(obs, update=True)
         n = source.num_envs
         self.episode_return = np.zeros(n)
         self.episode_length = np.zeros(n, dtype=np.int64)
@@ -191,7 +212,6 @@ class EnvStepper:
         episode ended, {env: final observation} of truncated episodes)."""
         source = self.source
         obs, reward, terminated, truncated, info = self.envs.step(source.to_env(actions))
-        reward = np.asarray(reward, dtype=np.float64)
         ended = np.logical_or(terminated, truncated)
         self.episode_return += reward
         self.episode_length += 1
@@ -206,9 +226,9 @@ class EnvStepper:
             self.finished.append((float(self.episode_return[i]), int(self.episode_length[i])))
             self.episode_return[i], self.episode_length[i] = 0.0, 0
             if truncated[i] and not terminated[i]:
-                final = np.asarray(info["final_obs"][i], dtype=np.float64)[None]
+                final = self.envs.final(info["final_obs"][i])[None]
                 finals[int(i)] = source.normalised(final, update=False)[0]
-        self.obs = source.normalised(np.asarray(obs, dtype=np.float64), update=True)
+        self.obs = source.normalised(obs, update=True)
         return self.obs, learn, ended, finals
 
     def take_finished(self) -> list[tuple[float, int]]:
@@ -245,25 +265,27 @@ class EvalEpisodes(TensorData):
         return EvalEpisodes(self.env, *(t.to(device) for t in self.tensors))
 
 
-def describe_spaces(env: Any, spec: str) -> dict[str, Any]:
-    """The facts of an environment's spaces, or a UserError for spaces PPO cannot act in."""
-    from gymnasium import spaces
+def _available_memory() -> int:
+    """The host's physical memory in bytes (the rollout's bound)."""
+    import os
 
-    obs, act = env.observation_space, env.action_space
-    if not isinstance(obs, spaces.Box):
-        raise UserError(f"--data {spec}: the observation space is "
-                        f"{type(obs).__name__}; amptrain's ppo takes Box observations only "
-                        f"(flatten Dict/Tuple observations, e.g. with a wrapper, in your own "
-                        f"registered environment)")
-    if isinstance(act, spaces.Discrete):
-        return {"discrete": True, "actions": int(act.n), "obs_shape": tuple(obs.shape)}
-    if isinstance(act, spaces.Box) and len(act.shape) == 1:
-        return {"discrete": False, "actions": int(act.shape[0]), "obs_shape": tuple(obs.shape),
-                "low": np.asarray(act.low, dtype=np.float64),
-                "high": np.asarray(act.high, dtype=np.float64)}
-    raise UserError(f"--data {spec}: the action space is {type(act).__name__} "
-                    f"{getattr(act, 'shape', '')}; amptrain's ppo acts in Discrete or 1-d "
-                    f"Box action spaces")
+    try:
+        return int(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
+    except (ValueError, OSError, AttributeError):
+        return 1 << 40
+
+
+def check_rollout_memory(envs: GymEnvs) -> None:
+    """Refuse a rollout (``--num-envs x --rollout-steps``) whose buffers would need more
+    than :data:`ROLLOUT_MEMORY_SHARE` of the memory, before anything is allocated."""
+    per = int(np.prod(envs.obs_shape)) + (1 if envs.discrete else envs.actions) + 6
+    need = envs.rollout_size * per * 8  # fp32 buffers, the host's float64 rewards, twice
+    room = int(_available_memory() * ROLLOUT_MEMORY_SHARE)
+    if need > room:
+        raise UserError(f"--rollout-steps {envs.rollout_steps} x --num-envs {envs.num_envs}: "
+                        f"the rollout would need about {need / 2**30:.1f} GiB, more than "
+                        f"{room / 2**30:.1f} GiB (half this machine's memory); lower "
+                        f"--rollout-steps")
 
 
 def _world() -> tuple[int, int]:
@@ -280,12 +302,7 @@ def gym_data(argument: str, options: DataOptions) -> DataBundle:
     spec = f"gym:{argument}"
     gym = import_gymnasium(spec)
     env_id, kwargs = parse_spec(argument, spec)
-    try:
-        env = gym.make(env_id, **kwargs)
-    except gym.error.Error as exc:
-        raise UserError(f"--data {spec}: {exc}") from None
-    except TypeError as exc:  # a keyword the environment does not take
-        raise UserError(f"--data {spec}: {exc}") from None
+    env = made(spec, env_id, lambda: gym.make(env_id, **kwargs))
     try:
         space = describe_spaces(env, spec)
         kind = "discrete" if space["discrete"] else "continuous"
@@ -298,8 +315,19 @@ def gym_data(argument: str, options: DataOptions) -> DataBundle:
                        rollout_steps=options.rollout_steps or steps, vector=vector,
                        space=space, seed=options.seed)
         episodes = options.eval_episodes or DEFAULT_EVAL_EPISODES
+        if episodes > MAX_EVAL_EPISODES:
+            raise UserError(f"--eval-episodes {episodes} is more than the {MAX_EVAL_EPISODES} "
+                            f"evaluation episodes amptrain plays (each is reset up front)")
+        check_rollout_memory(envs)
+        if getattr(getattr(env, "spec", None), "max_episode_steps", 1) is None:
+            log.warning("--data %s: the environment has no time limit: each evaluation "
+                        "episode is cut at %d steps and counted as cut (give it one: "
+                        "%s,max_episode_steps=N)", spec, EVAL_EPISODE_CAP, spec)
         seeds = torch.arange(EVAL_SEED, EVAL_SEED + episodes)
-        starts = [np.asarray(env.reset(seed=int(s))[0], dtype=np.float32) for s in seeds]
+        guard = EnvGuard(spec, env_id, env, space["obs_shape"])
+        starts = [guard.reset(seed=int(s)).astype(np.float32) for s in seeds]
+        env.action_space.seed(int(seeds[0]))
+        guard.step(env.action_space.sample())  # one step: a broken step() fails up front
     finally:
         env.close()
     _, world = _world()

@@ -149,7 +149,10 @@ def read_meta(directory: Path, spec: str) -> ShardsMeta:
         data = json.loads(path.read_text())
         data.pop("bytes_per_token", None)
         meta = ShardsMeta(**data)
-    except (ValueError, TypeError, OSError) as exc:
+    except RecursionError:  # a hostile file nested past Python's recursion limit
+        raise UserError(f"--data {spec}: {path} is nested too deeply to be a token-shard "
+                        f"description") from None
+    except (ValueError, TypeError, OSError, AttributeError) as exc:
         raise UserError(f"--data {spec}: {path} is not a readable token-shard description "
                         f"({type(exc).__name__})") from None
     _check_fields(meta, path, spec)
@@ -201,12 +204,17 @@ def _check_fields(meta: ShardsMeta, path: Path, spec: str) -> None:
             count("val_tokens", meta.val_tokens, 0, meta.tokens)
     if not isinstance(meta.shards, list):
         raise damaged(f"'shards' is a {type(meta.shards).__name__}, not a list")
+    seen: set[str] = set()
     for shard in meta.shards:
         if not isinstance(shard, dict) or not isinstance(shard.get("file"), str):
             raise damaged(f"a shard entry is {str(shard)[:80]}, not a file and a count")
         name = shard["file"]
-        if not name or name != Path(name).name or name.startswith(".") or "\\" in name:
+        if not name or "\0" in name or name != Path(name).name or name.startswith(".") \
+                or "\\" in name:
             raise damaged(f"a shard is named {name[:80]!r}, not a file inside the directory")
+        if name in seen:  # its blocks would be both training and validation blocks
+            raise damaged(f"the shard {name[:80]!r} is listed twice")
+        seen.add(name)
         count(f"tokens of {name}", shard.get("tokens"))
 
 
@@ -227,8 +235,19 @@ class TokenStream:
         self.dtype = np.dtype(meta.dtype).newbyteorder("<")
         self.paths: list[Path] = []
         sizes = []
+        files: dict[tuple[int, int], str] = {}
         for shard in meta.shards:
             path = directory / shard["file"]
+            try:
+                info = path.stat()
+            except OSError:
+                info = None  # _check_shard says what is wrong with it
+            if info is not None:
+                other = files.setdefault((info.st_dev, info.st_ino), shard["file"])
+                if other != shard["file"]:
+                    raise UserError(f"--data {spec}: the shards {other!r} and "
+                                    f"{shard['file']!r} are the same file (a link); prepare "
+                                    f"the corpus again")
             sizes.append(_check_shard(path, int(shard["tokens"]), self.dtype,
                                       meta.fingerprint, spec))
             self.paths.append(path)

@@ -174,11 +174,14 @@ def markdown_report(report: dict[str, Any], summary: list[str] | None = None) ->
 def write_reports(report: dict[str, Any], out: str | Path,
                   summary: list[str] | None = None) -> tuple[Path, Path]:
     """Write DIR/diagnose.json and DIR/diagnose.md (its summary: see :func:`markdown_report`)."""
-    out = Path(out)
-    out.mkdir(parents=True, exist_ok=True)
+    from ..common import outdir
+
+    out = outdir.make(Path(out))
     json_path, md_path = out / "diagnose.json", out / "diagnose.md"
-    json_path.write_text(json.dumps(report, indent=2, allow_nan=False, default=_jsonable))
-    md_path.write_text(markdown_report(report, summary))
+    # One writer for every file: a full disk is one line naming the file and the disk.
+    outdir.write_text(json_path, json.dumps(report, indent=2, allow_nan=False,
+                                            default=_jsonable), replace=True)
+    outdir.write_text(md_path, markdown_report(report, summary), replace=True)
     return json_path, md_path
 
 

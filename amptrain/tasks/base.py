@@ -59,10 +59,15 @@ class EvalResult:
         """Write eval/report.json and the task's readable report into ``directory``."""
         assert self.task is not None, "an EvalResult reports through its task"
         directory = Path(directory)
-        directory.mkdir(parents=True, exist_ok=True)
-        (directory / "report.json").write_text(json.dumps(self.task.report(self), indent=2))
+        from ..common import outdir
+
+        outdir.make(directory)
+        # One writer for every file (a full disk is one line, no half-written report);
+        # the command's claim on --out made sure nothing here is the user's.
+        outdir.write_text(directory / "report.json",
+                          json.dumps(self.task.report(self), indent=2), replace=True)
         name, text = self.task.report_text(self)
-        (directory / name).write_text(text)
+        outdir.write_text(directory / name, text, replace=True)
         self.task.write_files(self, directory)
 
     def __getattr__(self, name: str) -> Any:
@@ -260,6 +265,9 @@ class Task(ABC):
         """The pass's result; ``gather(tensor)`` concatenates a tensor over all processes."""
 
     # ------------------------------------------------------- checks (optional)
+    def close(self) -> None:  # noqa: B027  (optional hook)
+        """Release what the task opened for a run (environments); called when it ends."""
+
     def check_data(self, data: Any, keyword: str) -> None:  # noqa: B027  (optional hook)
         """Refuse data this task cannot train on (once, at set-up), naming ``keyword``.
         Every built-in task refuses what it cannot learn from; the default takes any data."""

@@ -19,6 +19,7 @@ higher is better) and ``val_return_iqm`` their interquartile mean.
 """
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 import numpy as np
@@ -26,11 +27,14 @@ import torch
 from torch import nn
 
 from ..config import given_options
+from ..data.gym import EVAL_EPISODE_CAP
 from ..common.errors import UserError, flag
 from .base import EvalResult, EvalSums, Metric, Task
 from .gan import unwrap
 from .rollout import (LossSettings, Rollout, distribution, explained_variance,
                       log_prob, log_prob_entropy, ppo_loss)
+
+log = logging.getLogger("amptrain")
 
 #: The model a ppo run trains when ``--model`` is left at its default (the image default,
 #: cnn, cannot act): the built-in policy and value MLPs (models/actor_critic.py).
@@ -50,8 +54,10 @@ SHARED = {"gamma": 0.99, "gae_lambda": 0.95, "clip_coef": 0.2, "vf_coef": 0.5,
 #: The hyper-parameters a run may set (RunConfig flags of the same names).
 SETTINGS = ("minibatches", "update_epochs", "gamma", "gae_lambda", "clip_coef", "ent_coef",
             "vf_coef")
-#: The longest evaluation episode played (environments without a time limit).
-MAX_EPISODE_STEPS = 100_000
+#: The longest evaluation episode played (environments without a time limit): said up
+#: front when the environment has none (data/gym.py), and each episode cut at it is
+#: counted (``episodes_cut``), never reported as an ordinary return.
+MAX_EPISODE_STEPS = EVAL_EPISODE_CAP
 #: Evaluations in a run when --eval-every is not given.
 EVALUATIONS = 20
 
@@ -114,13 +120,15 @@ class _Episodes(EvalSums):
         self.returns: list[float] = []
         self.lengths: list[float] = []
         self.value_errors: list[float] = []
+        self.cut = 0
 
     def update(self, outputs: torch.Tensor | None, targets: Any) -> None:
         return None  # the episodes are played in update_batch
 
     def update_batch(self, model: Any, batch: Any) -> None:
         for seed in batch[-1].tolist():
-            ret, length, error = self.task.play(model, int(seed), self.device)
+            ret, length, error, cut = self.task.play(model, int(seed), self.device)
+            self.cut += cut
             self.returns.append(ret)
             self.lengths.append(float(length))
             self.value_errors.append(error)
@@ -191,30 +199,45 @@ class PpoTask(Task):
         """The run's length and minibatch from ``--env-steps`` and the rollout, and the
         recipe's optimizer settings for those the user did not give."""
         given = given_options(config)
-        decided = [name for name in ("epochs", "max_steps")
-                   if getattr(config.schedule, name) is not None]
-        if decided:
-            raise UserError(f"{flag(decided[0])} does not apply to {flag('task')} ppo: "
-                            f"{flag('env_steps')} sets the run's length")
-        if "batch_size" in given:
-            raise UserError(f"{flag('batch_size')} does not apply to {flag('task')} ppo: a "
-                            f"step's minibatch is the rollout ({flag('num_envs')} x "
-                            f"{flag('rollout_steps')}) over {flag('minibatches')}")
         env = data.train.env
         s = self.recipe(env)
         _, world = _world()
         rollout = env.rollout_size * world
         minibatches = s["minibatches"]
+        shape = (f"{flag('num_envs')} {env.num_envs} x {flag('rollout_steps')} "
+                 f"{env.rollout_steps}" + (f" x {world} processes" if world > 1 else ""))
         if rollout % minibatches:
             raise UserError(f"{flag('minibatches')} {minibatches} does not divide the rollout "
-                            f"of {rollout} transitions ({flag('num_envs')} {env.num_envs} x "
-                            f"{flag('rollout_steps')} {env.rollout_steps}"
-                            + (f" x {world} processes" if world > 1 else "") + ")")
+                            f"of {rollout} transitions ({shape})")
+        if rollout // minibatches < 2:  # advantage normalisation: the std of one is NaN
+            raise UserError(f"{flag('minibatches')} {minibatches} leaves minibatches of one "
+                            f"transition (the rollout is {rollout}: {shape}); a minibatch "
+                            f"needs 2 or more (advantages are normalised over it)")
         env_steps = self.env_steps if self.env_steps is not None else 500_000
-        updates = max(1, env_steps // rollout)
+        if env_steps < rollout:
+            raise UserError(f"{flag('env_steps')} {env_steps} is less than one rollout of "
+                            f"{rollout} environment steps ({shape}); give at least {rollout} "
+                            f"or a smaller rollout")
+        updates = env_steps // rollout
         per_update = minibatches * s["update_epochs"]
         options: dict[str, Any] = {"batch_size": rollout // minibatches,
                                    "max_steps": updates * per_update}
+        # A run's own config.yaml holds the length and minibatch decided here: the same
+        # values rerun it; any other is refused (--env-steps decides them).
+        if getattr(config.schedule, "epochs", None) is not None:
+            raise UserError(f"{flag('epochs')} does not apply to {flag('task')} ppo: "
+                            f"{flag('env_steps')} sets the run's length")
+        if config.schedule.max_steps not in (None, options["max_steps"]):
+            raise UserError(f"{flag('max_steps')} does not apply to {flag('task')} ppo: "
+                            f"{flag('env_steps')} sets the run's length")
+        if "batch_size" in given and config.batching.batch_size != options["batch_size"]:
+            raise UserError(f"{flag('batch_size')} does not apply to {flag('task')} ppo: a "
+                            f"step's minibatch is the rollout ({flag('num_envs')} x "
+                            f"{flag('rollout_steps')}) over {flag('minibatches')}")
+        if getattr(config.batching, "micro_batch_size", None) == "auto":
+            raise UserError(f"{flag('micro_batch_size')} auto does not apply to {flag('task')} "
+                            f"ppo: a step's minibatch is {options['batch_size']} transitions; "
+                            f"give {flag('micro_batch_size')} N (a divisor of it) or leave it out")
         if hasattr(config, "model") and "model" not in given:
             options["model"] = DEFAULT_MODEL  # (cnn, for images) -> the built-in actor-critic
         # The recipe's lr, linear annealing, Adam without weight decay and clipping,
@@ -347,6 +370,12 @@ class PpoTask(Task):
                 ctx.log(key, value_, n)
         ctx.step()
 
+    def close(self) -> None:
+        """The run's environments are closed (async workers exit) when a run ends."""
+        if self.stepper is not None:
+            self.stepper.close()
+            self.stepper = None
+
     def loss(self, outputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         """Nothing to learn from an evaluation episode's start alone: the generic pass's
         loss is 0 and the evaluation's ``val_loss`` is the critic's error, measured while
@@ -365,32 +394,38 @@ class PpoTask(Task):
         return None  # models() checked the actor-critic interface on an observation batch
 
     # -------------------------------------------------------------- evaluation
-    def play(self, model: Any, seed: int, device: torch.device) -> tuple[float, int, float]:
+    def play(self, model: Any, seed: int, device: torch.device
+             ) -> tuple[float, int, float, bool]:
         """One deterministic episode from ``seed``: (return, length, the squared error of
-        the critic's value of the start against the discounted return it learnt)."""
+        the critic's value of the start against the discounted return it learnt, whether
+        it was cut at :data:`MAX_EPISODE_STEPS`)."""
         env, gamma = self.env, self.settings.get("gamma", SHARED["gamma"])
-        game = env.make()
+        game, cut = env.make(), False
         try:
-            obs, _ = game.reset(seed=seed)
+            obs = game.reset(seed=seed)
             total, discounted, discount, start_value, length = 0.0, 0.0, 1.0, None, 0
             while length < MAX_EPISODE_STEPS:
                 length += 1
-                seen = env.normalised(np.asarray(obs, dtype=np.float64)[None], update=False)
+                seen = env.normalised(obs[None], update=False)
                 out, value = model(torch.as_tensor(seen, dtype=torch.float32, device=device))
                 if start_value is None:
                     start_value = float(value.float().reshape(-1)[0])
                 out = out.float()[0]
                 action = out.argmax().item() if env.discrete else out.cpu().numpy()
+                # The environment's own action (Discrete's start, Box's bounds).
+                taken = env.to_env(np.asarray(action))
                 obs, reward, terminated, truncated, _ = game.step(
-                    action if env.discrete else env.to_env(action))
+                    int(taken) if env.discrete else taken)
                 total += float(reward)
                 discounted += discount * float(reward) / env.reward_scale()
                 discount *= gamma
                 if terminated or truncated:
                     break
+            else:
+                cut = True
         finally:
             game.close()
-        return total, length, (float(start_value or 0.0) - discounted) ** 2
+        return total, length, (float(start_value or 0.0) - discounted) ** 2, cut
 
     def start_eval(self, device: torch.device) -> EvalSums:
         if self.env is None:
@@ -407,8 +442,16 @@ class PpoTask(Task):
         if not len(returns):
             raise UserError("the ppo task's evaluation played no episode (--eval-episodes)")
         metrics = {"return": float(returns.mean()), "return_iqm": iqm(returns)}
+        cut = int(gather(torch.tensor([float(sums.cut)], dtype=torch.float64,
+                                      device=sums.device)).sum().item())
+        if cut:
+            log.warning("%d of %d evaluation episodes were cut at %d steps (the environment "
+                        "has no time limit): val_return sums cut episodes; give it one, e.g. "
+                        "%s %s,max_episode_steps=1000", cut, len(returns), MAX_EPISODE_STEPS,
+                        flag("data"), self.env.spec if self.env is not None else "gym:ENV_ID")
         return EvalResult(loss=float(errors.mean()), samples=len(returns), metrics=metrics,
-                          details={"returns": returns.tolist(), "lengths": lengths.tolist(),
+                          details={"episodes_cut": cut, "returns": returns.tolist(),
+                                   "lengths": lengths.tolist(),
                                    "return_std": float(returns.std()),
                                    "env": self.env.spec if self.env is not None else None},
                           task=self)
@@ -417,6 +460,8 @@ class PpoTask(Task):
         d = result.details
         lengths = d.get("lengths") or []
         return {"env": d.get("env"), "episodes": result.samples,
+                "episodes_cut": d.get("episodes_cut", 0),
+                "episodes_cut_at": MAX_EPISODE_STEPS,
                 "return_mean": result.metrics["return"],
                 "return_std": d.get("return_std"), "return_iqm": result.metrics["return_iqm"],
                 "length_mean": float(np.mean(lengths)) if lengths else None,

@@ -331,6 +331,7 @@ class Trainer:
         self.precision.teardown()
         if self._built is not None:
             self._built.evaluator.patches_removed = True
+            self._built.task.close()  # its environments (async workers) end with the run
 
     # ------------------------------------------------------------------ loop
     def _start_epoch(self, windows: Any) -> int | None:

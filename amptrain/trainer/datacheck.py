@@ -90,6 +90,14 @@ def check_fit_arguments(model: Any, train_data: Any, val_data: Any, *, optimizer
     if optimizer is not None and not isinstance(optimizer, torch.optim.Optimizer):
         raise UserError(f"optimizer must be a torch.optim.Optimizer (got "
                         f"{type(optimizer).__name__})")
+    if optimizer is not None and isinstance(model, torch.nn.Module):
+        own = {id(p) for p in model.parameters()}
+        given = [p for group in optimizer.param_groups for p in group["params"]]
+        foreign = sum(1 for p in given if id(p) not in own)
+        if foreign:
+            raise UserError(f"optimizer holds {foreign} of {len(given)} parameters that are "
+                            f"not the model's (it would step them and never train the model): "
+                            f"build it from model.parameters()")
     if loss_fn is not None and not callable(loss_fn):
         raise UserError(f"loss_fn must be callable as loss_fn(logits, targets) (got "
                         f"{type(loss_fn).__name__})")

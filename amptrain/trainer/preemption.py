@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
 import signal
 import threading
 from pathlib import Path
@@ -45,8 +46,15 @@ def stop_on_signals(trainer: Any, signals: tuple[signal.Signals, ...] = STOP_SIG
         yield
         return
     received: list[str] = []
+    owner = os.getpid()
 
     def handle(signum: int, frame: Any) -> None:
+        if os.getpid() != owner:
+            # A process forked while the handler was installed (an async environment's
+            # worker) is not the Trainer: it dies of the signal as it would without us.
+            signal.signal(signum, signal.SIG_DFL)
+            os.kill(os.getpid(), signum)
+            return
         name = signal.Signals(signum).name
         if received:
             log.warning("second signal (%s): exiting now, without a checkpoint", name)

@@ -153,7 +153,7 @@ def generate_images(checkpoint_path: str, samples: int, out: str, *, seed: int =
 
     check_image_request(samples, out, seed)
     # Before the checkpoint is read: never a user's grid.png or sample_00000.png replaced.
-    outdir.claim(out, image_outputs(samples))
+    outdir.claim_locked(out, image_outputs(samples))
     saved = open_run(checkpoint_path)
     _check_generates(saved, "images", checkpoint_path)
 

@@ -186,7 +186,13 @@ def run_evaluation(*, checkpoint_path: str, data: str | None, precision: str, ou
     ``progress`` is kept for callers; an evaluation outside training shows no bar."""
     if episodes is not None and episodes < 1:
         raise UserError(f"--episodes must be >= 1 (got {episodes})")
-    outdir.claim(out, outdir.EVAL_OUTPUTS)  # before anything is read: one line, no report lost
+    from ..data.gym import MAX_EVAL_EPISODES
+
+    if episodes is not None and episodes > MAX_EVAL_EPISODES:
+        raise UserError(f"--episodes {episodes} is more than the {MAX_EVAL_EPISODES} "
+                        f"evaluation episodes amptrain plays (each is reset up front)")
+    # Before anything is read: one line, no report lost; locked: one eval per --out.
+    outdir.claim_locked(out, outdir.EVAL_OUTPUTS)
     saved = open_run(checkpoint_path)
     run = saved.run
     data_spec: str = data or run["data"]  # "data" is written with "model" (run_info)

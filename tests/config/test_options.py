@@ -7,6 +7,7 @@ import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from amptrain.config import (
@@ -340,6 +341,10 @@ def _billion_laughs() -> str:
     (_billion_laughs(), "its YAML aliases expand to more than 10000 values"),
     ("lr: " + "[" * 50000 + "]" * 50000 + "\n", "nested too deeply to be a config"),
     ("lr: " + "9" * (1 << 20) + "\n", "bytes, over the limit of 1048576"),
+    # Issue 48, class 7: YAML 1.1's base 60 is not a flag's number.
+    ("max_steps: 1:00\n", "max_steps must be an integer (got '1:00')"),
+    ("lr: 1:30.5\n", "lr must be a number (got '1:30.5')"),
+    ("seed: &s 1:00:00\nmax_steps: *s\n", "must be an integer"),
 ])
 def test_a_hostile_config_is_refused_in_a_short_line(tmp_path, text, fragment):
     path = tmp_path / "hostile.yaml"
@@ -395,3 +400,25 @@ def test_the_given_set_survives_a_copy_and_a_pickle():
     config = RunConfig.from_options(model="mlp", seed=3)
     assert pickle.loads(pickle.dumps(config)).given == {"model", "seed"}
     assert copy.deepcopy(config).given == {"model", "seed"}
+
+
+# ----------------------------------------------------------------- issue 48, class 9
+@pytest.mark.parametrize("keyword,value,expected", [
+    ("max_steps", np.int64(3), 3), ("max_steps", np.int32(3), 3),
+    ("batch_size", np.uint16(8), 8), ("init_scale", np.float32(1024), 1024.0),
+    ("lr", np.float64(0.01), 0.01), ("lr", np.int64(1), 1.0),
+    ("micro_batch_size", np.int64(4), 4),
+])
+def test_numpy_numbers_are_taken_where_python_numbers_are(keyword, value, expected):
+    config = build_config(RunConfig, {keyword: value})
+    got = {flat: v for flat, v in to_dict(config).items()}[keyword]
+    assert got == expected and type(got) is type(expected)
+
+
+@pytest.mark.parametrize("keyword,value,fragment", [
+    ("max_steps", np.float64(2.5), "--max-steps must be an integer"),
+    ("lr", np.array([0.1, 0.2]), "--lr must be a number"),
+])
+def test_numpy_values_that_are_no_such_number_are_refused(keyword, value, fragment):
+    with cli_spelling(), pytest.raises(UserError, match=fragment):
+        build_config(RunConfig, {keyword: value})

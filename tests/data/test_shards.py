@@ -127,3 +127,45 @@ def test_ids_beyond_the_vocabulary_are_found_when_the_shards_open(tmp_path):
     with pytest.raises(UserError, match="holds token id 2.., but meta.json says the "
                                         "vocabulary has 200 ids"):
         open_stream(tmp_path, "tokens:x")
+
+
+# ----------------------------------------------------------------- issue 48, class 8
+def _shards_of(directory):
+    return json.loads((directory / META).read_text())["shards"]
+
+
+def _twice(directory):
+    shards = _shards_of(directory)
+    _edit_meta(directory, shards=[shards[0], shards[0], *shards[1:]],
+               tokens=250 + shards[0]["tokens"])
+
+
+def _linked(directory):
+    shards = _shards_of(directory)
+    (directory / shards[1]["file"]).unlink()
+    (directory / shards[1]["file"]).hardlink_to(directory / shards[0]["file"])
+    _edit_meta(directory, shards=[shards[0], {**shards[1], "tokens": shards[0]["tokens"]},
+                                  *shards[2:]])
+
+
+@pytest.mark.parametrize("edit, fragment", [
+    (lambda d: _edit_meta(d, shards=[{"file": "shard_00000.bin\x00.txt", "tokens": 100}]),
+     "not a file inside the directory"),
+    (lambda d: (d / META).write_text("[" * 100_000 + "]" * 100_000),
+     "is nested too deeply to be a token-shard description"),
+    (lambda d: (d / META).write_text('{"shards": ' + "{\"a\": " * 5000 + "1" + "}" * 5001),
+     "is nested too deeply"),
+    (lambda d: (d / META).write_text("[1, 2]"), "is not a readable token-shard description"),
+    (_twice, "is listed twice"),
+    (_linked, "are the same file (a link)"),
+], ids=["nul-in-shard-name", "nested-list", "nested-object", "top-level-list",
+        "shard-listed-twice", "two-names-one-file"])
+def test_a_hostile_meta_json_is_one_line(tmp_path, edit, fragment):
+    _prepared(tmp_path, np.arange(250) % 300)
+    edit(tmp_path)
+    before = {p.name: p.read_bytes() for p in tmp_path.iterdir()}
+    with pytest.raises(UserError) as error:
+        open_stream(tmp_path, "tokens:x")
+    message = str(error.value)
+    assert fragment in message and "\n" not in message and message.startswith("--data tokens:x")
+    assert {p.name: p.read_bytes() for p in tmp_path.iterdir()} == before

@@ -47,3 +47,36 @@ def test_batch_size_and_first_samples():
     sample = datacheck.first_samples(TensorData(X, Y), torch.device("cpu"))
     assert [tuple(t.shape) for t in sample] == [(2, 4), (2,)]
     assert datacheck.first_samples([(X, Y)], torch.device("cpu")) is None
+
+
+# ----------------------------------------------------------------- issue 48, class 7
+def _optimizer_case(kind: str):
+    import torch
+    from torch import nn
+
+    model = nn.Linear(4, 2)
+    other = nn.Linear(4, 2)
+    params = {"other": list(other.parameters()),
+              "mixed": [*model.parameters(), *other.parameters()],
+              "stray-tensor": [torch.zeros(3, requires_grad=True)]}[kind]
+    return model, torch.optim.SGD(params, lr=0.1)
+
+
+@pytest.mark.parametrize("kind,count", [("other", "2 of 2"), ("mixed", "2 of 4"),
+                                        ("stray-tensor", "1 of 1")])
+def test_an_optimizer_over_other_parameters_is_refused(kind, count):
+    import torch
+
+    from amptrain.common.errors import UserError
+    from amptrain.trainer import Trainer
+
+    model, optimizer = _optimizer_case(kind)
+    before = [p.detach().clone() for p in model.parameters()]
+    data = torch.utils.data.TensorDataset(torch.randn(16, 4), torch.randint(0, 2, (16,)))
+    trainer = Trainer(max_steps=1, batch_size=8, no_progress=True, logger="none")
+    with pytest.raises(UserError) as caught:
+        trainer.fit(model, data, optimizer=optimizer)
+    message = str(caught.value)
+    assert message.startswith(f"optimizer holds {count} parameters that are not the model's")
+    assert "\n" not in message
+    assert all(torch.equal(a, b) for a, b in zip(before, model.parameters()))
