@@ -18,6 +18,7 @@ from .version import __version__
 from .commands import COMMANDS
 from .commands import load as load_command
 from .common.errors import AmptrainError, AmptrainWarning, Preempted, cli_spelling, forget_warnings
+from .common import outdir
 
 
 class _Parser(argparse.ArgumentParser):
@@ -164,7 +165,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         print("amptrain: interrupted", file=sys.stderr)
         return 130
     finally:
-        from .common import outdir
 
         outdir.release_all()  # the locks of the command's --out end with it
 

@@ -28,6 +28,7 @@ from typing import IO, Any, Callable
 
 from .errors import UserError, flag
 from .pathkind import special_kind
+from .pathkind import write_failure
 
 #: Files whose presence means a directory already holds a run.
 RUN_MARKERS = ("checkpoints/last.pt", "metrics.jsonl")
@@ -381,7 +382,6 @@ def write_text(path: str | os.PathLike[str], text: str, *, replace: bool,
 
 def write_error(path: str | os.PathLike[str], exc: OSError, option: str = "out") -> str:
     """The one line for a write that failed (a full disk: the disk and its free space)."""
-    from .pathkind import write_failure
 
     return (f"{write_failure(path, exc)}; free space there (or choose another "
             f"{flag(option)}) and run the command again")

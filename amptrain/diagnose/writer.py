@@ -9,6 +9,7 @@ from typing import Any
 import numpy as np
 
 from .recommend import _g, _pct, bf16_trouble
+from ..common import outdir
 
 
 def summary_lines(report: dict[str, Any]) -> list[str]:
@@ -174,7 +175,6 @@ def markdown_report(report: dict[str, Any], summary: list[str] | None = None) ->
 def write_reports(report: dict[str, Any], out: str | Path,
                   summary: list[str] | None = None) -> tuple[Path, Path]:
     """Write DIR/diagnose.json and DIR/diagnose.md (its summary: see :func:`markdown_report`)."""
-    from ..common import outdir
 
     out = outdir.make(Path(out))
     json_path, md_path = out / "diagnose.json", out / "diagnose.md"

@@ -20,6 +20,7 @@ from torch import nn
 
 from ..data.protocol import targets_of  # noqa: F401  (the tasks' import of it)
 from .step import supervised_step
+from ..common import outdir
 
 if TYPE_CHECKING:
     from .step import StepContext
@@ -59,7 +60,6 @@ class EvalResult:
         """Write eval/report.json and the task's readable report into ``directory``."""
         assert self.task is not None, "an EvalResult reports through its task"
         directory = Path(directory)
-        from ..common import outdir
 
         outdir.make(directory)
         # One writer for every file (a full disk is one line, no half-written report);

@@ -27,6 +27,7 @@ from ..precision import ResolvedPrecision, resolve_precision
 from ..tasks import EvalResult, Task, data_task, decide_task as choose_task, output_noun
 from ..trainer import FitResult, Trainer
 from ..trainer.evaluation import Evaluator
+from ..data.gym import MAX_EVAL_EPISODES
 
 #: RunConfig options handed to the task as facts (the ppo task's hyper-parameters).
 RL_TASK_OPTIONS = ("env_steps", "minibatches", "update_epochs", "gamma", "gae_lambda",
@@ -186,7 +187,6 @@ def run_evaluation(*, checkpoint_path: str, data: str | None, precision: str, ou
     ``progress`` is kept for callers; an evaluation outside training shows no bar."""
     if episodes is not None and episodes < 1:
         raise UserError(f"--episodes must be >= 1 (got {episodes})")
-    from ..data.gym import MAX_EVAL_EPISODES
 
     if episodes is not None and episodes > MAX_EVAL_EPISODES:
         raise UserError(f"--episodes {episodes} is more than the {MAX_EVAL_EPISODES} "

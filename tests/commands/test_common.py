@@ -45,11 +45,11 @@ def test_only_the_flags_given_appear_typed_as_their_options():
 
 def test_closed_choices_are_refused_by_the_parser(capsys):
     parser = _parser()
-    assert parser.parse_args(["--optimizer", "sgd"]).optimizer == "sgd"
+    assert parser.parse_args(["--lr-scaling", "sqrt"]).lr_scaling == "sqrt"
     with pytest.raises(SystemExit) as exit_:
-        parser.parse_args(["--optimizer", "adam"])
+        parser.parse_args(["--lr-scaling", "cube"])
     assert exit_.value.code == 2
-    assert "argument --optimizer: invalid choice: 'adam'" in capsys.readouterr().err
+    assert "argument --lr-scaling: invalid choice: 'cube'" in capsys.readouterr().err
 
 
 def test_precision_takes_aliases_the_parser_does_not_know():
