@@ -114,15 +114,16 @@ class ManualClock:
 
 
 def steps_take(monkeypatch, clock: ManualClock, seconds) -> None:
-    """Every ``Trainer.train_step`` takes ``seconds(trainer)`` on ``clock`` (after the real
-    step, which takes none of it)."""
-    from amptrain.trainer import Trainer
+    """Every training step (the loop's and ``Trainer.train_step``'s: both run inside
+    ``TrainStep.on``) takes ``seconds(train_step)`` on ``clock`` (after the real step, which
+    takes none of it)."""
+    from amptrain.trainer.stepping import TrainStep
 
-    original = Trainer.train_step
+    original = TrainStep.__exit__
 
-    def step(trainer, window):
-        result = original(trainer, window)
-        clock.advance(seconds(trainer))
+    def exit_(train_step, *error):
+        result = original(train_step, *error)
+        clock.advance(seconds(train_step))
         return result
 
-    monkeypatch.setattr(Trainer, "train_step", step)
+    monkeypatch.setattr(TrainStep, "__exit__", exit_)

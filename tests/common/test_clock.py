@@ -26,7 +26,7 @@ def test_the_default_clock_is_perf_counter_and_use_restores_it():
 def test_a_training_logs_its_speed_and_compare_times_its_steps_on_the_injected_clock(
         tmp_path, monkeypatch):
     manual = ManualClock()
-    steps_take(monkeypatch, manual, lambda trainer: 0.25)  # 32 samples in 0.25 s each step
+    steps_take(monkeypatch, manual, lambda step: 0.25)  # 32 samples in 0.25 s each step
     trainer = Trainer(precision="32-true", device="cpu", no_progress=True, batch_size=32,
                       max_steps=4, log_every=2, out=str(tmp_path / "run"))
     with clock.use(manual):

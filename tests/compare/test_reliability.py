@@ -114,7 +114,7 @@ class _BusyMachine:
         rng = random.Random(0)
         self.clock = ManualClock()
         steps_take(monkeypatch, self.clock,
-                   lambda trainer: 1e-3 + (rng.uniform(5e-3, 20e-3) if rng.random() < 0.5
+                   lambda step: 1e-3 + (rng.uniform(5e-3, 20e-3) if rng.random() < 0.5
                                            else 0.0))
 
 
@@ -220,7 +220,7 @@ class _SlowTimings:
         self.clock = ManualClock()
         original_measure = study_module.measure_speed_and_memory
         steps_take(monkeypatch, self.clock,
-                   lambda trainer: 0.1 if self.timing and self.count in self.slowed else 1e-3)
+                   lambda step: 0.1 if self.timing and self.count in self.slowed else 1e-3)
 
         def measure(*args, **kwargs):
             self.count += 1

@@ -42,7 +42,7 @@ def test_shared_step_unscales_then_steps_with_the_true_gradient():
     scales.backward((2.0 * w).sum(), 0, [(w, w)], [PlainWeights(optimizer)])
     assert torch.equal(w.grad, torch.full((4,), 2048.0))  # scaled
     scales.unscale_(optimizer, PlainWeights(optimizer))
-    found = scales.step(optimizer, own_flag=False)
+    found = scales.step_guard.step(optimizer, own_flag=False)
     scales.update()
     assert found.item() == 0.0
     assert torch.equal(w.detach(), torch.zeros(4))  # 1 - 0.5 * 2: the true gradient stepped
@@ -53,7 +53,7 @@ def test_shared_overflow_skips_the_step_and_backs_the_scale_off():
     w, optimizer = _weight()
     scales.backward((w * float("inf")).sum(), 0, [(w, w)], [PlainWeights(optimizer)])
     scales.unscale_(optimizer, PlainWeights(optimizer))
-    found = scales.step(optimizer, own_flag=False)
+    found = scales.step_guard.step(optimizer, own_flag=False)
     scales.update()
     assert found.item() == 1.0 and torch.equal(w.detach(), torch.ones(4))  # skipped
     assert scales.scales() == {0: 512.0}
@@ -78,7 +78,7 @@ def test_one_loss_overflowing_backs_off_only_its_own_scale():
     scales.backward((w * float("inf")).sum(), 0, policy.grad_links(), [policy])
     scales.backward((2.0 * w).sum(), 1, policy.grad_links(), [policy])
     scales.unscale_(optimizer, policy)
-    found = scales.step(optimizer, own_flag=False)
+    found = scales.step_guard.step(optimizer, own_flag=False)
     scales.update()
     assert found.item() == 1.0 and torch.equal(w.detach(), torch.ones(4))  # the step skipped
     assert scales.scales() == {0: 512.0, 1: 1024.0}
