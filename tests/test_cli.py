@@ -584,7 +584,8 @@ ERROR_TABLE = [
     # (end of lowbit-formats)
     # --- ppo ---
     ("ppo-unknown-env", "train --data gym:NoSuchEnv-v0 --model actor-critic",
-     "--data gym:NoSuchEnv-v0: Environment `NoSuchEnv` doesn't exist"),
+     "--data gym:NoSuchEnv-v0: making the environment NoSuchEnv-v0 failed: NameNotFound: "
+     "Environment `NoSuchEnv` doesn't exist"),
     ("ppo-tuple-observations", "train --data gym:Blackjack-v1 --model actor-critic",
      "--data gym:Blackjack-v1: the observation space is Tuple"),
     ("ppo-env-steps-zero", "train --data gym:CartPole-v1 --model actor-critic --env-steps 0",
