@@ -2,26 +2,39 @@
 measurements, tensors' transient peak above the level at entry, and a run's running peak."""
 from __future__ import annotations
 
+import subprocess
+import sys
+
 import pytest
 import torch
 
+from amptrain.trainer.memory import MemoryMeter
+
+
+_PEAKS = """
+import torch
 from amptrain.trainer.memory import MemoryMeter, free_memory, rss_bytes
+meter = MemoryMeter(torch.device("cpu"), "process")
+free_memory(torch.device("cpu"))
+before = rss_bytes()
+big = meter.measure(lambda: torch.ones(50 << 20, dtype=torch.float32).sum())  # 200 MiB
+free_memory(torch.device("cpu"))
+before_small = rss_bytes()
+small = meter.measure(lambda: torch.ones(10 << 20, dtype=torch.float32).sum())  # 40 MiB
+print(big - before, small - before_small)
+"""
 
 
 @pytest.mark.skipif(not MemoryMeter(torch.device("cpu"), "process").resettable,
                     reason="needs a resettable peak RSS (Linux /proc/self/clear_refs)")
 def test_peak_rss_meter_resets_between_probes():
-    meter = MemoryMeter(torch.device("cpu"), "process")
-    # The meter frees memory before it measures (gc, malloc_trim): do the same before each
-    # baseline, or memory an earlier test left to the allocator shrinks the difference.
-    free_memory(torch.device("cpu"))
-    before = rss_bytes()
-    big = meter.measure(lambda: torch.ones(50 << 20, dtype=torch.float32).sum())  # 200 MiB
-    free_memory(torch.device("cpu"))
-    before_small = rss_bytes()
-    small = meter.measure(lambda: torch.ones(10 << 20, dtype=torch.float32).sum())  # 40 MiB
-    assert big - before >= 190 << 20
-    assert 30 << 20 <= small - before_small <= 90 << 20  # its own peak, not the earlier one
+    # In a fresh process: late in a long test session the allocator keeps freed pages
+    # that malloc_trim cannot return (fragmentation), and a 40 MiB tensor fits in them.
+    done = subprocess.run([sys.executable, "-c", _PEAKS], capture_output=True, text=True,
+                          check=True, timeout=300)
+    big, small = map(int, done.stdout.split())
+    assert big >= 190 << 20
+    assert 30 << 20 <= small <= 90 << 20  # its own peak, not the earlier one
 
 
 def test_tensor_scope_sees_a_transient_freed_inside_the_window():
