@@ -7,10 +7,10 @@ plus its minibatch epochs) of each lane, in a rotated order, timed with
 ``time.perf_counter`` around it. The lanes:
 
 * ``amptrain``: a Trainer set up as ``amptrain train --data gym:CartPole-v1`` sets it up
-  (the ppo task, the built-in actor-critic), stepped one update at a time with
-  ``Trainer.train_step``/``finish_step`` (the step number advancing, so each update
-  collects its rollout), as ``compare`` times it; the loop's own bookkeeping (console
-  lines, evaluations, checkpoints) is not part of it.
+  (the ppo task, the built-in actor-critic), run one update at a time by the task's own
+  loop (``PpoTask.iterate`` on a bare ``TaskLoop``: a rollout, then its minibatch steps),
+  as ``compare`` times it; the loop's own bookkeeping (console lines, evaluations,
+  checkpoints) is not part of it.
 * ``reference`` and ``reference #2``: :func:`ppo_reference.iterate` (yields after each
   update); two identical loops, whose ratio is the A/A control (the measurement's own
   resolution).
@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import argparse
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import benchlib as bl
@@ -39,6 +39,7 @@ import ppo_reference
 from amptrain.config import RunConfig
 from amptrain.workflows.runner import assemble
 from amptrain.trainer import Trainer
+from amptrain.trainer.loop import TaskLoop
 
 GOAL = 0.95
 
@@ -81,21 +82,10 @@ class AmptrainPpo:
             return made
         source.stepper = stepper
         task.collect = _timed(task.collect, self.clock, "rollout")
-        self.windows = self._windows()
-
-    def _windows(self) -> Iterator[Any]:
-        epoch = 0
-        while True:
-            yield from self.trainer.train_windows.epoch(epoch)
-            epoch += 1
 
     def update(self) -> None:
-        """One PPO update: the rollout (at its first step) and its minibatch steps."""
-        trainer = self.trainer
-        for _ in range(self.unit):
-            trainer.train_step(next(self.windows))
-            trainer.finish_step()
-            trainer.position.step += 1  # the step number the task sees (as compare does)
+        """One PPO update: the rollout and its minibatch steps."""
+        self.trainer.task.iterate(TaskLoop(self.trainer, bare_steps=self.unit))
 
     def shares(self, total_s: float) -> dict[str, float]:
         env, rollout = self.clock["env"], self.clock["rollout"]

@@ -21,6 +21,7 @@ from ..precision.tf32 import MathSwitches
 from ..workflows.runner import assemble
 from ..tasks import Task
 from ..trainer import Trainer
+from ..trainer.loop import TaskLoop
 from .ladder import inner_tensors, memory_ladder
 from .options import MEMORY_STEPS, CompareOptions, row_options
 
@@ -68,13 +69,17 @@ class Contender:
         sync(device)
         started = clock.now()
         try:
-            for _ in range(self.unit):
-                window = next(self.windows)
-                self.trainer.train_step(window)
-                self.trainer.finish_step()
-                # The step number the task sees (train_step leaves the loop's counter
-                # alone): a task acting between updates acts when the next one begins.
-                self.trainer.position.step += 1
+            if self.task is not None and self.task.owns_loop:
+                # The task's own iteration for one unit (PPO: a rollout and its update),
+                # without the loop's logs, evaluations and checkpoints.
+                loop = TaskLoop(self.trainer, bare_steps=self.unit)
+                self.task.iterate(loop)
+                window = loop.last_window
+            else:
+                for _ in range(self.unit):
+                    window = next(self.windows)
+                    self.trainer.train_step(window)
+                    self.trainer.finish_step()
         except TrainingHalted as exc:
             self.halted = str(exc)
             log.info("compare: timing of %s stopped: %s", self.precision, exc)

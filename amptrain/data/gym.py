@@ -288,7 +288,9 @@ def check_rollout_memory(envs: GymEnvs) -> None:
                         f"--rollout-steps")
 
 
-def _world() -> tuple[int, int]:
+def process_world() -> tuple[int, int]:
+    """(rank, world size) while data is built, before the run's strategy exists: the
+    rollout's slots cover every process's environments. A running step asks its loop."""
     import torch.distributed as dist
 
     if dist.is_available() and dist.is_initialized():
@@ -330,7 +332,7 @@ def gym_data(argument: str, options: DataOptions) -> DataBundle:
         guard.step(env.action_space.sample())  # one step: a broken step() fails up front
     finally:
         env.close()
-    _, world = _world()
+    _, world = process_world()
     train = RolloutSlots(envs, torch.arange(envs.rollout_size * world))
     val = EvalEpisodes(envs, torch.from_numpy(np.stack(starts)), seeds)
     return DataBundle(train, val, num_classes=space["actions"],

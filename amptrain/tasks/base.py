@@ -23,7 +23,7 @@ from .step import supervised_step
 from ..common import outdir
 
 if TYPE_CHECKING:
-    from .step import StepContext
+    from .step import StepContext, TrainLoop
 
 
 @dataclass(frozen=True)
@@ -218,6 +218,15 @@ class Task(ABC):
                          ) -> dict[str, torch.optim.Optimizer]:
         """One optimizer per part; ``build(part)`` makes the run's configured one."""
         return {name: build(part) for name, part in parts.items()}
+
+    #: Whether the task drives the run's iteration itself (:meth:`iterate`, PPO's updates);
+    #: False: the Trainer's epochs of the training data, one step per window.
+    owns_loop: bool = False
+
+    def iterate(self, loop: TrainLoop) -> None:
+        """The run's iteration, for a task that :attr:`owns_loop` (see
+        :class:`~.step.TrainLoop`); the Trainer calls it instead of its epochs."""
+        raise NotImplementedError(f"task {self.name} does not own its loop")
 
     def training_step(self, ctx: StepContext) -> None:
         """One optimizer step on ``ctx``'s micro-batches (see :mod:`.step`); by default the

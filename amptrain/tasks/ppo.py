@@ -2,14 +2,15 @@
 environments (:mod:`amptrain.data.gym`), the recipe of CleanRL's single-file ``ppo.py``
 (discrete actions) and ``ppo_continuous_action.py`` (continuous actions).
 
-A step is one optimizer step, as everywhere in amptrain: one minibatch update. The task's
-:meth:`PpoTask.training_step` collects a rollout (``num_envs x rollout_steps`` transitions
-per process) with the policy under the precision's autocast and without gradients when an
-update begins, computes advantages (GAE) and returns in fp32, and then every step is one
-minibatch of it, through the step context (autocast, backward with loss scaling, clipping,
-the optimizer step). The Trainer's data order supplies the minibatches: the training split
-is the rollout's slot indices (data/gym.py), shuffled per epoch, so an update is
-``update_epochs`` Trainer epochs of ``minibatches`` steps each.
+The task owns its loop (:meth:`PpoTask.iterate`), as CleanRL's reads: for each update it
+collects a rollout (``num_envs x rollout_steps`` transitions per process) with the policy
+under the precision's autocast and without gradients, computes advantages (GAE) and
+returns in fp32, then runs ``update_epochs`` epochs of ``minibatches`` steps over it. A
+step is one optimizer step, as everywhere in amptrain: one minibatch update through the
+step context (autocast, backward with loss scaling, clipping, the optimizer step). The
+minibatches come from the run's data order: the training split is the rollout's slot
+indices (data/gym.py), shuffled per epoch by the run's seed. Between steps the Trainer
+logs, evaluates, checkpoints and stops as in any run (:mod:`amptrain.trainer.loop`).
 
 The run's length is ``--env-steps``: ``env_steps // (rollout x processes)`` updates
 (:meth:`PpoTask.run_options` sets ``--max-steps`` and the minibatch as ``--batch-size``).
@@ -20,6 +21,7 @@ higher is better) and ``val_return_iqm`` their interquartile mean.
 from __future__ import annotations
 
 import logging
+import itertools
 from typing import Any
 
 import numpy as np
@@ -27,10 +29,11 @@ import torch
 from torch import nn
 
 from ..config import given_options
-from ..data.gym import EVAL_EPISODE_CAP
+from ..data.gym import EVAL_EPISODE_CAP, process_world
 from ..common.errors import UserError, flag
 from .base import EvalResult, EvalSums, Metric, Task
 from .gan import unwrap
+from .step import StepContext, TrainLoop
 from .rollout import (LossSettings, Rollout, distribution, explained_variance,
                       log_prob, log_prob_entropy, ppo_loss)
 
@@ -69,14 +72,6 @@ def iqm(values: np.ndarray) -> float:
     cut = int(len(x) * 0.25)
     middle = x[cut:len(x) - cut] if len(x) > 2 * cut else x
     return float(middle.mean()) if len(middle) else float("nan")
-
-
-def _world() -> tuple[int, int]:
-    import torch.distributed as dist
-
-    if dist.is_available() and dist.is_initialized():
-        return dist.get_rank(), dist.get_world_size()
-    return 0, 1
 
 
 def actor_critic_of(model: nn.Module, env: Any) -> tuple[nn.Module, bool]:
@@ -163,7 +158,6 @@ class PpoTask(Task):
         self.env: Any = None
         self.stepper: Any = None
         self.rollout: Rollout | None = None
-        self.collected_at: int | None = None   # the step whose rollout is held (redo: kept)
         self.log_std_of: nn.Module | None = None
 
     # ------------------------------------------------------- learnt from data
@@ -201,7 +195,7 @@ class PpoTask(Task):
         given = given_options(config)
         env = data.train.env
         s = self.recipe(env)
-        _, world = _world()
+        _, world = process_world()
         rollout = env.rollout_size * world
         minibatches = s["minibatches"]
         shape = (f"{flag('num_envs')} {env.num_envs} x {flag('rollout_steps')} "
@@ -293,7 +287,7 @@ class PpoTask(Task):
             else None
 
     # -------------------------------------------------------------- the step
-    def collect(self, ctx: Any, update: int = 0) -> None:
+    def collect(self, ctx: TrainLoop | StepContext, update: int = 0) -> None:
         """One rollout with the current policy (no gradients, under the autocast).
         ``update``: the run's update it starts (the first of a resumed run seeds the
         environments afresh from it)."""
@@ -301,8 +295,7 @@ class PpoTask(Task):
         model = ctx.model()
         device = next(unwrap(model).parameters()).device
         if self.stepper is None:
-            rank, world = _world()
-            self.stepper = env.stepper(rank, world, restart=update)
+            self.stepper = env.stepper(ctx.rank, ctx.world_size, restart=update)
         stepper = self.stepper
         rollout = Rollout(env.rollout_steps, env.num_envs, env.obs_shape, env.actions,
                           discrete=env.discrete, device=device)
@@ -342,15 +335,32 @@ class PpoTask(Task):
         ctx.log("explained_variance",
                 explained_variance(rollout.values.flatten(), rollout.returns.flatten()), 1)
 
-    def training_step(self, ctx: Any) -> None:
-        """A rollout when an update begins, then one minibatch update (module docstring)."""
+    owns_loop = True
+
+    def iterate(self, loop: TrainLoop) -> None:
+        """CleanRL's loop: for each update a rollout with the current policy, then
+        ``update_epochs`` epochs of ``minibatches`` minibatch steps over it. The epochs are
+        the run's data epochs of the rollout's slots (its seed decides the minibatches); a
+        resumed run goes on inside the update it stopped in, on a fresh rollout."""
         s = self.settings
-        per_update = s["minibatches"] * s["update_epochs"]
-        step = getattr(ctx, "step_number", None)
-        starts = step is None or (step - 1) % per_update == 0
-        if self.rollout is None or (starts and self.collected_at != step):
-            self.collect(ctx, (step - 1) // per_update if step else 0)
-            self.collected_at = step
+        per_epoch, epochs = s["minibatches"], s["update_epochs"]
+        per_update = per_epoch * epochs
+        for update in itertools.count(loop.step_number // per_update):
+            if loop.done:
+                return
+            self.collect(loop, update)
+            done = loop.step_number - update * per_update   # > 0 only in a resumed update
+            for epoch in range(done // per_epoch, epochs):
+                start = done % per_epoch if epoch == done // per_epoch else 0
+                for window in loop.epoch(update * epochs + epoch, start):
+                    loop.step(window)
+
+    def training_step(self, ctx: StepContext) -> None:
+        """One minibatch update on the rollout held (a step driven alone, without
+        :meth:`iterate`, acts first when no rollout is held)."""
+        s = self.settings
+        if self.rollout is None:
+            self.collect(ctx)
         rollout = self.rollout
         assert rollout is not None
         model, log_std = ctx.model(), self._log_std()

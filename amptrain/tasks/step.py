@@ -39,6 +39,9 @@ class StepContext(Protocol):
     #: The optimizer step being run, counting from 1 (a task that works in cycles of
     #: steps, as PPO's rollouts, knows where a cycle starts; a resumed run goes on counting).
     step_number: int
+    #: This process's rank and the processes in the run (from the strategy).
+    rank: int
+    world_size: int
 
     def model(self, name: str = "model") -> nn.Module:
         """The callable (wrapped/compiled) part ``name``."""
@@ -74,6 +77,61 @@ class StepContext(Protocol):
         ...
 
 
+class TrainLoop(Protocol):
+    """The Trainer's loop as a task that owns its iteration drives it
+    (:meth:`Task.iterate <amptrain.tasks.Task.iterate>`): PPO's "for each update, collect a
+    rollout, then epochs of minibatches" reads as CleanRL's loop does::
+
+        def iterate(self, loop):
+            for update in itertools.count(loop.step_number // per_update):
+                if loop.done:
+                    return
+                self.collect(loop, update)       # under loop.autocast(), no gradients
+                for epoch in range(update_epochs):
+                    for window in loop.epoch(update * update_epochs + epoch):
+                        loop.step(window)        # the task's training_step on the window
+
+    The Trainer keeps the data order, the step (precision, out-of-memory redo), logging,
+    evaluation, checkpoints and stops; the task decides what happens between steps.
+    """
+
+    #: This process's rank and the processes in the run (from the strategy).
+    rank: int
+    world_size: int
+
+    @property
+    def step_number(self) -> int:
+        """Optimizer steps done so far (a resumed run starts past 0)."""
+        ...
+
+    @property
+    def done(self) -> bool:
+        """The run's length is reached, or all ranks agreed to stop: return now."""
+        ...
+
+    def epoch(self, index: int, start: int = 0) -> Iterator[Any]:
+        """The windows of the training data's epoch ``index`` in the run's data order (its
+        seed and global batch), from window ``start``; none once :attr:`done`."""
+        ...
+
+    def step(self, window: Any) -> None:
+        """One optimizer step of the task's ``training_step`` on ``window``, then the
+        Trainer's bookkeeping (logs, evaluation, checkpoints, stop requests)."""
+        ...
+
+    def model(self, name: str = "model") -> nn.Module:
+        """The callable (wrapped/compiled) part ``name``."""
+        ...
+
+    def autocast(self) -> ContextManager:
+        """The precision's autocast."""
+        ...
+
+    def log(self, key: str, value: torch.Tensor, samples: int) -> None:
+        """A value logged between steps (a rollout's returns): it joins the next step's."""
+        ...
+
+
 def supervised_step(ctx: StepContext, loss_fn: LossFn,
                     check: Callable[[Any, Any], None] | None = None) -> None:
     """One model, one loss: forward and backward of every micro-batch (gradients
@@ -96,4 +154,4 @@ def supervised_step(ctx: StepContext, loss_fn: LossFn,
     ctx.step()
 
 
-__all__ = ["StepContext", "supervised_step"]
+__all__ = ["StepContext", "TrainLoop", "supervised_step"]

@@ -38,6 +38,7 @@ from .batching import agreement
 from .assembly import assemble_parts, open_run, placed
 from .checkpointing import resolved_config
 from .evaluation import Evaluator
+from .loop import TaskLoop
 from .metrics import LogInterval
 from .parts import Prepared, RunParts
 from .position import LoopPosition
@@ -160,7 +161,9 @@ class Trainer:
                 try:
                     self.reporter.memory.start()
                     interval.start(position.step)
-                    while not self._done():
+                    if parts.task.owns_loop:  # PPO's updates: the task iterates (loop.py)
+                        parts.task.iterate(TaskLoop(self))
+                    while not self._done() and not parts.task.owns_loop:
                         fresh = self._start_epoch(windows)
                         for window in interval.timed(windows.epoch(position.epoch,
                                                                    position.window_in_epoch)):

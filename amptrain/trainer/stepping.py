@@ -71,6 +71,8 @@ class TrainStep:
         self.global_samples = 0
         self.step_number = 0
         self.logged: list[tuple[str, torch.Tensor, int]] = []
+        # Logged between steps (a rollout's returns): counted with the next step's values.
+        self.carried: list[tuple[str, torch.Tensor, int]] = []
         self.stepped: str | None = None   # a part stepped in this attempt (no redo after)
 
     # ------------------------------------------------------------ around a step
@@ -106,6 +108,8 @@ class TrainStep:
         self.precision.update()
         self.last_window = self.window
         assert self.window is not None
+        if self.carried:
+            self.logged, self.carried = self.carried + self.logged, []
         self.interval.add(self.logged, self.window.global_samples)
         return True
 
@@ -146,6 +150,9 @@ class TrainStep:
         self.steps.zero_grad(optimizers=True)
 
     # ------------------------------------------------------------ StepContext
+    rank = property(lambda self: self.strategy.rank, doc="This process's rank.")
+    world_size = property(lambda self: self.strategy.world_size, doc="Processes in the run.")
+
     def model(self, name: str = "model") -> nn.Module:
         return self.steps[name].forward
 
@@ -187,3 +194,7 @@ class TrainStep:
 
     def log(self, key: str, value: torch.Tensor, samples: int) -> None:
         self.logged.append((key, value, samples))
+
+    def carry(self, key: str, value: torch.Tensor, samples: int) -> None:
+        """A value logged between steps; the next step counts it with its own."""
+        self.carried.append((key, value, samples))

@@ -168,9 +168,9 @@ RANK_SCRIPT = textwrap.dedent("""
     import torch.distributed as dist
     dist.init_process_group("gloo")
     from amptrain.data import DataOptions, build_data
-    from amptrain.tasks.ppo import _world
+    from amptrain.data.gym import process_world
     data = build_data("gym:CartPole-v1", DataOptions(seed=5, num_envs=3, rollout_steps=8))
-    stepper = data.train.env.stepper(*_world())
+    stepper = data.train.env.stepper(*process_world())
     seeds = [None, None]
     dist.all_gather_object(seeds, stepper.seeds)
     if dist.get_rank() == 0:
@@ -218,3 +218,40 @@ def test_cli_train_then_eval_on_cartpole(tmp_path):
     assert "episode return IQM" in evaluated.stdout and "on 4 samples" in evaluated.stdout
     report = json.loads((tmp_path / "eval" / "eval" / "report.json").read_text())
     assert report["episodes"] == 4 and len(report["returns"]) == 4
+
+
+# ------------------------------------------------ the task owns its loop (issue 43, item 2)
+def _counting(task: PpoTask) -> list[tuple[int, int]]:
+    """(update, optimizer steps done) at each rollout the task collects."""
+    seen: list[tuple[int, int]] = []
+    collect = task.collect
+
+    def counted(ctx, update=0):
+        seen.append((update, ctx.step_number))
+        return collect(ctx, update)
+    task.collect = counted
+    return seen
+
+
+def test_each_update_collects_one_rollout_then_runs_its_minibatch_epochs():
+    trainer, model, data, task = _run(steps=12)
+    seen = _counting(task)
+    trainer.fit(model, data.train, data.val, task=task)
+    # 2 minibatches x 2 epochs: a rollout before steps 1, 5 and 9, none inside an update.
+    assert seen == [(0, 0), (1, 4), (2, 8)] and trainer.step == 12
+    assert trainer.epoch == 6  # the run's data epochs: 2 per update
+    logged = [r for r in trainer.history if "loss" in r]
+    # A rollout's return is logged between steps and joins the next step's record.
+    assert {"episode_return", "policy_loss"} <= set(logged[-2])
+
+
+def test_a_run_resumed_inside_an_update_acts_afresh_and_finishes_that_update(tmp_path):
+    trainer, model, data, task = _run(tmp_path / "run", steps=12, save_every=6, keep_last=10)
+    trainer.fit(model, data.train, data.val, task=task)
+    again, fresh, data, task = _run(tmp_path / "again", steps=12,
+                                    resume=str(tmp_path / "run/checkpoints/step-6.pt"))
+    seen = _counting(task)
+    again.fit(fresh, data.train, data.val, task=task)
+    # Step 6 is inside update 1 (steps 5-8): a fresh rollout for its last 2 steps (its
+    # second epoch), then update 2 as usual.
+    assert seen == [(1, 6), (2, 8)] and again.step == 12 and again.epoch == 6
