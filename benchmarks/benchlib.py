@@ -66,6 +66,9 @@ class Workload:
 CPU_WORKLOADS = {
     "mlp": Workload("mlp", "mlp:hidden=512", "synthetic-image:samples=3200,size=32", 128,
                     "MLP 3072-512-512-10 on 3x32x32 images"),
+    # Issue 47: a step of almost no work, where the Trainer's own per-step Python shows.
+    "tiny-mlp": Workload("tiny-mlp", "mlp:hidden=64", "digits", 8,
+                         "MLP 64-64-64-10 on digits (8x8), batch 8"),
     "cnn": Workload("cnn", "cnn", "synthetic-image:samples=1600,size=32", 64,
                     "SmallCNN (width 32) on 3x32x32 images"),
     "cnn-wide": Workload("cnn-wide", "cnn:width=64", "synthetic-image:samples=800,size=32", 32,

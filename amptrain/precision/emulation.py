@@ -15,10 +15,10 @@ scaled_dot_product_attention) are replaced, through ``torch.library``, at the
 ``AutocastCPU`` dispatch key. While an :class:`EmulatedAutocast` context of the same
 dtype is active in the thread, such an op
 
-1. rounds every floating input to the half dtype and back up (:class:`_RoundIn`, whose
-   backward rounds the input's gradient to the half dtype, as the half kernel's
-   backward output is, and hands it back in the input's own dtype, as autocast's cast
-   node does),
+1. rounds every floating input to the half dtype and back up (:func:`round_in`: two
+   casts, whose backward autograd runs natively: the input's gradient rounded to the
+   half dtype, as the half kernel's backward output is, and handed back in the input's
+   own dtype, as autocast's cast node does),
 2. runs the fp32 op with autocast off (fp32 kernels, fp32 accumulation; its fp32
    backward is recorded by autograd as usual), and
 3. returns the result cast to the half dtype (a plain ``.to``: its backward turns the
@@ -83,20 +83,6 @@ def emulation_switched_on() -> bool:
     return os.environ.get(ENV_SWITCH, "").strip().lower() not in _OFF
 
 
-class _RoundIn(torch.autograd.Function):
-    """``x`` rounded to ``half`` and returned in fp32; the gradient rounded to ``half`` and
-    returned in ``x``'s dtype (what a half kernel's backward and autocast's cast give)."""
-
-    @staticmethod
-    def forward(ctx: Any, x: torch.Tensor, half: torch.dtype) -> torch.Tensor:  # noqa: D102
-        ctx.half, ctx.dtype = half, x.dtype
-        return x.to(half).float()
-
-    @staticmethod
-    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None]:  # noqa: D102
-        return grad.to(ctx.half).to(ctx.dtype), None
-
-
 def _eligible(value: Any) -> bool:
     """Autocast's rule: CPU floating tensors other than fp64 are cast."""
     return isinstance(value, torch.Tensor) and value.is_floating_point() \
@@ -104,9 +90,9 @@ def _eligible(value: Any) -> bool:
 
 
 def round_in(x: torch.Tensor, half: torch.dtype) -> torch.Tensor:
-    """``x`` rounded to ``half``, as fp32 (through :class:`_RoundIn` when it needs a grad)."""
-    if torch.is_grad_enabled() and x.requires_grad:
-        return _RoundIn.apply(x, half)
+    """``x`` rounded to ``half``, as fp32. Its gradient is rounded to ``half`` and returned
+    in ``x``'s dtype, as a half kernel's backward and autocast's cast give: autograd's own
+    backward of the two casts does exactly that, with no Python in the backward."""
     return x.to(half).float()
 
 

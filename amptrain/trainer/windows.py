@@ -295,6 +295,9 @@ class IndexedReader:
         # Data too large for the accelerator is gathered on the host: pinned, its copy to
         # the device does not block either (what DataLoader's pin_memory does).
         pin = where.type == "cpu" and self.device.type == "cuda"
+        # Data already on the training device (a tensor dataset moved there) needs no walk
+        # over each batch: on a tiny model that walk is a measurable share of a step.
+        move = where != self.device
         offset = 0
         for plan in plans:
             micro = []
@@ -307,7 +310,7 @@ class IndexedReader:
                     batch = tuple(t.index_select(0, index) for t in tensors)
                 if pin:
                     batch = _pinned(batch)
-                micro.append(to_device(batch, self.device))
+                micro.append(to_device(batch, self.device) if move else batch)
             yield StepBatch(micro, [len(i) for i in plan.micro_indices], plan.global_samples)
 
     def _loaded(self, plans: Iterator[StepIndices]) -> Iterator[StepBatch]:
