@@ -1,9 +1,9 @@
 """What out-of-memory readiness costs per step: the Trainer's step with and without it.
 
 Every step the Trainer saves the RNG state and the module buffers (a StepStart, so that a
-redo after an out-of-memory error starts from the same state) and MicroBatchPlanner.run
+redo after an out-of-memory error starts from the same state) and MicroBatchSizer.run
 guards the forward/backward. This compares two Trainers on the same model and data: one
-as shipped, one whose ``planner.run`` is a direct call of the forward/backward and whose
+as shipped, one whose ``sizer.run`` is a direct call of the forward/backward and whose
 StepStart saves nothing. Steps are
 interleaved A/B, warm-up steps are excluded, and the medians are compared.
 
@@ -19,7 +19,7 @@ import benchlib as bl
 import torch
 
 from amptrain.config import RunConfig, build_config
-from amptrain.workflows.runner import prepare_run
+from amptrain.workflows.runner import data_and_model
 from amptrain.trainer import Trainer
 
 
@@ -51,13 +51,13 @@ def main() -> None:
                                           precision=args.precision, batch_size=args.batch_size,
                                           accumulate=args.accumulate, no_progress=True,
                                           scheduler="none"))
-    data, model = prepare_run(config)
+    data, model = data_and_model(config)
     variants = {}
     for name in ("unguarded", "guarded"):
         trainer = Trainer(config)
         trainer.setup(copy.deepcopy(model), data.train)
         if name == "unguarded":
-            trainer.planner.run = _unguarded
+            trainer.sizer.run = _unguarded
             trainer._ready().train_step.start = _NoStepStart()
         variants[name] = trainer
     times = bl.interleaved_step_times(variants, args.warmup, args.steps)

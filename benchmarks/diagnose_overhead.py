@@ -18,7 +18,7 @@ import torch
 from amptrain.config import RunConfig, build_config
 from amptrain.diagnose import RangeRecorder
 from amptrain.precision.nonfinite import NonFiniteWatch
-from amptrain.workflows.runner import prepare_run
+from amptrain.workflows.runner import data_and_model
 from amptrain.trainer import Trainer
 
 
@@ -37,7 +37,7 @@ def main() -> None:
     config = build_config(RunConfig, dict(model=args.model, data=args.data, precision="32-true",
                                           batch_size=args.batch_size, no_progress=True,
                                           scheduler="none"))
-    data, model = prepare_run(config)
+    data, model = data_and_model(config)
     variants = {}
     for name in ("plain", "watch", "recorder"):
         trainer = Trainer(config)

@@ -40,7 +40,7 @@ import torch
 from amptrain.config import RunConfig, build_config
 from amptrain.common.errors import UserError, cli_spelling
 from amptrain.precision import Precision
-from amptrain.workflows.runner import prepare_run
+from amptrain.workflows.runner import data_and_model
 from amptrain.trainer import Trainer
 
 TINY = {"d_model": 32, "layers": 1, "heads": 2, "ff": 64, "seq": 16, "batch_size": 8,
@@ -104,7 +104,7 @@ def build(args: argparse.Namespace, precision: str, max_steps: int) -> tuple[Tra
         batch_size=args.batch_size, max_steps=max_steps, epochs=10 ** 6, lr=args.lr,
         scheduler="none", log_every=args.log_every, compile=args.compile, no_progress=True,
         val_fraction=0.01))
-    bundle, module = prepare_run(config)
+    bundle, module = data_and_model(config)
     trainer = Trainer(config)
     trainer.setup(module, bundle.train)
     return trainer, bundle

@@ -11,7 +11,7 @@ continues what its own earlier invocation wrote.
 
 The same rule holds for every single file the package writes (:func:`new_file`: created
 exclusively, never opened through a FIFO, a device or a link), and for two runs started
-together on one ``--out``: :func:`prepare_run` takes an exclusive lock on the directory
+together on one ``--out``: :func:`data_and_model` takes an exclusive lock on the directory
 (``.amptrain.lock``, ``flock``) and checks again under it, so exactly one of them runs and
 the other is one line, exit 2.
 """
@@ -156,19 +156,19 @@ def _exists(path: Path) -> bool:
     return True
 
 
-def prepare(out: str | os.PathLike[str], *, resume: bool,
+def make_run_dir(out: str | os.PathLike[str], *, resume: bool,
             outputs: tuple[str, ...] = TRAIN_OUTPUTS) -> Path:
     """:func:`check`, then create the directory (one line naming ``--out`` if that fails)."""
     return make(check(out, resume=resume, outputs=outputs))
 
 
-def prepare_run(out: str | os.PathLike[str], *, resume: bool,
+def claim_run(out: str | os.PathLike[str], *, resume: bool,
                 outputs: tuple[str, ...] = TRAIN_OUTPUTS) -> Path:
-    """:func:`prepare` for a training run, which then locks the directory for this process
+    """:func:`make_run_dir` for a training run, which then locks the directory for this process
     (:func:`lock`, until :func:`release`) and checks again under the lock: of two runs
     started together on one ``--out``, the second is refused before it writes anything."""
     forget(out)  # from here on the directory holds what this run writes
-    path = prepare(out, resume=resume, outputs=outputs)
+    path = make_run_dir(out, resume=resume, outputs=outputs)
     lock(path)
     try:
         return check(path, resume=resume, outputs=outputs)
@@ -306,7 +306,7 @@ def make(path: Path) -> Path:
 #: A training run's ``--out`` passed by :func:`check_on_main` (``remember=True``) before
 #: its command loaded the data and the model: resolved path -> (resume, outputs). The
 #: Trainer's own check of that directory is this verdict (used once); nothing was
-#: written there in between. :func:`prepare_run` (the first write) and :func:`forget`
+#: written there in between. :func:`data_and_model` (the first write) and :func:`forget`
 #: drop it.
 _VERDICTS: dict[str, tuple[bool, tuple[str, ...]]] = {}
 

@@ -61,7 +61,7 @@ class RunProbe:
         fp32 = {k: v.detach().clone()
                 for k, v in trainer.precision.fp32_state_dict(trainer.model).items()}
         windows = trainer.train_windows
-        plan = windows.plan if windows is not None else None
+        plan = windows.sample_order if windows is not None else None
         epochs = trainer.run_length.epochs if trainer.run_length is not None else None
         order = None if plan is None else digest(
             {"global_batch": plan.global_batch,

@@ -199,7 +199,7 @@ def measure_peak_memory(contender: Contender) -> int | None:
         contender.ladder = memory_ladder(parts[0].module, parts[0].optimizer,
                                          trainer.precision)
     contender.switches.apply()
-    with MemoryMeter(trainer.device, "tensors").window() as transient:
+    with MemoryMeter(trainer.device, "tensors").span() as transient:
         for _ in range(MEMORY_STEPS):
             trainer.train_step(next(contender.windows))
             trainer.finish_step()

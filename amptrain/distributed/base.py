@@ -38,7 +38,7 @@ class Strategy:
         """True on the rank that writes logs, reports and checkpoints."""
         return self.rank == 0
 
-    def prepare_model(self, model: nn.Module, precision: Any,
+    def wrap_model(self, model: nn.Module, precision: Any,
                       optimizer: torch.optim.Optimizer | None = None) -> nn.Module:
         """Called on the model (already on its device) before the optimizer is built.
 

@@ -43,7 +43,7 @@ class ProcessGroupStrategy(Strategy):
         if self._log_filter is not None:
             log.addFilter(self._log_filter)
 
-    def prepare_model(self, model: nn.Module, precision: Any,
+    def wrap_model(self, model: nn.Module, precision: Any,
                       optimizer: torch.optim.Optimizer | None = None) -> nn.Module:
         precision.set_found_inf_agreement(self.agree_found_inf)
         return model

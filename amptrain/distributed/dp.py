@@ -40,14 +40,14 @@ class DataParallelStrategy(Strategy):
         log.warning("--strategy dp: DataParallel runs one Python thread per GPU and copies the "
                     "model every step; DDP is faster: `amptrain train --nproc-per-node N`")
 
-    def prepare_model(self, model: nn.Module, precision: Any,
+    def wrap_model(self, model: nn.Module, precision: Any,
                       optimizer: torch.optim.Optimizer | None = None) -> nn.Module:
         self._precision = precision
         return model
 
     def wrap(self, model: nn.Module) -> nn.Module:
         if self._precision is None:
-            raise RuntimeError("DataParallelStrategy.prepare_model() must run before wrap()")
+            raise RuntimeError("DataParallelStrategy.wrap_model() must run before wrap()")
         device_ids = None
         if self.device.type == "cuda":
             first = self.device.index or 0

@@ -88,14 +88,14 @@ class FSDPStrategy(ProcessGroupStrategy):
     def sharded_checkpoints(self) -> bool:
         return True
 
-    def prepare_model(self, model: nn.Module, precision: Any,
+    def wrap_model(self, model: nn.Module, precision: Any,
                       optimizer: torch.optim.Optimizer | None = None) -> nn.Module:
         from torch.distributed.fsdp import fully_shard
 
         if optimizer is not None:
             raise UserError("--strategy fsdp replaces the model's parameters by shards: let "
                             "amptrain build the optimizer (pass none to fit())")
-        super().prepare_model(model, precision, optimizer)
+        super().wrap_model(model, precision, optimizer)
         policy = fsdp_policy(precision)
         fp32_modules = fsdp_fp32_modules(precision, model)
         fp32_ids = {id(m) for m in fp32_modules}

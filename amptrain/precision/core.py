@@ -14,7 +14,7 @@ from torch import nn
 from ..common.errors import UserError, warn
 from ..common.scaler_settings import SCALER_SETTINGS, ScalerSettings
 from .emulation import EmulatedAutocast
-from .fp8 import Float8Plan
+from .fp8 import Float8Selection
 from .hardware.advice import emulation_warning
 from .hardware.support import autocast_mode, device_features, emulated_fast, onednn_has_bf16_kernels
 from .islands import (ForwardPatches, cpu_fp32_island_types, cpu_fp32_modules,
@@ -90,7 +90,7 @@ class Precision:
         self.separate_loss_scales = separate_loss_scales
         self.lowbit_bf16_last, self.mx_scale, self.nvfp4_without = checked_lowbit(
             lowbit_bf16_last, mx_scale, nvfp4_without)
-        self.float8_plan: Float8Plan | None = None   # the low-bit layers of setup()
+        self.float8_plan: Float8Selection | None = None   # the low-bit layers of setup()
         self._seeds: list[StochasticSeeds] = []      # stochastic rounding, per setup()
         self.skipped_steps = 0          # all pairs together (each pair: skipped_steps_of)
         self.consecutive_skips = 0      # of the pair that confirmed last

@@ -43,7 +43,7 @@ FP8_DIM_MULTIPLE = 16
 
 
 @dataclass
-class Float8Plan:
+class Float8Selection:
     """Which Linear layers become float8 and why the others do not."""
 
     convert: list[str] = field(default_factory=list)
@@ -80,7 +80,7 @@ def _inside(name: str, roots: Iterable[str]) -> bool:
 
 def plan_float8(model: nn.Module, *, islands: Iterable[str] = (),
                 skip_first_last: bool = True, skip: Iterable[str] = (),
-                dim_multiple: int = FP8_DIM_MULTIPLE) -> Float8Plan:
+                dim_multiple: int = FP8_DIM_MULTIPLE) -> Float8Selection:
     """Decide which ``nn.Linear`` modules of ``model`` to convert (no torchao needed).
 
     ``islands``: names of keep-fp32 modules (their subtrees stay out); ``skip``: extra
@@ -90,7 +90,7 @@ def plan_float8(model: nn.Module, *, islands: Iterable[str] = (),
     islands, patterns = list(islands), list(skip)
     linears = [(name, m) for name, m in model.named_modules() if isinstance(m, nn.Linear)]
     edges = {linears[0][0], linears[-1][0]} if skip_first_last and linears else set()
-    plan = Float8Plan()
+    plan = Float8Selection()
     for name, module in linears:
         if type(module).__name__ == "Float8Linear":
             plan.skipped[name] = "already float8"
@@ -109,8 +109,8 @@ def plan_float8(model: nn.Module, *, islands: Iterable[str] = (),
     return plan
 
 
-def convert_linears(model: nn.Module, plan: Float8Plan, recipe: str = "tensorwise"
-                    ) -> Float8Plan:
+def convert_linears(model: nn.Module, plan: Float8Selection, recipe: str = "tensorwise"
+                    ) -> Float8Selection:
     """Swap the planned Linear layers for torchao ``Float8Linear`` in place, scaled by
     torchao's ``recipe`` (``tensorwise``, its default, or ``rowwise``).
 

@@ -44,7 +44,7 @@ from torch import nn
 
 from ..common.choices import MX_SCALES, NVFP4_PARTS
 from ..common.errors import UserError, flag, warn
-from .fp8 import Float8Plan, convert_linears, plan_float8
+from .fp8 import Float8Selection, convert_linears, plan_float8
 from .islands import ForwardPatches
 from .lowbit_formats import FP8_BLOCK, MX_BLOCK, NVFP4_BLOCK
 from .lowbit_operand import Quantiser
@@ -221,7 +221,7 @@ def lowbit_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | No
     return _LowBitLinear.apply(x, weight, bias, recipe, out_dtype, seeds, name)
 
 
-def install_lowbit_linears(patches: ForwardPatches, model: nn.Module, plan: Float8Plan,
+def install_lowbit_linears(patches: ForwardPatches, model: nn.Module, plan: Float8Selection,
                            recipe: Recipe, seeds: StochasticSeeds | None = None) -> None:
     """Swap the planned Linear layers' forwards for the emulated low-bit linear."""
     modules = dict(model.named_modules())
@@ -238,7 +238,7 @@ def install_lowbit_linears(patches: ForwardPatches, model: nn.Module, plan: Floa
 
 
 def install_blockwise_linears(patches: ForwardPatches, model: nn.Module,
-                              plan: Float8Plan) -> None:
+                              plan: Float8Selection) -> None:
     """The native fp8-blockwise path (sm90+): each planned layer's forward runs torchao's
     ``fp8_blockwise_mm`` (1x128 / 128x128 e4m3 GEMMs, Triton kernels) on its own weight
     Parameter, the bias added after (torchao's module takes none)."""
@@ -283,7 +283,7 @@ def check_lowbit_options(spec: ModeSpec, bf16_last: int, mx_scale: str,
              f"{spec.name}: it leaves a part of the nvfp4 training recipe out")
 
 
-def keep_last_in_bf16(plan: Float8Plan, count: int) -> Float8Plan:
+def keep_last_in_bf16(plan: Float8Selection, count: int) -> Float8Selection:
     """``plan`` with its last ``count`` layers (in module order) kept in bf16
     (``--lowbit-bf16-last``: the NVFP4 paper keeps the final blocks in higher precision)."""
     if count > 0:
@@ -297,7 +297,7 @@ def setup_lowbit(model: nn.Module, patches: ForwardPatches, spec: ModeSpec,
                  device: torch.device, islands: list[str], skip_first_last: bool, *,
                  bf16_last: int = 0, mx_scale: str = "floor", without: str = "none",
                  seed: int = 0
-                 ) -> tuple[Float8Plan, StochasticSeeds | None]:
+                 ) -> tuple[Float8Selection, StochasticSeeds | None]:
     """Plan ``spec``'s eligible Linear layers and make them low-bit: torchao's float8
     layers where the format is native on ``device``, else the emulated forward. Returns
     the plan and, for a recipe that rounds stochastically, the layers' seeds (from
@@ -364,7 +364,7 @@ def quantised_weight_bytes(recipe: Recipe, weight: torch.Tensor) -> float:
     return numel * _ELEMENT_BYTES[quantiser.elem] + scales
 
 
-def lowbit_bytes(model: nn.Module, plan: Float8Plan | None, spec: ModeSpec) -> float:
+def lowbit_bytes(model: nn.Module, plan: Float8Selection | None, spec: ModeSpec) -> float:
     """The low-bit weight copies (and their scales) of ``plan``'s layers in ``spec``'s
     format; 0 for a mode without one."""
     if plan is None or not spec.lowbit:

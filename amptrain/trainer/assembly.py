@@ -20,14 +20,14 @@ from . import datacheck
 from ..common import outdir
 from ..loggers import train_outputs
 from .. import checkpoint
-from .autobatch import MicroBatchPlanner
+from .autobatch import MicroBatchSizer
 from ..config import TrainConfig, write_yaml
 from ..distributed import Strategy
 from ..common.errors import UserError, flag
 from ..common.forward import LossFn
 from .inapplicable import warn_inapplicable
 from ..models import is_conv_net
-from .optim import LrPlan, build_optimizer, build_scheduler
+from .optim import LrSchedule, build_optimizer, build_scheduler
 from ..precision import Precision
 from ..common.reproducibility import TRAINING, seed_phase, tune_backends
 from .streams import StreamWindows, as_dataset
@@ -48,7 +48,7 @@ log = logging.getLogger("amptrain")
 
 
 def assemble_parts(model: nn.Module, train_data: Any, val_data: Any, *, config: TrainConfig,
-                   strategy: Strategy, precision: Precision, planner: MicroBatchPlanner,
+                   strategy: Strategy, precision: Precision, sizer: MicroBatchSizer,
                    position: LoopPosition, interval: LogInterval, out: Path | None,
                    run_info: dict[str, Any],
                    resolved: Callable[[], dict[str, Any]],
@@ -80,10 +80,10 @@ def assemble_parts(model: nn.Module, train_data: Any, val_data: Any, *, config: 
                       precision=precision.name, own_optimizer=optimizer is not None)
     seed_phase(TRAINING, c.seed, deterministic=c.deterministic)
     tune_backends(device, c.deterministic)
-    lr_plan = LrPlan.for_batch(c)  # first: the optimizers take its lr
-    model, steps = prepare_parts(model, task, optimizer, scheduler, config=c,
+    lr_schedule = LrSchedule.for_batch(c)  # first: the optimizers take its lr
+    model, steps = build_parts(model, task, optimizer, scheduler, config=c,
                                  strategy=strategy, precision=precision, position=position,
-                                 lr_plan=lr_plan)
+                                 lr_schedule=lr_schedule)
     first = next(iter(steps.parts.values()))
     split = c.batching.split(strategy.world_size)
     loss = loss_fn or task.loss
@@ -92,10 +92,10 @@ def assemble_parts(model: nn.Module, train_data: Any, val_data: Any, *, config: 
             raise UserError(f"{flag('micro_batch_size')} auto probes one model's step; "
                             f"task {task.name} trains {len(steps.parts)}: set a number")
         split = search_micro_batch(
-            train_data, planner=planner, config=c, strategy=strategy,
+            train_data, sizer=sizer, config=c, strategy=strategy,
             model=first.module, optimizer=first.optimizer, precision=precision,
             loss_fn=loss)
-    planner.use(split)  # the run's split, decided once: each step reads it
+    sizer.use(split)  # the run's split, decided once: each step reads it
     windows = windows_of(train_data, micro=split.micro_batch, accumulate=split.accumulate,
                          shuffle=True, config=c, strategy=strategy)
     if len(windows) == 0:
@@ -106,13 +106,13 @@ def assemble_parts(model: nn.Module, train_data: Any, val_data: Any, *, config: 
     run_length = RunLength.resolve(
         c.schedule.epochs, c.schedule.max_steps,
         None if isinstance(windows, StreamWindows) else len(windows))
-    lr_plan = lr_plan.for_run(len(windows), run_length.total_steps)
+    lr_schedule = lr_schedule.for_run(len(windows), run_length.total_steps)
     # The caller's own optimizer keeps the learning rate it was built with unless a
     # schedule is asked for: a default cosine decay to 0 would be a surprise.
     constant_lr = optimizer is not None and scheduler is None and "scheduler" not in c.given
     own = SchedulePlan.of_caller(scheduler) if scheduler is not None else None
     plans = {name: own if own is not None else None if constant_lr else SchedulePlan.of_config(
-        build_scheduler(c, part.optimizer, run_length.total_steps, plan=lr_plan),
+        build_scheduler(c, part.optimizer, run_length.total_steps, plan=lr_schedule),
         c.schedule.scheduler, c.schedule.scheduler_interval)
         for name, part in steps.parts.items()}
     for name, part in steps.parts.items():
@@ -127,7 +127,7 @@ def assemble_parts(model: nn.Module, train_data: Any, val_data: Any, *, config: 
                          precision=precision, strategy=strategy,
                          model_name=run_info.get("model")) \
         if loss_fn is None and own_step is None else None
-    train_step = TrainStep(steps, precision=precision, strategy=strategy, planner=planner,
+    train_step = TrainStep(steps, precision=precision, strategy=strategy, sizer=sizer,
                          interval=interval, model=model, device=device,
                          training_step=own_step, loss_fn=loss, check=check)
     checkpointer = Checkpointer(out, c, strategy, model=model, precision=precision,
@@ -139,14 +139,15 @@ def assemble_parts(model: nn.Module, train_data: Any, val_data: Any, *, config: 
                      precision):
         checkpointer.register(stateful)
     return RunParts(model=model, task=task, evaluator=evaluator, steps=steps,
-                    train_step=train_step, windows=windows, lr_plan=lr_plan, run_length=run_length,
+                    train_step=train_step, windows=windows, lr_schedule=lr_schedule,
+                    run_length=run_length,
                     checkpointer=checkpointer, constant_lr=constant_lr,
                     schedule_words=said.describe() if said is not None else "")
 
 
-def open_run(parts: RunParts, *, config: TrainConfig, strategy: Strategy, out: Path | None,
+def begin_run(parts: RunParts, *, config: TrainConfig, strategy: Strategy, out: Path | None,
              precision: Precision, reporter: Reporter, position: LoopPosition,
-             planner: MicroBatchPlanner, resolved: Callable[[], dict[str, Any]],
+             sizer: MicroBatchSizer, resolved: Callable[[], dict[str, Any]],
              run_info: dict[str, Any]) -> bool:
     """The end of set-up: the run directory prepared, ``--resume`` loaded into the parts,
     the config as run (``resolved()``) written, the logger opened with the banner. Returns
@@ -154,7 +155,7 @@ def open_run(parts: RunParts, *, config: TrainConfig, strategy: Strategy, out: P
     c = config
     finished = False
     if strategy.is_main and out is not None:
-        outdir.prepare_run(out, resume=bool(c.checkpointing.resume),
+        outdir.claim_run(out, resume=bool(c.checkpointing.resume),
                            outputs=train_outputs(c.logging.logger))
     if c.checkpointing.resume:
         if parts.checkpointer.resume(resolved(), run_info, len(parts.windows)):
@@ -173,24 +174,24 @@ def open_run(parts: RunParts, *, config: TrainConfig, strategy: Strategy, out: P
     reporter.announce(Reporter.banner(
         precision, device=strategy.device, world_size=strategy.world_size,
         run_length=parts.run_length, batch_size=c.batching.batch_size,
-        micro=planner.split.micro_batch, accumulate=planner.split.accumulate,
+        micro=sizer.split.micro_batch, accumulate=sizer.split.accumulate,
         task_words=parts.task.describe(), constant_lr=parts.constant_lr)
         + parts.schedule_words)
-    lr_note = parts.lr_plan.describe(c)
+    lr_note = parts.lr_schedule.describe(c)
     if lr_note:
         reporter.logger.message(f"amptrain: {lr_note}")
     return finished
 
 
-def prepare_parts(model: nn.Module, task: Task, optimizer: torch.optim.Optimizer | None,
+def build_parts(model: nn.Module, task: Task, optimizer: torch.optim.Optimizer | None,
                   scheduler: Any, *, config: TrainConfig, strategy: Strategy,
-                  precision: Precision, position: LoopPosition, lr_plan: LrPlan
+                  precision: Precision, position: LoopPosition, lr_schedule: LrSchedule
                   ) -> tuple[nn.Module, OptimizerSteps]:
     """The model on the device and the task's parts of it, each with its optimizer (at
-    ``lr_plan``'s lr), set up for the precision and wrapped for the strategy (and compiled
+    ``lr_schedule``'s lr), set up for the precision and wrapped for the strategy (and compiled
     when asked)."""
     c = config
-    model = strategy.prepare_model(placed(model, strategy.device, c), precision, optimizer)
+    model = strategy.wrap_model(placed(model, strategy.device, c), precision, optimizer)
     modules = task.models(model)
     if (optimizer is not None or scheduler is not None) and len(modules) != 1:
         given = "optimizer" if optimizer is not None else "scheduler"
@@ -201,7 +202,7 @@ def prepare_parts(model: nn.Module, task: Task, optimizer: torch.optim.Optimizer
     else:
         fused = precision.allows_fused(c.schedule.optimizer)
         optimizers = task.build_optimizers(
-            modules, lambda part: build_optimizer(c, part, fused_allowed=fused, plan=lr_plan))
+            modules, lambda part: build_optimizer(c, part, fused_allowed=fused, plan=lr_schedule))
         check_optimizers(task, modules, optimizers)
     steps = OptimizerSteps(precision, position, strategy, clip=c.schedule.clip_grad_norm,
                            log_every=c.logging.log_every)

@@ -1,20 +1,20 @@
 """Memory-aware micro-batches: find the largest that fits, and shrink on out-of-memory.
 
-A planner: it runs what it is given (a step at a micro-batch size, a forward/backward of a
+A sizer: it runs what it is given (a step at a micro-batch size, a forward/backward of a
 window) and answers with a :class:`MicroBatchSplit`; it holds no training state of its own and
-knows nothing of the Trainer, which applies each plan in one place.
+knows nothing of the Trainer, which applies each split in one place.
 
 The global batch (``--batch-size``) is fixed; only the way it is cut into micro-batches
 changes, so the optimisation maths never does (see :mod:`amptrain.trainer.windows`):
 
-* ``--micro-batch-size auto`` (:meth:`MicroBatchPlanner.search`) runs real training
+* ``--micro-batch-size auto`` (:meth:`MicroBatchSizer.search`) runs real training
   steps (forward, backward, optimizer step, in the run's precision, on the run's first
   batches) at candidate micro-batch sizes, keeps the largest that fits, and sets
   ``accumulate`` so that micro x accumulate x processes == batch. Candidates are the
   divisors of the per-device batch, so the batch is always met exactly. The weights,
   optimizer, loss scaler and RNG are restored after every probe: probing does not change
   training.
-* Mid-training, an out-of-memory error in a forward/backward (:meth:`MicroBatchPlanner.redo`)
+* Mid-training, an out-of-memory error in a forward/backward (:meth:`MicroBatchSizer.redo`)
   drops the partial gradients, frees memory, halves the micro-batch (doubling the
   accumulation) and redoes the same global batch, re-cut, from the same RNG and BatchNorm
   state; later steps keep the new split.
@@ -138,7 +138,7 @@ class Probe:
     note: str  # "fits", "over budget", "out of memory: ...", "predicted over budget"
 
 
-class MicroBatchPlanner:
+class MicroBatchSizer:
     """``--micro-batch-size auto`` search and out-of-memory recovery for one run.
 
     ``agree(fits)`` must return True only when every process fits (all ranks pick the same
@@ -215,13 +215,13 @@ class MicroBatchPlanner:
             raise UserError(f"{flag('micro_batch_size')} auto: even micro-batch 1 does not fit "
                             f"({first.note}, peak {_gb(first.peak_bytes)}"
                             f"{f' > budget {_gb(budget)}' if budget is not None else ''}); {hint}")
-        plan = MicroBatchSplit.of(micro, self.per_device)
+        split = MicroBatchSplit.of(micro, self.per_device)
         where = f"budget {_gb(budget)}, " if budget is not None else ""
         processes = f" x {self.world_size} processes" if self.world_size > 1 else ""
         self.search_report["summary"] = (
-            f"auto micro-batch {plan.micro_batch} x accumulate {plan.accumulate}{processes} = "
+            f"auto micro-batch {split.micro_batch} x accumulate {split.accumulate}{processes} = "
             f"batch {self.batch_size} ({where}measured by {meter.source}; tried {tried})")
-        return plan
+        return split
 
     def budget(self) -> int | None:
         """Bytes a step may use: --memory-budget-gb, else what the CPU can give (None:
@@ -266,13 +266,13 @@ class MicroBatchPlanner:
         return window
 
     def redo(self, window: StepBatch, forward_backward: Callable[[StepBatch], None],
-             failure: str, *, plan: MicroBatchSplit, step: int,
+             failure: str, *, split: MicroBatchSplit, step: int,
              drop_gradients: Callable[[], None], step_start: Any = None
              ) -> tuple[StepBatch, MicroBatchSplit]:
         """After ``forward_backward(window)`` ran out of memory (``failure``: the error's
         line), redo it in smaller micro-batches until it fits.
 
-        Returns the window as it finally ran (re-cut) and the plan that later steps should
+        Returns the window as it finally ran (re-cut) and the split that later steps should
         use. ``step_start`` (a :class:`~amptrain.trainer.snapshot.StepStart`, saved by the
         caller) brings RNG and BatchNorm statistics back before a redo, as a run that used
         the smaller micro-batch from the start would have them.
@@ -281,13 +281,13 @@ class MicroBatchPlanner:
             # The failed attempt may have accumulated some gradients.
             drop_gradients()
             free_memory(self.device)
-            plan = self._shrink(window, failure, plan, step)
-            window = resplit(window, plan.micro_batch)
+            split = self._shrink(window, failure, split, step)
+            window = resplit(window, split.micro_batch)
             if step_start is not None:
                 step_start.restore()
             try:
                 forward_backward(window)
-                return window, plan
+                return window, split
             except Exception as exc:  # noqa: BLE001 - anything else is re-raised
                 if not is_out_of_memory(exc):
                     raise
@@ -295,10 +295,10 @@ class MicroBatchPlanner:
             # Here, outside the except block, the traceback (and the activations its
             # frames hold) is gone.
 
-    def _shrink(self, window: StepBatch, failure: str, plan: MicroBatchSplit,
+    def _shrink(self, window: StepBatch, failure: str, split: MicroBatchSplit,
                 step: int) -> MicroBatchSplit:
         failed = max(window.micro_samples)
-        per_device = plan.per_device
+        per_device = split.per_device
         smaller = halve(failed, per_device)
         if smaller is None:
             raise OutOfMemoryHalt(
@@ -313,8 +313,8 @@ class MicroBatchPlanner:
                 f"{flag('micro_batch_size')} {smaller} (or auto)")
         new = MicroBatchSplit.of(smaller, per_device)
         self.limit = smaller
-        self.oom_events.append({"step": step, "micro_batch_size": [plan.micro_batch, smaller],
-                                "accumulate": [plan.accumulate, new.accumulate], "error": failure,
+        self.oom_events.append({"step": step, "micro_batch_size": [split.micro_batch, smaller],
+                                "accumulate": [split.accumulate, new.accumulate], "error": failure,
                                 "message": f"out of memory at step {step} with micro-batch "
                                            f"{failed}; redoing the step as micro-batch {smaller} "
                                            f"x accumulate {new.accumulate} (same global batch "

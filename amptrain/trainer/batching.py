@@ -1,6 +1,6 @@
 """Micro-batch planning in the Trainer: the ``auto`` search runs real steps at candidate
 sizes and puts the state back. The planning itself is
-:class:`~amptrain.trainer.autobatch.MicroBatchPlanner`'s; a smaller split after out-of-memory takes
+:class:`~amptrain.trainer.autobatch.MicroBatchSizer`'s; a smaller split after out-of-memory takes
 effect in the windows (:meth:`~amptrain.trainer.windows.Windows.resize`)."""
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from .autobatch import MicroBatchPlanner, MicroBatchSplit
+from .autobatch import MicroBatchSizer, MicroBatchSplit
 from .windows import DatasetWindows
 from ..config import TrainConfig
 from ..distributed import Strategy
@@ -35,11 +35,11 @@ def agreement(strategy: Strategy) -> Callable[[bool], bool]:
     return agree
 
 
-def search_micro_batch(train_data: Any, *, planner: MicroBatchPlanner, config: TrainConfig,
+def search_micro_batch(train_data: Any, *, sizer: MicroBatchSizer, config: TrainConfig,
                        strategy: Strategy, model: nn.Module, optimizer: torch.optim.Optimizer,
                        precision: Precision, loss_fn: LossFn) -> MicroBatchSplit:
     """``--micro-batch-size auto``: real steps at candidate sizes, state restored after each."""
-    per_device = planner.per_device
+    per_device = sizer.per_device
 
     def windows(data: Any, micro: int) -> Any:
         return windows_of(data, micro=micro,
@@ -54,12 +54,12 @@ def search_micro_batch(train_data: Any, *, planner: MicroBatchPlanner, config: T
     data = first.dataset  # as training will hold it (on the GPU when small enough)
     snapshot = TrainingSnapshot(model, optimizer, precision, strategy.device)
     clip = config.schedule.clip_grad_norm
-    split = planner.search(
+    split = sizer.search(
         lambda micro: probe_steps(windows(data, micro), model=model, optimizer=optimizer,
                                   precision=precision, loss_fn=loss_fn, clip=clip),
         snapshot.restore)
-    if strategy.is_main and planner.search_report:
-        log.info("%s", planner.search_report["summary"])
+    if strategy.is_main and sizer.search_report:
+        log.info("%s", sizer.search_report["summary"])
     return split
 
 

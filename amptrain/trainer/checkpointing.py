@@ -18,7 +18,7 @@ from ..version import __version__
 from ..config import TrainConfig, to_dict
 from ..distributed import Strategy
 from ..common.errors import UserError, flag
-from .optim import LrPlan
+from .optim import LrSchedule
 from ..precision import Precision
 from .optimizers import OptimizerSteps
 from .position import LoopPosition
@@ -223,8 +223,8 @@ class Checkpointer:
 
 
 def resolved_config(config: TrainConfig, *, precision: str, device: Any, world_size: int,
-                    micro: int | None, accumulate: int | None, lr_plan: LrPlan | None,
-                    planner_report: dict[str, Any], run_info: dict[str, Any]
+                    micro: int | None, accumulate: int | None, lr_schedule: LrSchedule | None,
+                    sizer_report: dict[str, Any], run_info: dict[str, Any]
                     ) -> dict[str, Any]:
     """The config as run: precision resolved, batching and learning rate derived."""
     resolved = to_dict(config)
@@ -236,15 +236,15 @@ def resolved_config(config: TrainConfig, *, precision: str, device: Any, world_s
     # config.yaml is a recipe: fed back with --config it must rerun the same maths,
     # so it holds the lr and warm-up actually used (scaling already applied) and
     # keeps how they were derived in the informational lr_schedule block.
-    resolved["lr"] = (lr_plan or LrPlan.for_batch(config)).lr
+    resolved["lr"] = (lr_schedule or LrSchedule.for_batch(config)).lr
     resolved["lr_scaling"] = "none"
-    if lr_plan is not None:
-        resolved["warmup_steps"] = lr_plan.warmup_steps
+    if lr_schedule is not None:
+        resolved["warmup_steps"] = lr_schedule.warmup_steps
         resolved["lr_schedule"] = {"lr_scaling": config.schedule.lr_scaling,
-                                   **lr_plan.report()}
+                                   **lr_schedule.report()}
     if config.batching.auto:
         resolved["memory_budget_gb"] = None  # the search ran; its result is fixed above
-    resolved.update(planner_report)
+    resolved.update(sizer_report)
     resolved["world_size"] = world_size
     resolved.update({k: v for k, v in run_info.items() if k in ("model", "data")})
     return resolved

@@ -2,7 +2,7 @@
 lives in :class:`~amptrain.precision.Precision` (its mode decided once, before), every task
 difference in the :class:`~amptrain.tasks.Task`, every process-group one in the strategy.
 
-The Trainer owns LoopPosition, LogInterval, Reporter and the MicroBatchPlanner from the
+The Trainer owns LoopPosition, LogInterval, Reporter and the MicroBatchSizer from the
 start and keeps what :meth:`Trainer.setup` assembles as one :class:`~.parts.RunParts`
 (OptimizerSteps, TrainStep, Evaluator, Checkpointer, the train windows); every part with
 state is registered with the Checkpointer under its section (docs/architecture.md).
@@ -24,7 +24,7 @@ from torch.utils.data import DataLoader, Dataset
 from .. import checkpoint
 from . import datacheck, preemption
 from ..common import clock, outdir
-from .autobatch import MicroBatchPlanner, MicroBatchSplit
+from .autobatch import MicroBatchSizer, MicroBatchSplit
 from ..config import TrainConfig, write_yaml
 from ..distributed import Strategy, build_strategy
 from ..common.errors import UserError, flag
@@ -35,7 +35,7 @@ from .streams import as_dataset
 from ..tasks import EvalResult, Task, resolve_task
 from ..tasks.step import StepContext
 from .batching import agreement
-from .assembly import assemble_parts, open_run, placed
+from .assembly import assemble_parts, begin_run, placed
 from .checkpointing import resolved_config
 from .evaluation import Evaluator
 from .loop import TaskLoop
@@ -78,7 +78,7 @@ class Trainer:
         self.position = LoopPosition()
         self.log_interval = LogInterval(self.device)
         # --micro-batch-size auto and out-of-memory recovery.
-        self.planner = MicroBatchPlanner(self.device, batch_size=c.batching.batch_size,
+        self.sizer = MicroBatchSizer(self.device, batch_size=c.batching.batch_size,
                                          world_size=self.strategy.world_size,
                                          memory_budget_gb=c.batching.memory_budget_gb,
                                          agree=agreement(self.strategy))
@@ -134,16 +134,16 @@ class Trainer:
         try:
             self._built = assemble_parts(
                 model, train_data, val_data, config=self.config, strategy=self.strategy,
-                precision=self.precision, planner=self.planner, position=self.position,
+                precision=self.precision, sizer=self.sizer, position=self.position,
                 interval=self.log_interval, out=self.out, run_info=self.run_info,
                 resolved=self.resolved_config, optimizer=optimizer,
                 scheduler=scheduler, loss_fn=loss_fn, class_names=names, task=task,
                 training_step=training_step)
             self._built.train_step.on_split = self._use_batch_plan  # after out-of-memory
-            self.resumed_finished = open_run(
+            self.resumed_finished = begin_run(
                 self._built, config=self.config, strategy=self.strategy, out=self.out,
                 precision=self.precision, reporter=self.reporter, position=self.position,
-                planner=self.planner, resolved=self.resolved_config, run_info=self.run_info)
+                sizer=self.sizer, resolved=self.resolved_config, run_info=self.run_info)
         except BaseException:
             self._teardown()
             self._reset(self.precision.mode)  # a failed set-up may have used it: a fresh one
@@ -265,10 +265,10 @@ class Trainer:
         parts = self._run_parts()
         return resolved_config(
             self.config, precision=self.precision.name, device=self.device,
-            world_size=self.strategy.world_size, lr_plan=parts.lr_plan if parts else None,
+            world_size=self.strategy.world_size, lr_schedule=parts.lr_schedule if parts else None,
             micro=parts.windows.micro_batch if parts is not None else None,
             accumulate=self.accumulate if parts is not None else None,
-            planner_report=self.planner.report(), run_info=self.run_info)
+            sizer_report=self.sizer.report(), run_info=self.run_info)
 
     # ------------------------------------------------------- the parts, by name
     device = property(lambda self: self.strategy.device, doc="The training device.")
@@ -292,7 +292,7 @@ class Trainer:
     steps = property(lambda self: p.steps if (p := self._run_parts()) else None)
     train_windows = property(lambda self: p.windows if (p := self._run_parts()) else None,
                              lambda self, windows: self._ready().use_windows(windows))
-    lr_plan = property(lambda self: p.lr_plan if (p := self._run_parts()) else None)
+    lr_schedule = property(lambda self: p.lr_schedule if (p := self._run_parts()) else None)
     run_length = property(lambda self: p.run_length if (p := self._run_parts()) else None)
     checkpointer = property(lambda self: p.checkpointer if (p := self._run_parts()) else None)
     total_steps = property(lambda self: p.run_length.total_steps
@@ -318,7 +318,7 @@ class Trainer:
                            else None, doc="What the step calls (wrapped/compiled), one part.")
     micro_batch_size = property(lambda self: self._ready().windows.micro_batch,
                                 doc="Samples per forward/backward on each device.")
-    accumulate = property(lambda self: self.planner.split.accumulate,
+    accumulate = property(lambda self: self.sizer.split.accumulate,
                           doc="Micro-batches per optimizer step on each device.")
 
     def _ready(self) -> RunParts:
@@ -329,7 +329,7 @@ class Trainer:
 
     def _teardown(self) -> None:
         """The user's module gets its own forwards back (evaluate() reinstates them), and
-        ``out`` its lock (outdir.prepare took it)."""
+        ``out`` its lock (outdir.make_run_dir took it)."""
         outdir.release(self.out)
         self.precision.teardown()
         if self._built is not None:
@@ -410,9 +410,9 @@ class Trainer:
 
     def _use_batch_plan(self, split: MicroBatchSplit) -> None:
         """The one place a smaller micro-batch takes effect (after out-of-memory)."""
-        self.planner.use(split)
+        self.sizer.use(split)
         self._ready().windows.resize(split.micro_batch)  # later epochs are cut the new way
-        for event in self.planner.new_events():
+        for event in self.sizer.new_events():
             self.logger.message(f"amptrain: {event['message']}")
         if self.strategy.is_main and self.out is not None:
             write_yaml(self.resolved_config(), self.out / "config.yaml")

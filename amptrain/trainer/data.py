@@ -82,10 +82,10 @@ def windows_of(data: Any, *, micro: int, accumulate: int, shuffle: bool, config:
         subset = None
         if sample_batches is not None:
             subset = eval_sample(len(data), sample_batches * config.batching.batch_size)
-        plan = SampleOrder(len(data) if subset is None else len(subset),
+        order = SampleOrder(len(data) if subset is None else len(subset),
                            micro * accumulate * world, micro, world_size=world,
                            rank=strategy.rank, seed=config.seed, shuffle=shuffle)
-        return DatasetWindows(data, plan, device, num_workers=workers_for(data, config),
+        return DatasetWindows(data, order, device, num_workers=workers_for(data, config),
                               subset=subset)
     # Only evaluation reads data unshuffled.
     data = strategy.shard_loader(data, seed=config.seed, evaluation=not shuffle)

@@ -116,16 +116,16 @@ class MemoryMeter:
     # ------------------------------------------------------------ a block of work
     def measure(self, work: Callable[[], Any]) -> int:
         """Run ``work`` and return its peak bytes."""
-        with self.window() as result:
+        with self.span() as result:
             work()
         return result["bytes"]
 
     @contextlib.contextmanager
-    def window(self) -> Iterator[dict[str, int]]:
+    def span(self) -> Iterator[dict[str, int]]:
         """The peak of the ``with`` block, in ``result["bytes"]`` once it has left."""
         result = {"bytes": 0}
         if self.scope == "tensors":
-            with self._tensor_window(result):
+            with self._tensor_span(result):
                 yield result
             return
         free_memory(self.device)
@@ -144,7 +144,7 @@ class MemoryMeter:
             result["bytes"] = _lifetime_rss_peak()
 
     @contextlib.contextmanager
-    def _tensor_window(self, result: dict[str, int]) -> Iterator[None]:
+    def _tensor_span(self, result: dict[str, int]) -> Iterator[None]:
         if self.device.type == "cuda":
             _sync(self.device)
             start = torch.cuda.memory_allocated(self.device)

@@ -68,12 +68,12 @@ def _fused_ok(model: nn.Module) -> bool:
 
 
 def build_optimizer(config: TrainConfig, model: nn.Module, *, fused_allowed: bool = True,
-                    plan: LrPlan | None = None) -> torch.optim.Optimizer:
+                    plan: LrSchedule | None = None) -> torch.optim.Optimizer:
     """AdamW or SGD (momentum, Nesterov off), fused where the device supports it and the
     precision allows it (``fused_allowed``: see :meth:`Precision.allows_fused`), at the
     run's learning rate (``plan``'s: the Trainer builds its plan first; without one, the
     plan of ``config``)."""
-    lr = (plan or LrPlan.for_batch(config)).lr
+    lr = (plan or LrSchedule.for_batch(config)).lr
     if config.schedule.optimizer not in OPTIMIZERS:
         return torch_optimizer(config, model, lr)
     groups = parameter_groups(model, config.schedule.weight_decay)
@@ -139,7 +139,7 @@ def adamw8bit_class(model: nn.Module) -> Callable[..., torch.optim.Optimizer]:
 
 
 def build_scheduler(config: TrainConfig, optimizer: torch.optim.Optimizer,
-                    total_steps: int, *, plan: LrPlan | None = None) -> LRScheduler:
+                    total_steps: int, *, plan: LrSchedule | None = None) -> LRScheduler:
     """The per-optimizer-step schedule: linear warm-up (``plan``'s, else
     ``--warmup-steps``), then none/cosine/onecycle/linear.
 
@@ -180,7 +180,7 @@ AUTO_WARMUP_FRACTION = 0.1
 
 
 @dataclass(frozen=True)
-class LrPlan:
+class LrSchedule:
     """The learning rate and warm-up a run really uses, and where they came from.
 
     The one owner of a run's learning rate, built first: :meth:`for_batch` (from the
@@ -196,7 +196,7 @@ class LrPlan:
     warmup_auto: int        # the automatic warm-up for a scaled-up lr (0 when not scaling up)
 
     @classmethod
-    def for_batch(cls, config: TrainConfig) -> LrPlan:
+    def for_batch(cls, config: TrainConfig) -> LrSchedule:
         """The lr for ``config``'s batch size (:func:`scaled_lr`), before the run's length
         is known: the warm-up is ``--warmup-steps`` until :meth:`for_run` decides it."""
         base = config.schedule.resolved_lr()
@@ -205,7 +205,7 @@ class LrPlan:
         return cls(base_lr=base, lr=lr, factor=lr / base, warmup_steps=given,
                    warmup_given=given, warmup_auto=0)
 
-    def for_run(self, steps_per_epoch: int, total_steps: int) -> LrPlan:
+    def for_run(self, steps_per_epoch: int, total_steps: int) -> LrSchedule:
         """This plan with the warm-up for a run of ``total_steps`` steps (see the module
         docstring: an automatic warm-up when the lr is scaled up)."""
         auto = auto_warmup_steps(steps_per_epoch, total_steps) if self.factor > 1.0 else 0
@@ -239,6 +239,6 @@ def auto_warmup_steps(steps_per_epoch: int, total_steps: int) -> int:
                       math.ceil(AUTO_WARMUP_FRACTION * total_steps)))
 
 
-def plan_lr(config: TrainConfig, steps_per_epoch: int, total_steps: int) -> LrPlan:
+def plan_lr(config: TrainConfig, steps_per_epoch: int, total_steps: int) -> LrSchedule:
     """The learning rate and warm-up for ``config``'s batch size (see the module docstring)."""
-    return LrPlan.for_batch(config).for_run(steps_per_epoch, total_steps)
+    return LrSchedule.for_batch(config).for_run(steps_per_epoch, total_steps)

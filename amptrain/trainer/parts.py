@@ -12,7 +12,7 @@ from typing import Any
 from torch import nn
 
 from .windows import Windows
-from .optim import LrPlan
+from .optim import LrSchedule
 from ..tasks import Task
 from .checkpointing import Checkpointer
 from .evaluation import Evaluator
@@ -39,7 +39,7 @@ class RunParts(Prepared):
     steps: OptimizerSteps      # every trained part with its optimizer and scheduler
     train_step: TrainStep      # the step context and what runs around each step
     windows: Windows           # the train data cut into step windows
-    lr_plan: LrPlan
+    lr_schedule: LrSchedule
     run_length: RunLength      # when the loop ends (and the LR schedule's length)
     checkpointer: Checkpointer  # every part with state is registered with it
     constant_lr: bool          # the caller's optimizer, no schedule asked for

@@ -135,14 +135,14 @@ class Reporter:
         return record
 
     @staticmethod
-    def explain_halt(halt: NonFiniteHalt, stepper: TrainStep, model: nn.Module,
+    def explain_halt(halt: NonFiniteHalt, train_step: TrainStep, model: nn.Module,
                      precision: Precision) -> NonFiniteHalt:
         """Add the first module that produced a non-finite value to a halt message: the
         supervised step's last batch, run again (a task's own step is not rerun)."""
-        window = stepper.last_window
-        if stepper.training_step is not None or window is None:
+        window = train_step.last_window
+        if train_step.training_step is not None or window is None:
             return halt
-        batch, loss_fn = window.micro_batches[0], stepper.loss_fn
+        batch, loss_fn = window.micro_batches[0], train_step.loss_fn
         if any(t.is_floating_point() and not bool(torch.isfinite(t).all())
                for micro in window.micro_batches for t in tensors(micro)):
             # Only now, on the slow path: the data is at fault, not the learning rate.
@@ -157,7 +157,7 @@ class Reporter:
             precision.scale_loss(loss).backward()
 
         where = first_nonfinite_module(model, rerun)
-        stepper.steps.zero_grad(optimizers=True)
+        train_step.steps.zero_grad(optimizers=True)
         if where is None:
             return halt
         module, phase = where

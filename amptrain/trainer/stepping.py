@@ -12,7 +12,7 @@ Around it, once per step: gradients zeroed (several parts), the step-start state
 (one process: for a redo), the loss scale updated once, the logged values counted once.
 An out-of-memory error inside the block is not a layer every step passes through: the
 manager's exit redoes the step in smaller micro-batches (through
-:meth:`~amptrain.trainer.autobatch.MicroBatchPlanner.redo`) and hands the new split on.
+:meth:`~amptrain.trainer.autobatch.MicroBatchSizer.redo`) and hands the new split on.
 """
 from __future__ import annotations
 
@@ -25,7 +25,7 @@ from typing import Any, ContextManager
 import torch
 from torch import nn
 
-from .autobatch import (MicroBatchPlanner, MicroBatchSplit, OutOfMemoryHalt, first_line,
+from .autobatch import (MicroBatchSizer, MicroBatchSplit, OutOfMemoryHalt, first_line,
                         is_out_of_memory)
 from .windows import StepBatch
 from ..distributed import Strategy
@@ -49,11 +49,11 @@ class TrainStep:
     """
 
     def __init__(self, steps: OptimizerSteps, *, precision: Precision, strategy: Strategy,
-                 planner: MicroBatchPlanner, interval: LogInterval, model: nn.Module,
+                 sizer: MicroBatchSizer, interval: LogInterval, model: nn.Module,
                  device: torch.device, training_step: StepFn | None, loss_fn: LossFn,
                  check: Callable[[Any, Any], None] | None = None) -> None:
         self.steps, self.precision, self.strategy = steps, precision, strategy
-        self.planner, self.interval = planner, interval
+        self.sizer, self.interval = sizer, interval
         self.training_step, self.loss_fn = training_step, loss_fn
         steady: StepFn = training_step or functools.partial(supervised_step, loss_fn=loss_fn)
         self._steady = steady
@@ -87,7 +87,7 @@ class TrainStep:
         if self.start is not None:
             self.start.save()
         self.step_number = step
-        self._point_at(self.planner.cut(window))
+        self._point_at(self.sizer.cut(window))
         return self
 
     def __enter__(self) -> StepFn:
@@ -115,8 +115,8 @@ class TrainStep:
 
     def _redo(self, failure: str) -> None:
         assert self.window is not None
-        window, split = self.planner.redo(
-            self.window, self._attempt, failure, plan=self.planner.split,
+        window, split = self.sizer.redo(
+            self.window, self._attempt, failure, split=self.sizer.split,
             step=self.step_number, drop_gradients=self._drop_gradients,
             step_start=self.start)
         self.window = window

@@ -127,7 +127,7 @@ class InOrderReader:
     rank: int = 0
     steps: int = 0
     limit: int | None = None
-    plan: None = field(default=None, init=False)
+    sample_order: None = field(default=None, init=False)
     _epochs_read: int = field(default=0, init=False)
 
     def __len__(self) -> int:

@@ -76,7 +76,7 @@ class SampleOrder:
 
     def epoch(self, epoch: int, start: int = 0) -> Iterator[StepIndices]:
         """The rank's windows of ``epoch``, starting at window ``start`` (for resume);
-        produced one at a time, so an epoch's plan is never held whole."""
+        produced one at a time, so an epoch's windows are never held whole."""
         order = self.order_tensor(epoch)
         for w in range(start, len(self)):
             batch = order[w * self.global_batch:(w + 1) * self.global_batch].tolist()
@@ -133,7 +133,7 @@ class WindowReader(Protocol):
     """
 
     @property
-    def plan(self) -> SampleOrder | None:
+    def sample_order(self) -> SampleOrder | None:
         """The sample order of indexed data; None for data read in order."""
 
     @property
@@ -170,9 +170,9 @@ class Windows:
         self.ended = False
 
     @property
-    def plan(self) -> SampleOrder | None:
+    def sample_order(self) -> SampleOrder | None:
         """The sample order of indexed data (None for data read in order)."""
-        return self.reader.plan
+        return self.reader.sample_order
 
     @property
     def known_length(self) -> bool:
@@ -211,47 +211,48 @@ class IndexedReader:
     column data (``tensors``) is indexed directly, on the device when it lives there (no
     workers, no collation, no copies), and may cut its own micro-batches (``select``);
     data that reads whole micro-batches (``read_batch``) is read here, one window at a
-    time; any other dataset goes through a DataLoader driven by the plan's micro-batches.
+    time; any other dataset goes through a DataLoader driven by the sample order's
+    micro-batches.
     Data with an ``on_device`` step has its micro-batches finished on the device.
 
-    ``subset`` (sample indices) restricts the windows to those samples: the plan then
-    counts positions in ``subset`` (``--eval-batches``' fixed sample).
+    ``subset`` (sample indices) restricts the windows to those samples: the sample order
+    then counts positions in ``subset`` (``--eval-batches``' fixed sample).
     """
 
     dataset: Dataset
-    plan: SampleOrder
+    sample_order: SampleOrder
     device: torch.device
     _: KW_ONLY
     num_workers: int = 0
     subset: torch.Tensor | None = None
     known_length: bool = field(default=True, init=False)
     _loader: DataLoader | None = field(default=None, init=False)
-    _sampler: _PlanSampler | None = field(default=None, init=False)
+    _sampler: _IndicesSampler | None = field(default=None, init=False)
 
     def __len__(self) -> int:
-        return len(self.plan)
+        return len(self.sample_order)
 
     @property
     def micro_batch(self) -> int:
-        """Samples per micro-batch (the plan's)."""
-        return self.plan.micro_batch
+        """Samples per micro-batch (the sample order's)."""
+        return self.sample_order.micro_batch
 
     def resize(self, micro: int) -> None:
-        self.plan.micro_batch = micro
+        self.sample_order.micro_batch = micro
 
     def read(self, epoch: int, start: int) -> Iterator[StepBatch]:
-        plans: Iterator[StepIndices] = self.plan.epoch(epoch, start)
+        steps: Iterator[StepIndices] = self.sample_order.epoch(epoch, start)
         if self.subset is not None:
-            plans = map(self._through_subset, plans)
+            steps = map(self._through_subset, steps)
         columns = protocol.columns_of(self.dataset)
         read_batch = protocol.batch_reader_of(self.dataset)
         windows: Iterator[StepBatch]
         if columns is not None:
-            windows = self._indexed(list(plans), columns)
+            windows = self._indexed(list(steps), columns)
         elif read_batch is not None:
-            windows = self._read(plans, read_batch)
+            windows = self._read(steps, read_batch)
         else:
-            windows = self._loaded(plans)
+            windows = self._loaded(steps)
         # Datasets whose batches finish on the device (uint8 images: standardise, augment
         # with a generator keyed by the window, so a resumed run draws the same).
         finish = protocol.finish_of(self.dataset)
@@ -260,34 +261,34 @@ class IndexedReader:
             return
         for index, window in enumerate(windows, start):
             window.micro_batches = [
-                finish(batch, training=self.plan.shuffle,
-                       key=(self.plan.seed, epoch, index, self.plan.rank, m))
+                finish(batch, training=self.sample_order.shuffle,
+                       key=(self.sample_order.seed, epoch, index, self.sample_order.rank, m))
                 for m, batch in enumerate(window.micro_batches)]
             yield window
 
-    def _through_subset(self, plan: StepIndices) -> StepIndices:
+    def _through_subset(self, indices: StepIndices) -> StepIndices:
         assert self.subset is not None
-        return StepIndices([self.subset[idx].tolist() for idx in plan.micro_indices],
-                          plan.global_samples)
+        return StepIndices([self.subset[idx].tolist() for idx in indices.micro_indices],
+                          indices.global_samples)
 
-    def _read(self, plans: Iterator[StepIndices],
+    def _read(self, steps: Iterator[StepIndices],
               read_batch: Callable[[Sequence[int]], Any]) -> Iterator[StepBatch]:
         pin = self.device.type == "cuda"
-        for plan in plans:
+        for indices in steps:
             micro = []
-            for idx in plan.micro_indices:
+            for idx in indices.micro_indices:
                 batch = read_batch(idx)
                 micro.append(to_device(_pinned(batch) if pin else batch, self.device))
-            yield StepBatch(micro, [len(i) for i in plan.micro_indices], plan.global_samples)
+            yield StepBatch(micro, [len(i) for i in indices.micro_indices], indices.global_samples)
 
-    def _indexed(self, plans: list[StepIndices],
+    def _indexed(self, steps: list[StepIndices],
                  tensors: Sequence[torch.Tensor]) -> Iterator[StepBatch]:
         where = tensors[0].device
         select = protocol.shaper_of(self.dataset)
         # The epoch's indices go to the data's device in one non-blocking copy from pinned
         # memory: an index built from a Python list on a GPU is a blocking copy (a host-
         # device sync) per micro-batch. Micro-batches then slice it on the device.
-        flat = torch.tensor([i for plan in plans for idx in plan.micro_indices for i in idx],
+        flat = torch.tensor([i for indices in steps for idx in indices.micro_indices for i in idx],
                             dtype=torch.long)
         if where.type == "cuda":
             flat = flat.pin_memory()
@@ -299,9 +300,9 @@ class IndexedReader:
         # over each batch: on a tiny model that walk is a measurable share of a step.
         move = where != self.device
         offset = 0
-        for plan in plans:
+        for indices in steps:
             micro = []
-            for idx in plan.micro_indices:
+            for idx in indices.micro_indices:
                 index = flat[offset:offset + len(idx)]
                 offset += len(idx)
                 if select is not None:  # datasets that shape their own batches (token data)
@@ -311,13 +312,13 @@ class IndexedReader:
                 if pin:
                     batch = _pinned(batch)
                 micro.append(to_device(batch, self.device) if move else batch)
-            yield StepBatch(micro, [len(i) for i in plan.micro_indices], plan.global_samples)
+            yield StepBatch(micro, [len(i) for i in indices.micro_indices], indices.global_samples)
 
-    def _loaded(self, plans: Iterator[StepIndices]) -> Iterator[StepBatch]:
+    def _loaded(self, steps: Iterator[StepIndices]) -> Iterator[StepBatch]:
         # One DataLoader for the life of these windows: with workers they persist across
-        # epochs (no restart per epoch), and the plan is fed to them lazily.
+        # epochs (no restart per epoch), and the windows' indices are fed to them lazily.
         if self._loader is None:
-            self._sampler = _PlanSampler()
+            self._sampler = _IndicesSampler()
             workers = self.num_workers
             self._loader = DataLoader(self.dataset, batch_sampler=self._sampler,
                                       num_workers=workers,
@@ -328,44 +329,44 @@ class IndexedReader:
                                       # from the training RNG (exact resume)
                                       generator=torch.Generator().manual_seed(0))
         assert self._sampler is not None
-        self._sampler.start(plans)
+        self._sampler.start(steps)
         batches = iter(self._loader)
         while True:
             try:
                 first = next(batches)
             except StopIteration:  # a worker's UserError arrives unwrapped (errors.UserError)
                 return
-            plan = self._sampler.taken.popleft()
-            micro = [first] + [next(batches) for _ in plan.micro_indices[1:]]
+            indices = self._sampler.taken.popleft()
+            micro = [first] + [next(batches) for _ in indices.micro_indices[1:]]
             yield StepBatch([to_device(b, self.device) for b in micro],
-                         [len(i) for i in plan.micro_indices], plan.global_samples)
+                         [len(i) for i in indices.micro_indices], indices.global_samples)
 
 
-class _PlanSampler:
-    """A DataLoader's batch sampler fed one epoch's window plans at a time; it notes each
-    plan as the loader takes it, so windows know their micro-batch sizes."""
+class _IndicesSampler:
+    """A DataLoader's batch sampler fed one epoch's windows at a time; it notes each
+    window's indices as the loader takes them, so windows know their micro-batch sizes."""
 
     def __init__(self) -> None:
-        self.plans: Iterator[StepIndices] = iter(())
+        self.steps: Iterator[StepIndices] = iter(())
         self.taken: collections.deque[StepIndices] = collections.deque()
 
-    def start(self, plans: Iterator[StepIndices]) -> None:
-        self.plans = plans
+    def start(self, steps: Iterator[StepIndices]) -> None:
+        self.steps = steps
         self.taken.clear()
 
     def __iter__(self) -> Iterator[list[int]]:
-        for plan in self.plans:
-            self.taken.append(plan)
-            yield from plan.micro_indices
+        for indices in self.steps:
+            self.taken.append(indices)
+            yield from indices.micro_indices
 
 
 class DatasetWindows(Windows):
     """The windows of a map-style dataset (an :class:`IndexedReader`); the constructor is
     the only thing this adds to :class:`Windows`."""
 
-    def __init__(self, dataset: Dataset, plan: SampleOrder, device: torch.device, *,
+    def __init__(self, dataset: Dataset, order: SampleOrder, device: torch.device, *,
                  num_workers: int = 0, subset: torch.Tensor | None = None) -> None:
-        self.indexed = IndexedReader(dataset, plan, device, num_workers=num_workers,
+        self.indexed = IndexedReader(dataset, order, device, num_workers=num_workers,
                                      subset=subset)
         super().__init__(self.indexed)
 

@@ -230,7 +230,7 @@ def export_checkpoint(checkpoint: str | Path, format: str, out: str | Path | Non
     if taken:
         raise UserError(f"{flag('out')} {out_dir} already holds {', '.join(taken)}; amptrain "
                         f"never overwrites it: choose another {flag('out')}")
-    outdir.prepare(out_dir, resume=True)  # writable, not a file; a run there is fine
+    outdir.make_run_dir(out_dir, resume=True)  # writable, not a file; a run there is fine
     step = state.get("step")
     info = {**run, "step": step}
     if format == "safetensors":

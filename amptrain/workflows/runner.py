@@ -123,7 +123,7 @@ def assemble(config: RunConfig) -> Assembled:
     return Assembled(data, task, build_run_model(config, data), config)
 
 
-def prepare_run(config: RunConfig) -> tuple[DataBundle, nn.Module]:
+def data_and_model(config: RunConfig) -> tuple[DataBundle, nn.Module]:
     """Build the data and a freshly initialised model (seeded: same seed, same weights)."""
     run = assemble(config)
     return run.data, run.model

@@ -13,7 +13,7 @@ from amptrain.common.errors import UserError, cli_spelling
 
 
 def test_a_new_directory_is_created(tmp_path):
-    path = outdir.prepare(tmp_path / "a" / "b", resume=False)
+    path = outdir.make_run_dir(tmp_path / "a" / "b", resume=False)
     assert path.is_dir()
 
 
@@ -42,7 +42,7 @@ def test_an_unwritable_place(tmp_path, monkeypatch):
         outdir.check(tmp_path / "run", resume=False)
     monkeypatch.undo()
     with pytest.raises(UserError, match="cannot create it"):
-        outdir.prepare("/proc/amptrain-run", resume=False)
+        outdir.make_run_dir("/proc/amptrain-run", resume=False)
 
 
 # ----------------------------------------- one rule for every command (issue 28, class 3)
@@ -116,7 +116,7 @@ def test_a_locked_out_is_refused_and_free_again_once_released(tmp_path):
     import subprocess
     import sys
 
-    outdir.prepare_run(tmp_path, resume=False)
+    outdir.claim_run(tmp_path, resume=False)
     try:
         # Another process: the flock is per open file, so this process would not see it.
         probe = ("from amptrain.common import outdir\n"
@@ -223,7 +223,7 @@ def test_writing_the_run_or_forgetting_drops_the_verdict(tmp_path):
         _check(out)
     other = tmp_path / "other"
     _check(other, remember=True)
-    outdir.prepare_run(other, resume=False)
+    outdir.claim_run(other, resume=False)
     try:
         (other / "metrics.jsonl").write_text("{}\n")
         with pytest.raises(UserError, match="already holds a run"):

@@ -9,7 +9,7 @@ import torch
 
 from amptrain.compare import RunProbe, digest
 from amptrain.compare.runs import _check_comparable
-from amptrain.workflows.runner import prepare_run
+from amptrain.workflows.runner import data_and_model
 from amptrain.trainer import Trainer, forward_batch
 from tests.compare.conftest import PRECISIONS, SEEDS, small_config
 
@@ -19,7 +19,7 @@ def test_every_precision_starts_from_the_same_weights(study):
     seen, runs = study["seen"], study["result"]["runs"]
     losses = {}
     for (precision, seed), record in seen.items():
-        _, model = prepare_run(small_config(study["out"], seed=seed))  # architecture only
+        _, model = data_and_model(small_config(study["out"], seed=seed))  # architecture only
         model.load_state_dict(record["initial"])
         model.train()
         with torch.no_grad():
@@ -58,7 +58,7 @@ def test_every_precision_sees_the_same_data_in_the_same_order(study):
 
 def test_probe_notices_a_model_that_does_not_start_from_the_seed_weights(tmp_path):
     config = small_config(tmp_path / "run", precision="bf16-mixed")
-    data, model = prepare_run(config)
+    data, model = data_and_model(config)
     reference = {k: v.clone() for k, v in model.state_dict().items()}
     reference["head.weight"] += 1e-3
     probe = RunProbe(reference)

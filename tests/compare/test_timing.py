@@ -25,7 +25,7 @@ from amptrain.data import TensorData
 from amptrain.common import clock
 from amptrain.common.errors import TrainingHalted
 from amptrain.precision.tf32 import MathSwitches
-from amptrain.workflows.runner import prepare_run
+from amptrain.workflows.runner import data_and_model
 from amptrain.trainer import Trainer
 from tests.compare.conftest import small_config
 
@@ -164,7 +164,7 @@ def test_a_contender_is_set_up_as_the_training_run_and_writes_nothing(tmp_path):
     assert trainer.out is None and not (tmp_path / "study").exists()
     assert trainer.precision.name == "bf16-mixed" and trainer.config.seed == 3
     assert contender.total_steps == 6  # the run's --max-steps
-    _, model = prepare_run(config)  # the seed's weights, as the training run starts from
+    _, model = data_and_model(config)  # the seed's weights, as the training run starts from
     live = trainer.precision.fp32_state_dict(trainer.model)
     assert all(torch.equal(v, live[k]) for k, v in model.state_dict().items())
     # The timed steps cycle over `needed_windows` full global batches.

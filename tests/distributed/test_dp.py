@@ -31,7 +31,7 @@ def test_dp_applies_autocast_inside_the_replica_forward(caplog):
         strategy = DataParallelStrategy(torch.device("cpu"))
     assert "DDP is faster" in caplog.text
     precision = Precision("bf16-mixed", device="cpu")
-    strategy.prepare_model(probe, precision)
+    strategy.wrap_model(probe, precision)
     wrapped = strategy.wrap(probe)
     assert isinstance(wrapped, nn.DataParallel)
     # DataParallel calls replicas from worker threads, where autocast state is not

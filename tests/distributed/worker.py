@@ -83,8 +83,8 @@ class RecordingFSDP(Recording, FSDPStrategy):
 class DisagreeingDDP(RecordingDDP):
     """Control: DDP without found-inf agreement (what agreement protects against)."""
 
-    def prepare_model(self, model, precision, optimizer=None):
-        model = super().prepare_model(model, precision, optimizer)
+    def wrap_model(self, model, precision, optimizer=None):
+        model = super().wrap_model(model, precision, optimizer)
         precision.set_found_inf_agreement(None)
         return model
 

@@ -21,7 +21,7 @@ from amptrain.config import RunConfig
 from amptrain.data import DataOptions, TokenData, build_data
 from amptrain.common.errors import UserError
 from amptrain.models import ModelInputs, build_model, text_encoder_for
-from amptrain.workflows.runner import model_inputs, prepare_run, run_training
+from amptrain.workflows.runner import model_inputs, data_and_model, run_training
 from amptrain.trainer import Trainer
 
 ROOT = Path(__file__).parents[2]
@@ -148,7 +148,7 @@ def test_accumulation_equals_one_batch_k_times_larger(local):
     config = RunConfig.from_options(model=f"hf:{model_dir}", data=f"csv-text:{csv_path}")
     steps = {}
     for accumulate in (1, 4):
-        data, model = prepare_run(config)
+        data, model = data_and_model(config)
         data.train.pad_multiple = 1           # micro-batches get different widths
         first = next(SampleOrder(len(data.train), 16, 16 // accumulate).epoch(0))
         widths = {data.train.width_of(idx) for idx in first.micro_indices}
@@ -280,7 +280,7 @@ def test_causal_lm_fine_tunes_on_text_with_its_own_tokenizer(tiny_gpt2, tmp_path
         "lr": 3e-3, "max_steps": 80, "epochs": 50, "warmup_steps": 5, "eval_every": 40,
         "device": "cpu",
         "precision": "bf16-mixed", "no_progress": True, "out": str(tmp_path / "run")})
-    data, model = prepare_run(config)
+    data, model = data_and_model(config)
     assert isinstance(model, CausalLMLogits) and model.context == 64
     assert data.fitted["tokenizer"] == f"hf:{model_dir}" and data.fitted["bytes_per_token"] > 1
     result = run_training(config)
@@ -301,7 +301,7 @@ def test_seq_len_beyond_the_causal_lms_positions_names_the_flag(tiny_gpt2):
                                       "seq_len": 128})
     with pytest.raises(UserError, match="--seq-len 128 is longer than the model's context of "
                                         "64 tokens"):
-        prepare_run(config)
+        data_and_model(config)
 
 
 # --------------------------------------------------------------------- fp8

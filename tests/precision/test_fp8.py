@@ -24,7 +24,7 @@ from amptrain.config import RunConfig
 from amptrain.common.errors import UserError, cli_spelling
 from amptrain.precision import MODES, Precision
 from amptrain.precision.fp8 import plan_float8
-from amptrain.workflows.runner import prepare_run
+from amptrain.workflows.runner import data_and_model
 from amptrain.trainer import Trainer
 from tests import conftest
 
@@ -158,7 +158,7 @@ def test_plan_options_and_nothing_eligible():
 def test_builtin_transformer_converts_its_feed_forward_layers():
     config = RunConfig.from_options(model="transformer:d_model=64,layers=2,heads=4,ff=128",
                        data="synthetic-seq:samples=64,length=16")
-    _, model = prepare_run(config)
+    _, model = data_and_model(config)
     plan = plan_float8(model)
     assert plan.convert == ["encoder.layers.0.linear1", "encoder.layers.0.linear2",
                             "encoder.layers.1.linear1", "encoder.layers.1.linear2"]
@@ -175,7 +175,7 @@ def fp8_on_cpu(monkeypatch):
 def test_conversion_keeps_parameters_names_and_optimizer(fp8_on_cpu):
     config = RunConfig.from_options(model="transformer:d_model=64,layers=2,heads=4,ff=128",
                        data="synthetic-seq:samples=64,length=16")
-    _, model = prepare_run(config)
+    _, model = data_and_model(config)
     names = list(model.state_dict())
     params = dict(model.named_parameters())
     optimizer = torch.optim.AdamW(model.parameters())
@@ -237,7 +237,7 @@ def test_fp8_on_gpu_tracks_bf16_loss():
     for name in ("bf16-mixed", "fp8"):
         config = RunConfig.from_options(model="transformer:d_model=256,layers=2,heads=4,ff=1024",
                            data=data_spec, seed=0)
-        data, model = prepare_run(config)
+        data, model = data_and_model(config)
         trainer = Trainer(precision=name, device="cuda", batch_size=64, max_steps=60,
                           log_every=10, lr=1e-3, no_progress=True)
         result = trainer.fit(model, data.train)

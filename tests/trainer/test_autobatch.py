@@ -118,7 +118,7 @@ def test_transient_oom_mid_window_drops_partial_gradients_and_redoes_the_same_ba
     _assert_same_params(model, reference)
     assert _losses(trainer) == pytest.approx(_losses(expected), rel=1e-5)
     assert model.calls[8:10] == [16, 16] and model.calls[10:18] == [8] * 8
-    assert [e["step"] for e in trainer.planner.oom_events] == [3]
+    assert [e["step"] for e in trainer.sizer.oom_events] == [3]
     assert trainer.step == 4 and (trainer.micro_batch_size, trainer.accumulate) == (8, 8)
 
 
@@ -188,11 +188,11 @@ def test_auto_picks_the_largest_divisor_that_fits_and_probing_leaves_training_un
     trainer = _train(model, data, tmp_path, batch_size=96, micro_batch_size="auto",
                      precision=precision, epochs=1)
     assert (trainer.micro_batch_size, trainer.accumulate) == (24, 4)
-    probes = trainer.planner.search_report["probes"]
+    probes = trainer.sizer.search_report["probes"]
     assert [(p["micro_batch_size"], p["fits"]) for p in probes] == \
         [(2, True), (4, True), (8, True), (16, True), (32, False), (24, True)]
     assert probes[4]["note"].startswith("out of memory: CUDA out of memory")
-    assert not trainer.planner.oom_events  # training itself never ran out of memory
+    assert not trainer.sizer.oom_events  # training itself never ran out of memory
     resolved = yaml.safe_load((tmp_path / "config.yaml").read_text())
     assert (resolved["micro_batch_size"], resolved["accumulate"]) == (24, 4)
     assert resolved["micro_batch_search"]["micro_batch_size"] == 24
@@ -231,13 +231,13 @@ def test_auto_under_a_cpu_memory_budget_uses_measured_peak_rss():
     options = dict(batch_size=8, micro_batch_size="auto", epochs=1, max_steps=1,
                    optimizer="sgd", scheduler="none")
     roomy = _train(_WideActivations(), data, memory_budget_gb=100.0, **options)
-    peaks = {p["micro_batch_size"]: p["peak_bytes"] for p in roomy.planner.search_report["probes"]}
+    peaks = {p["micro_batch_size"]: p["peak_bytes"] for p in roomy.sizer.search_report["probes"]}
     assert list(peaks) == [2, 4, 8] and roomy.micro_batch_size == 8
     assert peaks[8] - peaks[4] > 150 << 20  # 4 more samples of real activations, measured
     budget = (peaks[4] + peaks[8]) / 2
     tight = _train(_WideActivations(), data, memory_budget_gb=budget / 1e9, **options)
     assert (tight.micro_batch_size, tight.accumulate) == (4, 2)
-    notes = {p["micro_batch_size"]: p["note"] for p in tight.planner.search_report["probes"]}
+    notes = {p["micro_batch_size"]: p["note"] for p in tight.sizer.search_report["probes"]}
     assert notes[4] == "fits" and notes[8] in ("over budget", "predicted over budget")
 
 
@@ -300,7 +300,7 @@ def test_lr_scaling_and_auto_warmup_follow_the_documented_schedule(scaling, sche
 
     lr, total = 0.01 * factor, 32
     warmup = min(5 * 8, math.ceil(0.1 * total))  # Goyal's 5 epochs, capped at 10% of the run
-    assert warmup == 4 and trainer.lr_plan.warmup_steps == 4 and trainer.lr_plan.lr == lr
+    assert warmup == 4 and trainer.lr_schedule.warmup_steps == 4 and trainer.lr_schedule.lr == lr
 
     def schedule(s: int) -> float:  # lr of optimizer step s (0-based)
         if s < warmup:
@@ -321,10 +321,10 @@ def test_warmup_given_longer_wins_and_scaling_down_adds_none():
                 lr=0.01, scheduler="none")
     longer = Trainer(**base, base_batch_size=8, lr_scaling="linear", warmup_steps=6)
     longer.setup(OomModel(), data)
-    assert (longer.lr_plan.warmup_steps, longer.lr_plan.warmup_auto) == (6, 4)
+    assert (longer.lr_schedule.warmup_steps, longer.lr_schedule.warmup_auto) == (6, 4)
     down = Trainer(**base, base_batch_size=64, lr_scaling="linear")
     down.setup(OomModel(), data)
-    assert (down.lr_plan.lr, down.lr_plan.warmup_steps) == (0.005, 0)
+    assert (down.lr_schedule.lr, down.lr_schedule.warmup_steps) == (0.005, 0)
     assert down.optimizer.param_groups[0]["lr"] == 0.005
 
 

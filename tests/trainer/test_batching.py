@@ -1,4 +1,4 @@
-"""trainer/batching.py: the Trainer's side of micro-batch planning (the planner's own tests
+"""trainer/batching.py: the Trainer's side of micro-batch planning (the sizer's own tests
 are tests/test_autobatch.py): what ``auto`` needs, and the one place a new plan takes effect."""
 from __future__ import annotations
 
@@ -25,7 +25,7 @@ def test_a_new_plan_takes_effect_in_one_place(tmp_path, capsys):
     trainer.setup(tiny_mlp(), tiny_classification(n=200))
     assert (trainer.micro_batch_size, trainer.accumulate) == (32, 1)
     capsys.readouterr()
-    trainer.planner.oom_events.append({"step": 1, "micro_batch_size": [32, 8],
+    trainer.sizer.oom_events.append({"step": 1, "micro_batch_size": [32, 8],
                                        "accumulate": [1, 4], "message": "out of memory: 32 -> 8"})
     trainer._use_batch_plan(MicroBatchSplit(8, 4))
     assert (trainer.micro_batch_size, trainer.accumulate) == (8, 4)
@@ -48,9 +48,9 @@ def test_the_split_is_decided_once_at_set_up_and_every_step_reads_it():
     with pytest.raises(UserError, match="set the Trainer up first"):
         trainer.accumulate
     trainer.setup(tiny_mlp(), tiny_classification(n=200))
-    decided = trainer.planner.split
+    decided = trainer.sizer.split
     assert decided == MicroBatchSplit(8, 4) and trainer.accumulate == 4
     trainer.fit(tiny_mlp(), tiny_classification(n=200))
-    assert trainer.planner.split == decided  # no step derived another
+    assert trainer.sizer.split == decided  # no step derived another
     trainer._use_batch_plan(MicroBatchSplit.of(4, 32))  # after out-of-memory: re-derived
     assert (trainer.micro_batch_size, trainer.accumulate) == (4, 8)

@@ -34,7 +34,7 @@ def test_resolved_config_reruns_with_the_lr_actually_used(tmp_path):
                       out=str(tmp_path / "run"), max_steps=2)
     again = build_config(RunConfig, load_yaml(tmp_path / "run" / "config.yaml"))
     assert scaled_lr(again) == pytest.approx(0.04) == scaled_lr(trainer.config)
-    assert again.schedule.warmup_steps == trainer.lr_plan.warmup_steps
+    assert again.schedule.warmup_steps == trainer.lr_schedule.warmup_steps
 
 
 

@@ -68,7 +68,7 @@ def test_a_dataset_is_cut_into_global_batches_of_micro_batches():
     trainer.setup(tiny_mlp(), data)
     windows = trainer.train_windows
     assert isinstance(windows, DatasetWindows) and len(windows) == 7  # 6 x 32 + 8
-    plan = windows.plan
+    plan = windows.sample_order
     assert (plan.global_batch, plan.micro_batch, plan.seed, plan.shuffle) == (32, 8, 5, True)
     epoch = list(windows.epoch(0))
     assert epoch[0].micro_samples == [8, 8, 8, 8] and epoch[0].global_samples == 32

@@ -37,9 +37,9 @@ def test_peak_rss_meter_resets_between_probes():
     assert 30 << 20 <= small <= 90 << 20  # its own peak, not the earlier one
 
 
-def test_tensor_scope_sees_a_transient_freed_inside_the_window():
+def test_tensor_scope_sees_a_transient_freed_inside_the_span():
     meter = MemoryMeter(torch.device("cpu"), "tensors")
-    with meter.window() as peak:
+    with meter.span() as peak:
         big = torch.ones(1 << 20)  # 4 MiB held, then freed
         del big
         small = torch.ones(1 << 10)

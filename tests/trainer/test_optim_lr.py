@@ -15,7 +15,7 @@ import pytest
 
 from amptrain.config import TrainConfig
 from amptrain.common.errors import cli_spelling
-from amptrain.trainer.optim import (AUTO_WARMUP_FRACTION, GOYAL_WARMUP_EPOCHS, LrPlan,
+from amptrain.trainer.optim import (AUTO_WARMUP_FRACTION, GOYAL_WARMUP_EPOCHS, LrSchedule,
                                     auto_warmup_steps, plan_lr)
 
 
@@ -49,7 +49,7 @@ def test_auto_warmup_is_five_epochs_capped_at_a_tenth_of_the_run(steps_per_epoch
 @pytest.mark.parametrize("scaling,factor", [("linear", 4.0), ("sqrt", 2.0)])
 def test_scaling_up_multiplies_the_lr_and_adds_the_auto_warmup(scaling, factor):
     plan = plan_lr(_config(lr_scaling=scaling), steps_per_epoch=10, total_steps=1000)
-    assert plan == LrPlan(base_lr=0.1, lr=pytest.approx(0.1 * factor), factor=pytest.approx(factor),
+    assert plan == LrSchedule(base_lr=0.1, lr=pytest.approx(0.1 * factor), factor=pytest.approx(factor),
                           warmup_steps=50, warmup_given=0, warmup_auto=50)
 
 
@@ -107,7 +107,7 @@ def test_the_optimizers_default_lr_is_the_base():
     assert plan.warmup_steps == plan.warmup_auto == 4
 
 
-# ------------------------------------------------------------- LrPlan
+# ------------------------------------------------------------- LrSchedule
 def test_describe_says_how_the_lr_and_warmup_came_about():
     with cli_spelling():
         _describe_says_how_the_lr_and_warmup_came_about()
@@ -138,7 +138,7 @@ def test_report():
 # ------------------------------------------------- the plan built first (issue 33)
 def test_the_plan_is_built_from_the_config_first_and_its_warm_up_once_the_run_is_known():
     config = _config(lr_scaling="linear", warmup_steps=2)
-    first = LrPlan.for_batch(config)
+    first = LrSchedule.for_batch(config)
     assert (first.base_lr, first.lr, first.factor) == (0.1, pytest.approx(0.4), pytest.approx(4))
     assert (first.warmup_steps, first.warmup_auto) == (2, 0)  # before the run's length
     assert first.for_run(10, 1000) == plan_lr(config, 10, 1000)
@@ -151,7 +151,7 @@ def test_the_optimizer_and_the_scheduler_take_the_plan():
     from amptrain.trainer.optim import build_optimizer, build_scheduler
 
     config = _config(lr_scaling="linear", scheduler="none")
-    plan = LrPlan.for_batch(config).for_run(10, 40)  # warm-up: 10% of 40 steps = 4
+    plan = LrSchedule.for_batch(config).for_run(10, 40)  # warm-up: 10% of 40 steps = 4
     model = torch.nn.Linear(2, 2)
     optimizer = build_optimizer(config, model, plan=plan)
     assert [g["lr"] for g in optimizer.param_groups] == [pytest.approx(0.4)] * 2

@@ -23,7 +23,7 @@ DATA = tiny_classification(n=96)
 
 #: Trainer name -> the RunParts field it reads.
 SAME_OBJECT = {"model": "model", "task": "task", "evaluator": "evaluator", "steps": "steps",
-               "train_windows": "windows", "lr_plan": "lr_plan",
+               "train_windows": "windows", "lr_schedule": "lr_schedule",
                "run_length": "run_length", "checkpointer": "checkpointer"}
 
 
@@ -80,7 +80,7 @@ def test_prepare_keeps_a_prepared_without_the_training_parts():
     assert type(parts) is Prepared and not isinstance(parts, RunParts)
     assert trainer.model is parts.model is model and trainer.task is parts.task
     assert trainer.evaluator is parts.evaluator
-    for name in ("steps", "train_windows", "lr_plan", "run_length", "checkpointer"):
+    for name in ("steps", "train_windows", "lr_schedule", "run_length", "checkpointer"):
         assert getattr(trainer, name) is None, name
     assert trainer.total_steps == 0 and trainer.parts == {}
 

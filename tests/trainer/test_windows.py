@@ -126,8 +126,8 @@ def test_every_kind_of_data_gives_the_one_windows_type():
     stream = StreamWindows(iter(DataLoader(data, batch_size=5)), micro=5, accumulate=2,
                            device=cpu, steps=9)
     assert all(type(w).epoch is Windows.epoch for w in (indexed, loader, stream))
-    assert indexed.plan is not None and indexed.plan.global_batch == 8
-    assert loader.plan is None and stream.plan is None
+    assert indexed.sample_order is not None and indexed.sample_order.global_batch == 8
+    assert loader.sample_order is None and stream.sample_order is None
     assert indexed.known_length and loader.known_length and not stream.known_length
     assert (len(indexed), len(loader), len(stream)) == (3, 2, 9)  # a stream's stands in
     assert indexed.dataset is data and stream.device == cpu

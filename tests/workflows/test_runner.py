@@ -14,7 +14,7 @@ from amptrain.config import RunConfig
 from amptrain.common.errors import UserError
 from amptrain.models import ModelInputs, build_model
 from amptrain.workflows.runner import (assemble, check_precision, decide_task, model_inputs,
-                                       prepare_run, run_info)
+                                       data_and_model, run_info)
 
 
 # ------------------------------------------------------------- what a run records
@@ -38,15 +38,15 @@ def test_run_info_rebuilds_the_model_without_the_training_flags(digits):
     assert model(torch.zeros(2, 1, 8, 8)).shape == (2, 10)
 
 
-# ------------------------------------------------------------- prepare_run
+# ------------------------------------------------------------- data_and_model
 def _weights(model: torch.nn.Module) -> list[torch.Tensor]:
     return [p.detach().clone() for p in model.parameters()]
 
 
 def test_the_same_seed_gives_the_same_initial_weights():
-    data, first = prepare_run(RunConfig.from_options(model="mlp", data="digits", seed=3))
+    data, first = data_and_model(RunConfig.from_options(model="mlp", data="digits", seed=3))
     torch.manual_seed(12345)  # whatever ran before does not matter
-    _, second = prepare_run(RunConfig.from_options(model="mlp", data="digits", seed=3))
+    _, second = data_and_model(RunConfig.from_options(model="mlp", data="digits", seed=3))
     assert model_inputs(data).num_classes == 10
     a, b = _weights(first), _weights(second)
     assert len(a) == len(b) > 0
@@ -55,8 +55,8 @@ def test_the_same_seed_gives_the_same_initial_weights():
 
 
 def test_another_seed_gives_other_initial_weights():
-    _, first = prepare_run(RunConfig.from_options(model="mlp", data="digits", seed=3))
-    _, other = prepare_run(RunConfig.from_options(model="mlp", data="digits", seed=4))
+    _, first = data_and_model(RunConfig.from_options(model="mlp", data="digits", seed=3))
+    _, other = data_and_model(RunConfig.from_options(model="mlp", data="digits", seed=4))
     a, b = _weights(first), _weights(other)
     assert [x.shape for x in a] == [y.shape for y in b]
     matrices = [(x, y) for x, y in zip(a, b) if x.ndim >= 2]
@@ -66,14 +66,14 @@ def test_another_seed_gives_other_initial_weights():
 def test_task_must_fit_the_data(tmp_path):
     (tmp_path / "a.txt").write_text("words and more words. " * 200)
     lm = RunConfig(model="gpt", data=f"text:{tmp_path / 'a.txt'}", seq_len=16)
-    data, model = prepare_run(lm)
+    data, model = data_and_model(lm)
     assert data.task == "lm" and run_info(lm, data)["task"] == "lm"
     assert model(torch.zeros(2, 16, dtype=torch.long)).shape == (2, 16, 256)
     with pytest.raises(UserError, match="--task classification does not fit --data text:"):
-        prepare_run(RunConfig(model="gpt", data=lm.data, seq_len=16, task="classification"))
+        data_and_model(RunConfig(model="gpt", data=lm.data, seq_len=16, task="classification"))
     with pytest.raises(UserError, match="--task lm does not fit --data digits, which holds "
                                         "class labels: language modelling needs"):
-        prepare_run(RunConfig(task="lm"))
+        data_and_model(RunConfig(task="lm"))
 
 
 def test_text_encoder_follows_tokenizer_then_model():
@@ -87,7 +87,7 @@ def test_assemble_decides_the_task_once_from_the_data(digits):
     run = assemble(RunConfig.from_options(model="mlp", data="digits", seed=3))
     assert run.task.name == "classification" and run.task.class_names == run.data.class_names
     assert run_info(RunConfig(model="mlp"), run.data, run.task)["task"] == "classification"
-    _, model = prepare_run(RunConfig.from_options(model="mlp", data="digits", seed=3))
+    _, model = data_and_model(RunConfig.from_options(model="mlp", data="digits", seed=3))
     assert all(torch.equal(a, b) for a, b in zip(run.model.state_dict().values(),
                                                   model.state_dict().values()))
 
