@@ -1,6 +1,6 @@
 """What a part of a run that has state offers the checkpointer (torchtitan's ``Stateful``).
 
-Every part with state (the loop position, the metrics window, the optimizer steps, the
+Every part with state (the loop position, the log interval, the optimizer steps, the
 precision, the task) implements :class:`Stateful` and is registered with the checkpointer
 under its own section name. The checkpointer, not the part, writes the section's format
 version next to it; a file written by an older amptrain is brought up to date by the

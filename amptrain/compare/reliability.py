@@ -103,7 +103,7 @@ def assess_timing(step_times: dict[str, list[float]], baseline: str,
 #: a lane this many times slower (or faster) than the runs measured something other than
 #: training (issue 38: a lane at 40x the runs' step went out as the speed).
 LANE_TRAINING_LIMIT = 3.0
-#: A run's logged speed is its median over log windows; with fewer windows than this the
+#: A run's logged speed is its median over log intervals; with fewer intervals than this the
 #: first (warm-up: allocations, kernel selection) can be the median, so it is not judged.
 MIN_SPEED_WINDOWS = 3
 

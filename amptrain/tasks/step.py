@@ -73,7 +73,7 @@ class StepContext(Protocol):
 
     def log(self, key: str, value: torch.Tensor, samples: int) -> None:
         """A detached device scalar (a per-sample mean over ``samples``), averaged by samples
-        over the ``--log-every`` window into the record's ``key`` (no host sync)."""
+        over the ``--log-every`` interval into the record's ``key`` (no host sync)."""
         ...
 
 

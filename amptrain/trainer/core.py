@@ -446,7 +446,7 @@ class Trainer:
         """Checkpoint after a stop request (a signal) and build the exception that ends the run.
 
         No log record and no evaluation: the grace period before SIGKILL is short, and the
-        metrics window in progress is saved, so the resumed run logs what this one would.
+        log interval in progress is saved, so the resumed run logs what this one would.
         """
         assert self._stopping is not None  # only called once all ranks agreed to stop
         path = None
