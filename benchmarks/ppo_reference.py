@@ -148,12 +148,44 @@ def _autocast(dtype: torch.dtype | None) -> contextlib.AbstractContextManager[An
     return torch.autocast("cpu", dtype=dtype) if dtype is not None else contextlib.nullcontext()
 
 
+#: Seed of evaluation episode k: EVAL_SEED + k (as amptrain's gym: data).
+EVAL_SEED = 1_000_000
+#: The longest evaluation episode (amptrain's cap for environments without a time limit).
+EVAL_CAP = 10_000
+
+
+def evaluate(model: ActorCritic, env_id: str, episodes: int, dtype: torch.dtype | None
+             ) -> list[float]:
+    """Deterministic episodes (the most likely action, or the Gaussian's mean), one after
+    another from fixed seeds, as amptrain evaluates a ppo run: their returns."""
+    env = gym.make(env_id)
+    returns = []
+    try:
+        for k in range(episodes):
+            obs, _ = env.reset(seed=EVAL_SEED + k)
+            total = 0.0
+            for _ in range(EVAL_CAP):
+                with torch.no_grad(), _autocast(dtype):
+                    out = model.actor(torch.as_tensor(obs[None], dtype=torch.float32)).float()[0]
+                action = int(out.argmax().item()) if model.discrete else out.numpy()
+                obs, reward, terminated, truncated, _ = env.step(action)
+                total += float(reward)
+                if terminated or truncated:
+                    break
+            returns.append(total)
+    finally:
+        env.close()
+    return returns
+
+
 def iterate(env_id: str, num_envs: int, rollout_steps: int, total_env_steps: int, seed: int,
-            precision: str = "32-true", *, recipe: Recipe | None = None
-            ) -> Iterator[dict[str, Any]]:
+            precision: str = "32-true", *, recipe: Recipe | None = None, evaluations: int = 0,
+            eval_episodes: int = 10) -> Iterator[dict[str, Any]]:
     """Train PPO, yielding the running figures (:func:`_figures`) after every update.
     ``recipe``: the hyperparameters (default: :data:`DISCRETE` or :data:`CONTINUOUS`, by
-    the environment's action space)."""
+    the environment's action space). ``evaluations``: play ``eval_episodes`` deterministic
+    episodes after every ``updates // evaluations`` updates and after the last (amptrain's
+    cadence for a ppo run; 0: none)."""
     if precision not in AUTOCAST:
         raise ValueError(f"precision must be one of {', '.join(AUTOCAST)} (got {precision!r})")
     probe = gym.make(env_id)  # which recipe: the action space decides
@@ -186,6 +218,8 @@ def iterate(env_id: str, num_envs: int, rollout_steps: int, total_env_steps: int
     next_obs = torch.as_tensor(raw_obs, dtype=torch.float32)
     next_done = torch.zeros(num_envs)
     clock = {"env": 0.0, "act": 0.0, "update": 0.0}
+    every = max(1, updates // evaluations) if evaluations else 0
+    evaluated: list[float] = []
     returns_seen: list[float] = []
     env_steps = 0
     for update in range(1, updates + 1):
@@ -216,7 +250,12 @@ def iterate(env_id: str, num_envs: int, rollout_steps: int, total_env_steps: int
         _optimise(model, optimizer, scaler, recipe, dtype, rng, obs, actions, logprobs,
                   rewards, values, dones, next_obs, next_done, minibatch)
         clock["update"] += time.perf_counter() - started
-        yield _figures(update, updates, env_steps, clock, returns_seen)
+        if every and (update % every == 0 or update == updates):
+            started = time.perf_counter()
+            evaluated = evaluate(model, env_id, eval_episodes, dtype)
+            clock["eval"] = clock.get("eval", 0.0) + time.perf_counter() - started
+        yield {**_figures(update, updates, env_steps, clock, returns_seen),
+               "eval_returns": evaluated}
     envs.close()
 
 
@@ -311,6 +350,9 @@ def main() -> None:
     parser.add_argument("--precision", default="32-true",
                         help=f"one of {', '.join(AUTOCAST)}, or several comma-separated: "
                              f"they take turns update by update")
+    parser.add_argument("--evaluations", type=int, default=0,
+                        help="evaluations in the run (amptrain's ppo default: 20)")
+    parser.add_argument("--eval-episodes", type=int, default=10)
     parser.add_argument("--threads", type=int, default=1,
                         help="torch threads (a 64-wide MLP gains nothing from more, and "
                              "idle threads spinning between its tiny kernels cost time)")
@@ -318,7 +360,9 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     precisions = [p.strip() for p in args.precision.split(",") if p.strip()]
     results = take_turns({p: iterate(args.env, args.num_envs, args.rollout_steps,
-                                     args.env_steps, args.seed, p) for p in precisions})
+                                     args.env_steps, args.seed, p,
+                                     evaluations=args.evaluations,
+                                     eval_episodes=args.eval_episodes) for p in precisions})
     for precision, result in results.items():
         returns = result["final_returns"]
         print(f"{args.env} {precision}: {result['env_steps']} env steps in "
@@ -328,6 +372,9 @@ def main() -> None:
         if returns:
             print(f"  last {len(returns)} of {result['episodes']} episodes: return mean "
                   f"{np.mean(returns):.1f}, IQM {iqm(returns):.1f}")
+        if result["eval_returns"]:
+            print(f"  last evaluation: return mean {np.mean(result['eval_returns']):.1f} "
+                  f"over {len(result['eval_returns'])} deterministic episodes")
 
 
 if __name__ == "__main__":

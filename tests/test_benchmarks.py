@@ -259,6 +259,32 @@ def test_reference_gae_against_a_hand_computation(ppo):
     assert ret.flatten().tolist() == pytest.approx([a0 + 0.5, a1 + 1.0, a2 + 1.5])
 
 
+def test_reference_ppo_evaluates_at_amptrains_cadence_with_deterministic_episodes(ppo):
+    # 2 x 16 transitions an update, 4 updates, 2 evaluations: after updates 2 and 4.
+    figures = list(ppo.iterate("CartPole-v1", 2, 16, 128, seed=5, evaluations=2,
+                               eval_episodes=3))
+    # The last evaluation's returns are carried on: none before update 2.
+    assert [bool(f["eval_returns"]) for f in figures] == [False, True, True, True]
+    assert len(figures[-1]["eval_returns"]) == 3
+    # Deterministic: the same policy plays the same episodes from the fixed seeds.
+    torch.manual_seed(0)
+    model = ppo.ActorCritic(4, __import__("gymnasium").spaces.Discrete(2))
+    first = ppo.evaluate(model, "CartPole-v1", 3, None)
+    assert first == ppo.evaluate(model, "CartPole-v1", 3, None)
+    assert all(r == int(r) and 1 <= r <= 500 for r in first)
+
+
+def test_ppo_end_to_end_runs_the_same_work_in_both_lanes(tmp_path):
+    import ppo_end_to_end
+
+    lanes = ppo_end_to_end.commands("CartPole-v1", 4096, 10, 1, tmp_path / "run")
+    amptrain, plain = lanes["amptrain"], lanes["plain"]
+    assert lanes["plain #2"] == plain  # the A/A control runs the same command
+    for flag_, value in (("--env-steps", "4096"), ("--eval-episodes", "10"), ("--seed", "1")):
+        assert amptrain[amptrain.index(flag_) + 1] == plain[plain.index(flag_) + 1] == value
+    assert plain[plain.index("--evaluations") + 1] == "20"  # amptrain's ppo default
+
+
 # ------------------------------------- amptrain's PPO against the reference (issue 34)
 def test_ppo_speed_steps_amptrain_one_update_at_a_time(ppo):
     import ppo_speed
