@@ -45,11 +45,12 @@ from .position import LoopPosition
 from .reporting import Reporter
 from .result import FitResult
 from .stepping import StepFn
+from .views import TrainerViews
 
 log = logging.getLogger("amptrain")
 
 
-class Trainer:
+class Trainer(TrainerViews):
     """The whole training loop: accumulation, clipping, logging, evaluation, checkpoints.
 
     ``Trainer(precision="bf16-mixed", accumulate=4, clip_grad_norm=1.0, out="runs/x")``
@@ -269,63 +270,6 @@ class Trainer:
             micro=parts.windows.micro_batch if parts is not None else None,
             accumulate=self.accumulate if parts is not None else None,
             sizer_report=self.sizer.report(), run_info=self.run_info)
-
-    # ------------------------------------------------------- the parts, by name
-    device = property(lambda self: self.strategy.device, doc="The training device.")
-    step = property(lambda self: self.position.step, doc="Optimizer steps done.")
-    epoch = property(lambda self: self.position.epoch, doc="The epoch in progress (from 0).")
-    window_in_epoch = property(lambda self: self.position.window_in_epoch)
-    callbacks = property(lambda self: self.reporter.callbacks, doc="The run's callbacks.")
-    history = property(lambda self: self.reporter.history, doc="Every record of the run.")
-    logger = property(lambda self: self.reporter.logger, doc="The run's RunLogger.")
-
-    @property
-    def out(self) -> Path | None:
-        """The run directory (``out``), or None."""
-        return Path(self.config.out) if self.config.out else None
-
-    # What setup() assembled (None before it: see RunParts for each part).
-    model = property(lambda self: self._built.model if self._built else None,
-                     doc="The user's module, set up for the precision.")
-    task = property(lambda self: self._built.task if self._built else None)
-    evaluator = property(lambda self: self._built.evaluator if self._built else None)
-    steps = property(lambda self: p.steps if (p := self._run_parts()) else None)
-    train_windows = property(lambda self: p.windows if (p := self._run_parts()) else None,
-                             lambda self, windows: self._ready().use_windows(windows))
-    lr_schedule = property(lambda self: p.lr_schedule if (p := self._run_parts()) else None)
-    run_length = property(lambda self: p.run_length if (p := self._run_parts()) else None)
-    checkpointer = property(lambda self: p.checkpointer if (p := self._run_parts()) else None)
-    total_steps = property(lambda self: p.run_length.total_steps
-                           if (p := self._run_parts()) else 0)
-    constant_lr = property(lambda self: bool((p := self._run_parts()) and p.constant_lr),
-                           doc="The caller's optimizer without a schedule.")
-
-    def _run_parts(self) -> RunParts | None:
-        return self._built if isinstance(self._built, RunParts) else None
-
-    last_eval = property(lambda self: self._built.evaluator.last if self._built else None,
-                         doc="The last evaluation's result (None before one).")
-    loss_fn = property(lambda self: self._built.evaluator.loss_fn if self._built else None,
-                       doc="The loss of the supervised step and of evaluation.")
-    parts = property(lambda self: p.steps.parts if (p := self._run_parts()) else {},
-                     doc='The trained parts by name (one, "model", unless the task has several).')
-    optimizers = property(lambda self: {n: p.optimizer for n, p in self.parts.items()})
-    optimizer = property(lambda self: p.steps.only().optimizer if (p := self._run_parts())
-                         else None, doc="The one optimizer (several parts: `optimizers`).")
-    scheduler = property(lambda self: p.steps.only().scheduler if (p := self._run_parts())
-                         else None)
-    train_model = property(lambda self: p.steps.only().forward if (p := self._run_parts())
-                           else None, doc="What the step calls (wrapped/compiled), one part.")
-    micro_batch_size = property(lambda self: self._ready().windows.micro_batch,
-                                doc="Samples per forward/backward on each device.")
-    accumulate = property(lambda self: self.sizer.split.accumulate,
-                          doc="Micro-batches per optimizer step on each device.")
-
-    def _ready(self) -> RunParts:
-        parts = self._run_parts()
-        if parts is None:
-            raise UserError("set the Trainer up first (setup() or fit())")
-        return parts
 
     def _teardown(self) -> None:
         """The user's module gets its own forwards back (evaluate() reinstates them), and
