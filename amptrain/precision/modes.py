@@ -36,6 +36,9 @@ class ModeSpec:
     # Where the GPU is a Hopper (sm90+) with torchao's blockwise fp8 kernels they run
     # those (DeepSeek-V3's 1x128 / 128x128 tiles); see lowbit.py.
     float8_blocks: bool = False
+    # fp32 maths exactly everywhere: TF32 off for cuDNN's convolutions too (PyTorch's own
+    # default allows it there); the other fp32 modes keep PyTorch's defaults (tf32.py).
+    strict_fp32: bool = False
 
     @property
     def half_weights(self) -> bool:
@@ -46,7 +49,8 @@ _F32, _F16, _BF16 = torch.float32, torch.float16, torch.bfloat16
 
 MODES: dict[str, ModeSpec] = {spec.name: spec for spec in (
     ModeSpec(name="32-true", param_dtype=_F32, compute_dtype=None, master_weights=False,
-             loss_scaling=False, tf32=False, summary="fp32 weights and maths, TF32 off"),
+             loss_scaling=False, tf32=False, strict_fp32=True,
+             summary="fp32 weights and maths, TF32 off"),
     ModeSpec(name="tf32", param_dtype=_F32, compute_dtype=None, master_weights=False,
              loss_scaling=False, tf32=True, summary="fp32 weights, TF32 matmul/conv on CUDA"),
     ModeSpec(name="16-mixed", param_dtype=_F32, compute_dtype=_F16, master_weights=False,

@@ -22,7 +22,7 @@ def set_tf32(spec: ModeSpec, device: torch.device) -> None:
     # Set every time: these switches are process-global and a previous run in the same
     # process (compare) may have changed them.
     matmul, cudnn = (True, True) if spec.tf32 else \
-        (False, False) if spec.name == "32-true" else (False, True)
+        (False, False) if spec.strict_fp32 else (False, True)
     torch.backends.cuda.matmul.allow_tf32 = matmul
     torch.backends.cudnn.allow_tf32 = cudnn
     if spec.tf32 and torch.cuda.get_device_capability(device)[0] < 8:
