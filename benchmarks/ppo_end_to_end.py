@@ -5,10 +5,12 @@ run's evaluations, its logs, metrics and checkpoints included) against
 ``benchmarks/ppo_reference.py`` doing the same work: the same environments (4 x 128 steps
 per rollout, CleanRL's discrete recipe), the same number of updates, the same evaluations
 (``--eval-episodes`` deterministic episodes, 20 evaluations plus a final one at amptrain's
-cadence). Each is a fresh process with one intra-op thread, timed by wall clock around
-it; the two take turns (in a random order each round) so drift of a shared machine hits
-both alike. Ratio = plain time / amptrain time (amptrain's speed relative to the plain
-loop; goal >= 0.95), the median over rounds, with the per-round values. A second plain
+cadence). Each is a fresh process with one intra-op thread, timed by the CPU time it
+used (user + system, from the operating system's accounting of the finished child: a
+shared machine's other work stretches wall clock 2x, CPU time far less); the two take
+turns (in a random order each round) so drift of a shared machine hits both alike.
+Ratio = plain time / amptrain time (amptrain's speed relative to the plain loop; goal
+>= 0.95), the median over rounds, with the per-round values. A second plain
 run per round gives the A/A control: how far apart two identical loops measure.
 
     python benchmarks/ppo_end_to_end.py [--env-steps 100000] [--rounds 3] [--record]
@@ -18,6 +20,7 @@ from __future__ import annotations
 import argparse
 import os
 import random
+import resource
 import subprocess
 import sys
 import tempfile
@@ -29,13 +32,19 @@ import benchlib as bl
 HERE = Path(__file__).resolve().parent
 
 
-def _timed(command: list[str], env: dict[str, str]) -> float:
-    started = time.perf_counter()
+def _cpu_of_children() -> float:
+    used = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return used.ru_utime + used.ru_stime
+
+
+def _timed(command: list[str], env: dict[str, str]) -> tuple[float, float]:
+    """(CPU seconds, wall seconds) of one run of ``command``."""
+    cpu, started = _cpu_of_children(), time.perf_counter()
     done = subprocess.run(command, env=env, capture_output=True, text=True)
-    elapsed = time.perf_counter() - started
+    wall, cpu = time.perf_counter() - started, _cpu_of_children() - cpu
     if done.returncode:
         raise SystemExit(f"{' '.join(command)} failed:\n{done.stderr[-2000:]}")
-    return elapsed
+    return cpu, wall
 
 
 def commands(env_id: str, env_steps: int, episodes: int, seed: int, out: Path
@@ -52,7 +61,7 @@ def commands(env_id: str, env_steps: int, episodes: int, seed: int, out: Path
 
 def measure(env_id: str, env_steps: int, episodes: int, rounds: int, seed: int
             ) -> dict[str, list[float]]:
-    """Seconds per whole run of each lane, ``rounds`` times, in turns."""
+    """CPU seconds per whole run of each lane, ``rounds`` times, in turns."""
     env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
     times: dict[str, list[float]] = {"amptrain": [], "plain": [], "plain #2": []}
     order = random.Random(seed)
@@ -62,8 +71,9 @@ def measure(env_id: str, env_steps: int, episodes: int, rounds: int, seed: int
             names = list(lanes)
             order.shuffle(names)
             for name in names:
-                times[name].append(_timed(lanes[name], env))
-                print(f"round {r + 1}: {name} {times[name][-1]:.1f} s", flush=True)
+                cpu, wall = _timed(lanes[name], env)
+                times[name].append(cpu)
+                print(f"round {r + 1}: {name} {cpu:.1f} CPU s ({wall:.1f} s wall)", flush=True)
     return times
 
 
@@ -84,7 +94,7 @@ def main() -> None:
     control = [b / a for a, b in zip(times["plain"], times["plain #2"])]
     ratio = bl.median(ratios)
     table = bl.markdown_table(
-        ["env", "env steps", "plain s/run", "amptrain s/run", "amptrain / plain (speed)",
+        ["env", "env steps", "plain CPU s/run", "amptrain CPU s/run", "amptrain / plain (speed)",
          "rounds", "A/A control", ">= 0.95"],
         [[args.env, args.env_steps, f"{bl.median(plain):.1f}",
           f"{bl.median(times['amptrain']):.1f}", f"**{ratio:.3f}**", bl.span(ratios),
@@ -92,8 +102,9 @@ def main() -> None:
     bl.report("PPO end to end: amptrain train vs a plain single-file loop", m, table,
               [f"Whole runs (start-up, {args.eval_episodes}-episode evaluations x 20 + the "
                f"final one, logs, checkpoints), each a fresh process on one thread, in turns "
-               f"in a random order per round; wall clock. Ratio = plain seconds / amptrain "
-               f"seconds, median over {args.rounds} rounds. A/A control = plain #2 / plain."],
+               f"in a random order per round; CPU time (user + system) of each process. "
+               f"Ratio = plain seconds / amptrain seconds, median over {args.rounds} "
+               f"rounds. A/A control = plain #2 / plain."],
               record=args.record)
 
 
