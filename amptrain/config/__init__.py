@@ -5,21 +5,19 @@ and library keyword are generated from that declaration under one flat name, whi
 reads the nested sections (``config.batching.batch_size``).
 """
 from .options import (
-                      RESOLVED_ONLY_KEYS,
                       build_config,
                       cli_flag,
                       coerce,
                       config_fields,
                       given_options,
-                      load_yaml,
                       option,
                       option_paths,
                       replace_options,
                       section,
                       to_dict,
                       with_options,
-                      write_yaml,
 )
+from .yaml_files import RESOLVED_ONLY_KEYS, load_yaml, write_yaml
 from .train import (
                       DEFAULT_LR,
                       LR_SCALING,
