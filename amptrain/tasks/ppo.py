@@ -142,6 +142,8 @@ class PpoTask(Task):
     output_noun = "actions"
     loss_names = {0: "loss"}
     batches_are_samples = False
+    #: The task drives the run: a rollout, then epochs of minibatch steps (:meth:`iterate`).
+    owns_loop = True
     #: RL returns vary widely between seeds: compare judges the IQM over seeds with
     #: stratified-bootstrap intervals (compare/seeds.py), not the mean of two runs.
     seed_statistic = "iqm"
@@ -334,8 +336,6 @@ class PpoTask(Task):
         assert rollout.returns is not None
         ctx.log("explained_variance",
                 explained_variance(rollout.values.flatten(), rollout.returns.flatten()), 1)
-
-    owns_loop = True
 
     def iterate(self, loop: TrainLoop) -> None:
         """CleanRL's loop: for each update a rollout with the current policy, then
