@@ -4,11 +4,12 @@ reinforcement-learning options of gym: data), each validated where it is declare
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
+from typing import Any
 
 from ..common.choices import AUGMENTATIONS
 from ..common.errors import UserError, flag
-from .options import option, require_positive
+from .options import option, require_positive, section
 from .train import TrainConfig
 
 #: Data that --augment applies to (images finished on the device).
@@ -16,6 +17,53 @@ AUGMENTED_DATA = ("imagefolder:", "cifar10:", "idx:")
 #: The longest --seq-len: attention costs seq_len^2 per block, so a mistyped length (a
 #: million, one long line of text) would run silently until killed.
 MAX_SEQ_LEN = 16_384
+
+
+# --- reinforcement learning (gym: data, the ppo task; defaults: CleanRL's ppo.py for
+# discrete actions, ppo_continuous_action.py for continuous ones). Each option is declared
+# once, here; RunConfig refuses them for other data, the runner hands the ppo options to the
+# task by these names, and the task's recipe fills in those not given.
+@dataclass
+class GymOptions:
+    """gym: data's options: its environments and evaluation episodes."""
+
+    num_envs: int | None = option(None, "gym: data: environments per process (CleanRL: 4 "
+                                        "discrete, 1 continuous)", kind=int, group="rl")
+    rollout_steps: int | None = option(None, "gym: data: steps per environment in a rollout "
+                                             "(CleanRL: 128 discrete, 2048 continuous)",
+                                       kind=int, group="rl")
+    vector_env: str | None = option(None, "gym: data: sync (one process, the default) or "
+                                          "async (a subprocess per environment)", kind=str,
+                                    group="rl", choices=("sync", "async"))
+    eval_episodes: int | None = option(None, "gym: data: deterministic episodes per "
+                                             "evaluation (default 10)", kind=int, group="rl")
+
+
+@dataclass
+class PpoOptions:
+    """The ppo task's options (its hyper-parameters, by CleanRL's names)."""
+
+    env_steps: int | None = option(None, "gym: data: environment steps to train (all "
+                                         "processes; sets the run's length; default 500000)",
+                                   kind=int, group="rl")
+    minibatches: int | None = option(None, "ppo: minibatches per rollout epoch (CleanRL: 4 "
+                                           "discrete, 32 continuous)", kind=int, group="rl")
+    update_epochs: int | None = option(None, "ppo: epochs over each rollout (CleanRL: 4 "
+                                             "discrete, 10 continuous)", kind=int, group="rl")
+    gamma: float | None = option(None, "ppo: discount (CleanRL: 0.99)", kind=float, group="rl")
+    gae_lambda: float | None = option(None, "ppo: GAE lambda (CleanRL: 0.95)", kind=float,
+                                      group="rl")
+    clip_coef: float | None = option(None, "ppo: surrogate and value clipping (CleanRL: 0.2)",
+                                     kind=float, group="rl")
+    ent_coef: float | None = option(None, "ppo: entropy bonus (CleanRL: 0.01 discrete, 0 "
+                                          "continuous)", kind=float, group="rl")
+    vf_coef: float | None = option(None, "ppo: value-loss weight (CleanRL: 0.5)", kind=float,
+                                   group="rl")
+
+    def given(self) -> dict[str, Any]:
+        """The options given (the rest: the task's recipe decides)."""
+        return {f.name: getattr(self, f.name) for f in fields(self)
+                if getattr(self, f.name) is not None}
 
 
 @dataclass
@@ -43,34 +91,10 @@ class RunConfig(TrainConfig):
                                   "flip, crop-flip (pad + random crop + flip, CIFAR), rrc-flip "
                                   "(random resized crop + flip, ImageNet)", group="run",
                           choices=AUGMENTATIONS)
-    # --- reinforcement learning (gym: data, the ppo task; defaults: CleanRL's ppo.py for
-    # discrete actions, ppo_continuous_action.py for continuous ones)
-    env_steps: int | None = option(None, "gym: data: environment steps to train (all "
-                                         "processes; sets the run's length; default 500000)",
-                                   kind=int, group="rl")
-    num_envs: int | None = option(None, "gym: data: environments per process (CleanRL: 4 "
-                                        "discrete, 1 continuous)", kind=int, group="rl")
-    rollout_steps: int | None = option(None, "gym: data: steps per environment in a rollout "
-                                             "(CleanRL: 128 discrete, 2048 continuous)",
-                                       kind=int, group="rl")
-    vector_env: str | None = option(None, "gym: data: sync (one process, the default) or "
-                                          "async (a subprocess per environment)", kind=str,
-                                    group="rl", choices=("sync", "async"))
-    eval_episodes: int | None = option(None, "gym: data: deterministic episodes per "
-                                             "evaluation (default 10)", kind=int, group="rl")
-    minibatches: int | None = option(None, "ppo: minibatches per rollout epoch (CleanRL: 4 "
-                                           "discrete, 32 continuous)", kind=int, group="rl")
-    update_epochs: int | None = option(None, "ppo: epochs over each rollout (CleanRL: 4 "
-                                             "discrete, 10 continuous)", kind=int, group="rl")
-    gamma: float | None = option(None, "ppo: discount (CleanRL: 0.99)", kind=float, group="rl")
-    gae_lambda: float | None = option(None, "ppo: GAE lambda (CleanRL: 0.95)", kind=float,
-                                      group="rl")
-    clip_coef: float | None = option(None, "ppo: surrogate and value clipping (CleanRL: 0.2)",
-                                     kind=float, group="rl")
-    ent_coef: float | None = option(None, "ppo: entropy bonus (CleanRL: 0.01 discrete, 0 "
-                                          "continuous)", kind=float, group="rl")
-    vf_coef: float | None = option(None, "ppo: value-loss weight (CleanRL: 0.5)", kind=float,
-                                   group="rl")
+    # Reinforcement learning: gym: data's options and the ppo task's, each declared once in
+    # its own section (flat names as ever: --num-envs, --clip-coef).
+    gym: GymOptions = section(GymOptions)
+    ppo: PpoOptions = section(PpoOptions)
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -105,26 +129,26 @@ class RunConfig(TrainConfig):
                             f"(got {self.val_fraction})")
 
 
-RL_OPTIONS = ("env_steps", "num_envs", "rollout_steps", "vector_env", "eval_episodes",
-              "minibatches", "update_epochs", "gamma", "gae_lambda", "clip_coef", "ent_coef",
-              "vf_coef")
+#: Every reinforcement-learning option (the two sections'), refused for data other than gym:.
+RL_OPTIONS = tuple(f.name for cls in (PpoOptions, GymOptions) for f in fields(cls))
 
 
 def _check_rl(config: RunConfig) -> None:
-    given = [name for name in RL_OPTIONS if getattr(config, name) is not None]
+    values = {**{f.name: getattr(config.ppo, f.name) for f in fields(PpoOptions)},
+              **{f.name: getattr(config.gym, f.name) for f in fields(GymOptions)}}
+    given = [name for name in RL_OPTIONS if values[name] is not None]
     if not str(config.data).startswith("gym:"):
         if given:
             raise UserError(f"{flag(given[0])} applies to reinforcement learning on gym: "
                             f"data; {flag('data')} is {config.data}")
         return
-    for name in ("env_steps", "num_envs", "rollout_steps", "eval_episodes", "minibatches",
-                 "update_epochs"):
-        require_positive(config, name, optional=True)
+    require_positive(config.ppo, "env_steps", "minibatches", "update_epochs", optional=True)
+    require_positive(config.gym, "num_envs", "rollout_steps", "eval_episodes", optional=True)
     for name in ("gamma", "gae_lambda"):
-        value = getattr(config, name)
+        value = values[name]
         if value is not None and not 0.0 <= value <= 1.0:
             raise UserError(f"{flag(name)} must be between 0 and 1 (got {value})")
     for name in ("clip_coef", "ent_coef", "vf_coef"):
-        value = getattr(config, name)
+        value = values[name]
         if value is not None and not (math.isfinite(value) and value >= 0):
             raise UserError(f"{flag(name)} must be a number >= 0 (got {value})")

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import logging
 import itertools
+from dataclasses import fields
 from typing import Any
 
 import numpy as np
@@ -29,6 +30,7 @@ import torch
 from torch import nn
 
 from ..config import given_options
+from ..config.run import PpoOptions
 from ..data.gym import EVAL_EPISODE_CAP, process_world
 from ..common.errors import UserError, flag
 from .base import EvalResult, EvalSums, Metric, Task
@@ -54,9 +56,9 @@ RECIPES: dict[str, dict[str, Any]] = {
 }
 SHARED = {"gamma": 0.99, "gae_lambda": 0.95, "clip_coef": 0.2, "vf_coef": 0.5,
           "clip_grad_norm": 0.5, "adam_eps": 1e-5}
-#: The hyper-parameters a run may set (RunConfig flags of the same names).
-SETTINGS = ("minibatches", "update_epochs", "gamma", "gae_lambda", "clip_coef", "ent_coef",
-            "vf_coef")
+#: The hyper-parameters a run may set: the options declared in config/run.py's PpoOptions
+#: (flags of the same names), but the run's length.
+SETTINGS = tuple(f.name for f in fields(PpoOptions) if f.name != "env_steps")
 #: The longest evaluation episode played (environments without a time limit): said up
 #: front when the environment has none (data/gym.py), and each episode cut at it is
 #: counted (``episodes_cut``), never reported as an ordinary return.

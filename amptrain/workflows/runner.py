@@ -29,10 +29,6 @@ from ..trainer import FitResult, Trainer
 from ..trainer.evaluation import Evaluator
 from ..data.gym import MAX_EVAL_EPISODES
 
-#: RunConfig options handed to the task as facts (the ppo task's hyper-parameters).
-RL_TASK_OPTIONS = ("env_steps", "minibatches", "update_epochs", "gamma", "gae_lambda",
-                   "clip_coef", "ent_coef", "vf_coef")
-
 
 def model_inputs(data: DataBundle) -> ModelInputs:
     """The data facts a model factory needs."""
@@ -75,14 +71,13 @@ def build_run_data(config: RunConfig) -> DataBundle:
         seed=config.seed, val_fraction=config.val_fraction,
         text_encoder=text_encoder(config.model, config.tokenizer), seq_len=config.seq_len,
         text_glob=config.text_glob, task=config.task, augment=config.augment,
-        num_envs=config.num_envs, rollout_steps=config.rollout_steps,
-        vector_env=config.vector_env, eval_episodes=config.eval_episodes))
+        num_envs=config.gym.num_envs, rollout_steps=config.gym.rollout_steps,
+        vector_env=config.gym.vector_env, eval_episodes=config.gym.eval_episodes))
 
 
 def rl_facts(config: RunConfig) -> dict[str, Any]:
-    """The RL flags given (RunConfig refuses them for data other than gym:): the ppo task's."""
-    return {key: getattr(config, key) for key in RL_TASK_OPTIONS
-            if getattr(config, key) is not None}
+    """The ppo task's options given (RunConfig refuses them for data other than gym:)."""
+    return config.ppo.given()
 
 
 def decide_task(config: RunConfig, data: DataBundle) -> Task:

@@ -44,7 +44,7 @@ def test_task_options_are_checked_when_built():
 def test_the_rl_options_are_checked_where_declared():
     config = RunConfig.from_options(data="gym:CartPole-v1", gamma=0.98, clip_coef=0.1,
                                     env_steps=4096, minibatches=8)
-    assert (config.gamma, config.clip_coef, config.env_steps, config.minibatches) == \
+    assert (config.ppo.gamma, config.ppo.clip_coef, config.ppo.env_steps, config.ppo.minibatches) == \
         (0.98, 0.1, 4096, 8)
     for values, fragment in [({"gamma": 1.5}, "gamma must be between 0 and 1"),
                              ({"gae_lambda": -0.1}, "gae_lambda must be between 0 and 1"),
