@@ -38,6 +38,9 @@ from ..common.quiet import quiet_torchao
 
 log = logging.getLogger("amptrain")
 
+#: Why a layer ``--keep-fp32`` names is skipped (it stays in fp32, not bf16).
+KEPT_FP32 = "--keep-fp32"
+
 #: torch._scaled_mm needs both matrix dimensions of the weight divisible by 16.
 FP8_DIM_MULTIPLE = 16
 
@@ -49,21 +52,26 @@ class Float8Selection:
     convert: list[str] = field(default_factory=list)
     skipped: dict[str, str] = field(default_factory=dict)   # name -> reason
 
-    def reasons(self) -> str:
-        """Why the skipped layers were skipped: ``reason: names; ...``."""
+    def reasons(self, fp32: bool | None = None) -> str:
+        """Why the skipped layers were skipped: ``reason: names; ...`` (``fp32``: only the
+        layers ``--keep-fp32`` keeps in fp32, or only the others, kept in bf16)."""
         reasons: dict[str, list[str]] = {}
         for name, reason in self.skipped.items():
-            reasons.setdefault(reason, []).append(name)
+            if fp32 is None or (reason == KEPT_FP32) == fp32:
+                reasons.setdefault(reason, []).append(name)
         return "; ".join(f"{reason}: {_names(names)}" for reason, names in reasons.items())
 
     def summary(self, fmt: str = "fp8", emulated: bool = False) -> str:
         """One line for the run's log (``fmt``: the low-bit format's name)."""
         total = len(self.convert) + len(self.skipped)
-        kept = self.reasons()
+        # --keep-fp32 keeps its layers in fp32; every other skipped layer runs in bf16.
+        kept = [f"kept in {dtype} - {reasons}" for dtype, reasons in
+                (("bf16", self.reasons(fp32=False)), ("fp32", self.reasons(fp32=True)))
+                if reasons]
         how = " (emulated)" if emulated else ""
         line = f"{fmt}: {len(self.convert)} of {total} Linear layers run in {fmt}{how}"
         if kept:
-            line += f" (kept in bf16 - {kept})"
+            line += f" ({'; '.join(kept)})"
         if not self.convert:
             line += "; nothing is eligible, so this trains like bf16-mixed"
         return line
@@ -97,7 +105,7 @@ def plan_float8(model: nn.Module, *, islands: Iterable[str] = (),
         elif type(module) is not nn.Linear:
             plan.skipped[name] = f"{type(module).__name__} (weight used outside forward)"
         elif _inside(name, islands):
-            plan.skipped[name] = "--keep-fp32"
+            plan.skipped[name] = KEPT_FP32
         elif any(fnmatch.fnmatchcase(name, p) for p in patterns):
             plan.skipped[name] = "skipped by pattern"
         elif name in edges:

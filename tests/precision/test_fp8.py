@@ -141,6 +141,9 @@ def test_plan_skips_first_last_unaligned_subclasses_and_islands():
     summary = plan.summary()
     assert summary.startswith("fp8: 2 of 8 Linear layers run in fp8 (kept in bf16 - ")
     assert "first/last Linear: embed, head" in summary
+    # Issue 48: the layers --keep-fp32 names stay in fp32, and the line says so.
+    bf16, fp32 = summary.split("; kept in fp32 - ")
+    assert "--keep-fp32" not in bf16 and fp32 == "--keep-fp32: block.0, block.2)"
 
 
 def test_plan_options_and_nothing_eligible():
