@@ -241,7 +241,12 @@ def cache_key(files: list[Path], tokenizer: Any, glob: str | None) -> str:
 def _intact(entry: Path, spec: str) -> bool:
     """Whether a cache entry opens as a complete, checked token directory; a damaged one
     (a truncated shard, no meta.json) is removed with one line saying it is rebuilt."""
-    if not entry.exists():
+    if not entry.exists() and not entry.is_symlink():
+        return False
+    if entry.is_symlink() or not entry.is_dir():
+        # Something else in amptrain's cache under the entry's name (a file): replaced.
+        log.warning("text: the token cache entry %s is not a directory; rebuilding it", entry)
+        entry.unlink(missing_ok=True)
         return False
     if not (entry / "meta.json").is_file():
         reason = "it has no meta.json: an interrupted write"
@@ -285,6 +290,9 @@ def cached_corpus(path: Path, tokenizer: Any, *, glob: str | None, spec: str,
             work.rename(final)
         except OSError:  # another run cached the same corpus meanwhile: use theirs
             shutil.rmtree(work, ignore_errors=True)
+            if not _intact(final, spec):
+                log.warning("text: cannot cache the tokens in %s: tokenizing in memory", final)
+                return None
     except BaseException:
         shutil.rmtree(work, ignore_errors=True)
         raise

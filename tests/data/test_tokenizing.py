@@ -113,6 +113,24 @@ def test_a_damaged_cache_entry_is_rebuilt_with_one_line(tmp_path, monkeypatch, c
     assert len(bundle.train) > 0
 
 
+def test_a_cache_entry_that_is_no_directory_is_rebuilt_without_naming_prepare(
+        tmp_path, monkeypatch, caplog):
+    # Issue 48: a file under an entry's name in amptrain's own cache.
+    monkeypatch.setenv("AMPTRAIN_CACHE", str(tmp_path / "cache"))
+    corpus = _corpus(tmp_path / "corpus")
+    entry = cached_corpus(corpus, ByteTokenizer(), glob=None, spec="text:c")
+    expected = open_stream(entry, "c").read(0, 50)
+    import shutil
+    shutil.rmtree(entry)
+    entry.write_bytes(b"not a directory")
+    caplog.clear()
+    assert cached_corpus(corpus, ByteTokenizer(), glob=None, spec="text:c") == entry
+    warnings = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    assert len(warnings) == 1 and "is not a directory; rebuilding it" in warnings[0]
+    assert "prepare" not in warnings[0]
+    np.testing.assert_array_equal(open_stream(entry, "c").read(0, 50), expected)
+
+
 def test_an_unwritable_cache_falls_back_to_memory(tmp_path, monkeypatch, caplog):
     blocker = tmp_path / "file"
     blocker.write_text("x")
