@@ -64,7 +64,12 @@ def reliab_inputs(root: Path) -> dict[str, Path]:
     locked = root / "user_lock"
     locked.mkdir()
     (locked / ".amptrain.lock").write_text("the user's own notes\n")
-    return {"reliab_base60": base60, "reliab_user_lock": locked}
+    nul = {}
+    for key, line in (("out", 'out: "runs/x\\0y"'), ("data", 'data: "npz:x\\0y.npz"'),
+                      ("keep", 'keep_fp32: ["head\\0"]')):
+        nul[f"reliab_nul_{key}"] = root / f"nul_{key}.yaml"
+        nul[f"reliab_nul_{key}"].write_text(line + "\n")
+    return {"reliab_base60": base60, "reliab_user_lock": locked, **nul}
 
 
 def hostile_inputs(root: Path) -> dict[str, Path]:
@@ -670,6 +675,12 @@ ERROR_TABLE = [
      "--max-steps does not apply to --task ppo"),
     ("reliab-yaml-base-60", "train --config {reliab_base60}",
      "--max-steps must be an integer (got '1:00')"),
+    # A NUL byte in a path or value from a config file: one line, not os.stat's ValueError.
+    ("reliab-nul-in-out", "train --config {reliab_nul_out}",
+     "--out holds a NUL byte (got 'runs/x\\x00y')"),
+    ("reliab-nul-in-data", "train --config {reliab_nul_data}", "--data holds a NUL byte"),
+    ("reliab-nul-in-keep-fp32", "train --config {reliab_nul_keep}",
+     "--keep-fp32 holds a NUL byte"),
     ("reliab-user-lock-file-train", "train --max-steps 1 --out {reliab_user_lock}",
      "holds .amptrain.lock, a file amptrain did not create"),
     ("reliab-user-lock-file-diagnose", "diagnose --steps 1 --out {reliab_user_lock}",

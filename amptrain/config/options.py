@@ -214,7 +214,7 @@ def coerce(field_: dataclasses.Field, value: Any) -> Any:
         if not isinstance(items, (list, tuple)) or not all(isinstance(i, str) for i in items):
             raise UserError(f"{flag(name)} takes a pattern or a list of patterns "
                             f"(got {shown(value)})")
-        return list(items)
+        return [_without_nul(name, item) for item in items]
     if isinstance(default, bool):
         if isinstance(value, bool):
             return value
@@ -240,10 +240,19 @@ def _coerce_text(field_: dataclasses.Field, name: str, value: Any) -> Any:
     if field_.metadata.get("comma_list") and isinstance(value, (list, tuple)):
         return ",".join(map(str, value))
     if isinstance(value, os.PathLike):
-        return os.fspath(value)
+        value = os.fspath(value)
     if not isinstance(value, str):
         raise UserError(f"{flag(name)} must be a string (got {type(value).__name__} "
                         f"{shown(value)})")
+    return _without_nul(name, value)
+
+
+def _without_nul(name: str, value: str) -> str:
+    """``value``, refused when it holds a NUL byte: no path or name holds one, and the
+    operating system refuses it deep inside whatever opens it (a ValueError traceback)."""
+    if "\0" in value:
+        raise UserError(f"{flag(name)} holds a NUL byte (got {shown(value)}): no file "
+                        f"name or option value can hold one")
     return value
 
 
