@@ -131,7 +131,8 @@ def _check_storage(metadata: Any, directory: Path, path: Path) -> None:
         if not isinstance(index, MetadataIndex) or not isinstance(info, _StorageInfo):
             raise damaged("its storage table holds something other than DCP's records")
         name = info.relative_path
-        if not isinstance(name, str) or not name or os.path.isabs(name):
+        if not isinstance(name, str) or not name or os.path.isabs(name) or "\0" in name:
+            # (a NUL byte: no file name holds one, and realpath raises a ValueError on it)
             raise damaged(f"a storage entry names {name!r}, not a file of the checkpoint")
         file = os.path.realpath(os.path.join(root, name))
         if os.path.commonpath([root, file]) != root or file == root:

@@ -169,6 +169,8 @@ def _entry(metadata, **changes):
 @pytest.mark.parametrize("change, fragment", [
     (lambda d, m: _entry(m, relative_path="../../outside/x.distcp"), "outside"),
     (lambda d, m: _entry(m, relative_path="/etc/passwd"), "not a file of the checkpoint"),
+    # Issue 48: a NUL byte in a shard's name (realpath's ValueError before).
+    (lambda d, m: _entry(m, relative_path="__0_0.distcp\0x"), "not a file of the checkpoint"),
     (lambda d, m: _entry(m, relative_path="gone.distcp"), "shard gone.distcp is missing"),
     (lambda d, m: (os.mkfifo(d / "pipe.distcp"), _entry(m, relative_path="pipe.distcp")),
      "is a FIFO (named pipe)"),
@@ -177,7 +179,7 @@ def _entry(metadata, **changes):
     (lambda d, m: _entry(m, transform_descriptors=["stream.zstd"]), "stream transform"),
     (lambda d, m: setattr(m, "storage_data", "everything"), "no storage table"),
     (lambda d, m: m.state_dict_metadata.update(x=3), "state-dict entries"),
-], ids=["dot-dot", "absolute", "missing-shard", "fifo-shard", "offset", "negative-length",
+], ids=["dot-dot", "absolute", "nul-byte", "missing-shard", "fifo-shard", "offset", "negative-length",
         "transform", "no-table", "entry-type"])
 def test_metadata_that_points_elsewhere_is_a_damaged_checkpoint(tmp_path, change, fragment):
     step_dir = _saved_step(tmp_path)
