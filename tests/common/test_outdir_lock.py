@@ -65,6 +65,37 @@ def test_a_second_command_on_a_locked_out_is_refused(tmp_path, command):
     assert sorted(p.name for p in out.iterdir()) == [outdir.LOCK_NAME]
 
 
+KILLED_HOLDER = """
+import sys, time
+from pathlib import Path
+from amptrain.common import outdir
+outdir.lock(Path(sys.argv[1]))
+print("held", flush=True)
+time.sleep(600)
+"""
+
+
+@pytest.mark.timeout(60)
+def test_a_lock_left_by_a_killed_run_lets_the_next_run_in(tmp_path):
+    # Issue 48: SIGKILL leaves amptrain's lock file behind; the kernel dropped its flock,
+    # so the next command takes the directory, and keeps the file it did not create.
+    out = tmp_path / "out"
+    out.mkdir()
+    holder = subprocess.Popen([sys.executable, "-c", KILLED_HOLDER, str(out)],
+                              stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout is not None and holder.stdout.readline() == "held\n"
+        with pytest.raises(UserError, match="is in use by another amptrain run"):
+            outdir.lock(out)
+    finally:
+        holder.kill()
+        holder.wait()
+    assert (out / outdir.LOCK_NAME).read_bytes() == outdir.LOCK_MARK  # left behind
+    outdir.lock(out)
+    outdir.release(out)
+    assert (out / outdir.LOCK_NAME).exists()
+
+
 def test_prepare_leaves_no_lock_behind(tmp_path):
     text = tmp_path / "t.txt"
     text.write_text("hello world\n" * 50)
