@@ -110,6 +110,13 @@ class AmptrainWarning(UserWarning):
     The command line prints each one once as ``amptrain: warning: ...``."""
 
 
+def first_line(error: BaseException) -> str:
+    """An error's first line (200 characters at most), or its type's name: what amptrain's
+    one-line messages quote of another library's error (torch's run to pages)."""
+    text = str(error).strip()
+    return text.splitlines()[0][:200] if text else type(error).__name__
+
+
 def _caller_stacklevel() -> int:
     """The stacklevel of the first frame outside amptrain, so that a warning names the
     user's line (where ``Trainer.fit`` or ``Precision.setup`` was called), not ours."""

@@ -9,7 +9,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from .errors import UserError
+from .errors import UserError, first_line
+from .oom import is_out_of_memory
 
 LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 
@@ -52,6 +53,20 @@ def check_dict_batch(model: Any, batch: dict[Any, Any]) -> None:
                         f"or give (inputs, targets) tuples")
 
 
+def describe_batch(batch: Any) -> str:
+    """A batch's structure in a few words: ``inputs (8, 7) float32, targets (8,) int64``."""
+    def one(value: Any) -> str:
+        if isinstance(value, torch.Tensor):
+            return f"{tuple(value.shape)} {str(value.dtype).removeprefix('torch.')}"
+        return type(value).__name__
+    if isinstance(batch, dict):
+        return "keys " + ", ".join(f"{k}: {one(v)}" for k, v in list(batch.items())[:6])
+    if isinstance(batch, (tuple, list)) and batch:
+        *inputs, targets = batch
+        return ", ".join([f"inputs {one(v)}" for v in inputs] + [f"targets {one(targets)}"])
+    return type(batch).__name__
+
+
 def forward_batch(model: nn.Module | Callable[..., Any], batch: Any, loss_fn: LossFn,
                   check: Callable[[Any, Any], None] | None = None
                   ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
@@ -64,11 +79,21 @@ def forward_batch(model: nn.Module | Callable[..., Any], batch: Any, loss_fn: Lo
     if isinstance(batch, dict):
         if check is not None:  # the run's first batch: the convention is checked once
             check_dict_batch(model, batch)
-        output = model(**batch)
-        targets = batch.get("labels")
+        inputs, targets, keywords = [], batch.get("labels"), batch
     else:
         *inputs, targets = batch
-        output = model(*inputs)
+        keywords = {}
+    try:
+        output = model(*inputs, **keywords)
+    except Exception as exc:
+        if check is None or is_out_of_memory(exc) or isinstance(exc, UserError):
+            raise
+        # The run's first batch: a model that cannot take the data's samples is said in
+        # one line naming the data, not as the model's own error deep in its forward.
+        raise UserError(f"the model fails on the first batch of the training data "
+                        f"({describe_batch(batch)}): {type(exc).__name__}: "
+                        f"{first_line(exc)}; the data's samples must be what the model's "
+                        f"forward() takes") from None
     logits, loss = split_outputs(output)
     if check is not None and loss is None:
         check(logits, targets)

@@ -45,9 +45,10 @@ from typing import Any
 import torch
 
 from ..common import nested
+from ..common.oom import is_out_of_memory
 from .windows import StepBatch
 from ..config.train import MicroBatchSplit
-from ..common.errors import TrainingHalted, UserError, flag
+from ..common.errors import TrainingHalted, UserError, first_line, flag
 from .memory import MemoryMeter, available_bytes, free_memory, rss_bytes
 from ..precision.hardware.advice import less_memory
 
@@ -55,22 +56,8 @@ from ..precision.hardware.advice import less_memory
 GB = 10 ** 9
 #: A candidate predicted above budget x this is not run (linear extrapolation of peaks).
 PREDICTION_SLACK = 1.25
-#: Error texts that mean "out of memory" without being torch.OutOfMemoryError / MemoryError:
-#: the CPU allocator, and cuBLAS/cuDNN failing to get a workspace.
-_OOM_TEXTS = ("out of memory", "can't allocate memory", "cublas_status_alloc_failed",
-              "cudnn_status_alloc_failed")
-
-
 class OutOfMemoryHalt(TrainingHalted):
     """Training cannot go on: out of memory even at micro-batch 1 (or with several processes)."""
-
-
-def is_out_of_memory(exc: BaseException) -> bool:
-    """True for CUDA's OutOfMemoryError, MemoryError, and allocator failures (CPU, cuBLAS)."""
-    if isinstance(exc, (torch.OutOfMemoryError, MemoryError)):
-        return True
-    text = str(exc).lower()
-    return isinstance(exc, RuntimeError) and any(t in text for t in _OOM_TEXTS)
 
 
 def divisors(n: int) -> list[int]:
@@ -353,12 +340,6 @@ def resplit(window: StepBatch, micro: int) -> StepBatch:
                               f"--micro-batch-size") from None
     batches = [nested.slice_rows(whole, cuts[i], cuts[i + 1]) for i in range(count)]
     return StepBatch(batches, [cuts[i + 1] - cuts[i] for i in range(count)], window.global_samples)
-
-
-def first_line(exc: BaseException) -> str:
-    """An error's first line (200 characters at most), or its type's name."""
-    text = str(exc).strip()
-    return text.splitlines()[0][:200] if text else type(exc).__name__
 
 
 def _gb(value: int | None) -> str:

@@ -25,8 +25,9 @@ from typing import Any, ContextManager
 import torch
 from torch import nn
 
-from .autobatch import (MicroBatchSizer, MicroBatchSplit, OutOfMemoryHalt, first_line,
-                        is_out_of_memory)
+from .autobatch import MicroBatchSizer, MicroBatchSplit, OutOfMemoryHalt
+from ..common.errors import first_line
+from ..common.oom import is_out_of_memory
 from .windows import StepBatch
 from ..distributed import Strategy
 from ..common.forward import LossFn

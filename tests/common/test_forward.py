@@ -103,3 +103,39 @@ def test_check_sees_logits_and_targets_before_the_loss_is_computed():
 def test_no_loss_and_no_logits_with_targets_is_a_user_error(model, batch):
     with pytest.raises(UserError, match="returned no loss and no logits with targets"):
         forward_batch(model, batch, F.cross_entropy)
+
+
+# ------------------------------------------- issue 48: samples the model does not take
+class _Samples(torch.utils.data.Dataset):
+    """A user's Dataset of 7-feature samples (the model takes 5)."""
+
+    def __len__(self) -> int:
+        return 32
+
+    def __getitem__(self, i: int):
+        return torch.randn(7), i % 2
+
+
+def test_a_dataset_whose_samples_the_model_cannot_take_is_one_line_naming_the_data():
+    from amptrain.trainer import Trainer
+
+    model = nn.Sequential(nn.Linear(5, 2))
+    with pytest.raises(UserError) as refused:
+        Trainer(max_steps=1, batch_size=8, no_progress=True, logger="none").fit(model,
+                                                                                 _Samples())
+    message = str(refused.value)
+    assert message.startswith("the model fails on the first batch of the training data "
+                              "(inputs (8, 7) float32, targets (8,) int64): RuntimeError: "
+                              "mat1 and mat2 shapes cannot be multiplied")
+    assert "\n" not in message and "forward() takes" in message
+
+
+def test_only_the_first_batch_is_checked_and_out_of_memory_passes_through():
+    def out_of_memory(x):
+        raise RuntimeError("DefaultCPUAllocator: can't allocate memory: you tried 1 TB")
+
+    batch = (torch.zeros(2, 3), torch.zeros(2, dtype=torch.long))
+    with pytest.raises(RuntimeError, match="can't allocate memory"):  # the redo's to retry
+        forward_batch(out_of_memory, batch, F.cross_entropy, lambda o, t: None)
+    with pytest.raises(ZeroDivisionError):  # a later batch: the model's own error
+        forward_batch(lambda x: 1 / 0, batch, F.cross_entropy)
