@@ -284,8 +284,19 @@ def cached_corpus(path: Path, tokenizer: Any, *, glob: str | None, spec: str,
                     "(set AMPTRAIN_CACHE to a writable directory)", root, exc.strerror)
         return None
     try:
-        prepare_corpus(path, work, tokenizer, glob=glob, spec=spec,
-                       workers=workers or default_workers(), progress=None)
+        try:
+            prepare_corpus(path, work, tokenizer, glob=glob, spec=spec,
+                           workers=workers or default_workers(), progress=None)
+        except (OSError, UserError) as exc:
+            # The cache's own disk full (or failing): amptrain's cache, not the user's
+            # output, so the run goes on tokenizing in memory, as with an unwritable cache.
+            if isinstance(exc, UserError) and not str(exc).startswith(f"cannot write {work}"):
+                raise
+            shutil.rmtree(work, ignore_errors=True)
+            reason = exc.strerror if isinstance(exc, OSError) else str(exc).split(": ", 1)[-1]
+            log.warning("text: cannot write the token cache in %s (%s): tokenizing in memory "
+                        "(set AMPTRAIN_CACHE to a directory with room)", root, reason)
+            return None
         try:
             work.rename(final)
         except OSError:  # another run cached the same corpus meanwhile: use theirs
