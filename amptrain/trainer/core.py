@@ -44,6 +44,7 @@ from .position import LoopPosition
 from .reporting import Reporter
 from .result import FitResult
 from .stepping import StepFn
+from .telemetry import TrainerNumerics
 
 log = logging.getLogger("amptrain")
 
@@ -65,7 +66,9 @@ class Trainer:
         self.config: TrainConfig = (config or TrainConfig()).with_given_options(**options)
         c = self.config
         self.strategy = strategy or build_strategy(c.distributed.strategy, c.device)
-        self.reporter = Reporter(self.device, callbacks, print_every)
+        # The numerics telemetry runs first: its step-end read precedes other callbacks'.
+        self.reporter = Reporter(self.device, [TrainerNumerics(c.logging.numerics), *callbacks],
+                                 print_every)
         self.run_info = dict(run_info or {})
         self._reset(precision_mode)
 
@@ -292,6 +295,8 @@ class Trainer:
     lr_plan = property(lambda self: p.lr_plan if (p := self._run_parts()) else None)
     run_length = property(lambda self: p.run_length if (p := self._run_parts()) else None)
     checkpointer = property(lambda self: p.checkpointer if (p := self._run_parts()) else None)
+    stepper = property(lambda self: p.train_step if (p := self._run_parts()) else None,
+                       doc="The TrainStep (the StepContext the step functions run against).")
     total_steps = property(lambda self: p.run_length.total_steps
                            if (p := self._run_parts()) else 0)
     constant_lr = property(lambda self: bool((p := self._run_parts()) and p.constant_lr),
