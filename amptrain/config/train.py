@@ -356,8 +356,8 @@ class LoggingConfig:
     final_eval_full: bool = option(False, "the final evaluation reads the whole validation "
                                           "split (with --eval-batches)")
     numerics: str = option("auto", "per-layer numerics telemetry (numerics.jsonl): auto "
-                                   "(sampled so it costs at most 2 percent of step time), off, or every "
-                                   "N steps")
+                                   "(sampled so it costs at most 2 percent of step "
+                                   "time), off, or every N steps")
 
     def __post_init__(self) -> None:
         require_positive(self, "log_every")

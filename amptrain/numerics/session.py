@@ -70,7 +70,7 @@ class NumericsSession:
 
     def _write(self, step: int, rows: list[tuple[str, str, list[float]]]) -> None:
         records = [{"step": step, "module": module, "tensor": kind,
-                    **unpack(vector, lambda kind=kind: self.formats[kind])}
+                    **unpack(vector, self.formats[kind])}
                    for module, kind, vector in rows]
         if self.rank == 0:
             self.log.write(records)

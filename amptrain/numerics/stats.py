@@ -11,8 +11,6 @@ sampled step reads all its vectors at once.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
-
 import torch
 
 from ..precision.lowbit_operand import Quantiser, loss_counts
@@ -123,13 +121,13 @@ def tensor_stats(x: torch.Tensor, own: str, *, weight: bool = False) -> torch.Te
         return torch.cat([amax.reshape(1), mine, *whatif])
 
 
-def unpack(vector: list[float], fmt_of: Callable[[], str]) -> dict[str, object]:
-    """One read-back vector as the JSON record's number fields (``amax``, ``flushed``,
-    ``saturated``, ``whatif``); ``fmt_of`` names the run's format."""
+def unpack(vector: list[float], fmt: str) -> dict[str, object]:
+    """One read-back vector as the JSON record's fields ``format`` (``fmt``, the run's
+    format), ``amax``, ``flushed``, ``saturated`` and ``whatif``."""
     whatif = {}
     for i, name in enumerate(WHATIF):
         flushed, saturated, snr = vector[WHATIF_AT + 3 * i: WHATIF_AT + 3 * i + 3]
         whatif[name] = {"flushed": flushed, "saturated": saturated, "snr_db": snr}
     amax = vector[0]
-    return {"format": fmt_of(), "amax": amax if math.isfinite(amax) else None,
+    return {"format": fmt, "amax": amax if math.isfinite(amax) else None,
             "flushed": vector[OWN], "saturated": vector[OWN + 1], "whatif": whatif}

@@ -9,6 +9,7 @@ model's buffers and RNG put back afterwards and its gradients dropped.
 """
 from __future__ import annotations
 
+import functools
 import json
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
@@ -109,7 +110,7 @@ def replay(model: nn.Module, micro_batches: Sequence[Any],
     rng = torch.get_rng_state()
     try:
         for batch in micro_batches:
-            found = first_nonfinite(model, lambda batch=batch: run_one(batch))
+            found = first_nonfinite(model, functools.partial(run_one, batch))
             if found is not None:
                 return found
         return None

@@ -51,7 +51,7 @@ def test_values_a_format_holds_exactly_report_the_exact_snr():
 def test_nonfinite_values_show_in_amax_only():
     v = tensor_stats(torch.tensor([1.0, float("inf"), 2.0]), "bf16").tolist()
     assert math.isinf(v[0])
-    record = unpack(v, lambda: "bf16")
+    record = unpack(v, "bf16")
     assert record["amax"] is None and record["flushed"] == 0.0
 
 
