@@ -25,7 +25,7 @@ WATCHED = (nn.Linear, nn.Bilinear, nn.modules.conv._ConvNd, nn.Embedding, nn.Emb
            nn.GroupNorm, nn.RMSNorm)
 #: ``auto``: the share of step time sampling may cost.
 AUTO_BUDGET = 0.02
-#: ``auto``: plain steps timed before the first period is chosen.
+#: ``auto``: plain steps timed (after step 1) before the first sampled step.
 AUTO_BASELINE = 8
 TENSORS = ("activation", "weight", "gradient")
 
@@ -38,33 +38,31 @@ def watched(module: nn.Module) -> bool:
 
 class Schedule:
     """Which steps are sampled. ``every``: a fixed period (steps N, 2N, ...); 0 (``auto``):
-    step 1, then a period chosen from measured times so that sampling costs at most
-    :data:`AUTO_BUDGET` of step time -- (sampled step - plain step) / period <= 2 % of a
-    plain step -- re-chosen after each sampled step. Times are the intervals between
-    step ends on the run's clock (:mod:`amptrain.common.clock`)."""
+    the first :data:`AUTO_BASELINE` steps after step 1 (a warm-up step) are timed plain,
+    the next one is sampled, and from then on the period is chosen from measured times so
+    that sampling costs at most :data:`AUTO_BUDGET` of step time -- (sampled step - plain
+    step) / period <= 2 % of a plain step -- again after each sampled step. Times are the
+    intervals between step ends on the run's clock (:mod:`amptrain.common.clock`)."""
 
     def __init__(self, every: int) -> None:
         self.every = every
         self.plain: list[float] = []      # the last plain steps' times
         self.sampled: list[float] = []    # the sampled steps' times
-        self.next: int | None = every if every else 1   # None: not decided yet (auto)
+        self.next: int = every if every else AUTO_BASELINE + 2
         self.period: int | None = every or None
-        self.last_sampled = 0
 
     def is_sampled(self, step: int) -> bool:
         return step == self.next
 
     def timed(self, step: int, seconds: float | None, sampled: bool) -> None:
         """Step ``step`` ended ``seconds`` after the previous one (None: unknown)."""
-        if seconds is not None:
+        if seconds is not None and step > 1:   # step 1 warms up: not a plain step's time
             (self.sampled if sampled else self.plain).append(seconds)
             del self.plain[:-32]
         if sampled:
-            self.last_sampled = step
-            self.next = step + self.every if self.every else None
-        if self.next is None and len(self.plain) >= AUTO_BASELINE and self.sampled:
-            self.period = self.choose()
-            self.next = max(step + 1, self.last_sampled + self.period)
+            if not self.every and self.plain and self.sampled:
+                self.period = self.choose()
+            self.next = step + (self.period or AUTO_BASELINE)
 
     def choose(self) -> int:
         """The smallest period whose extra cost is at most the budget."""

@@ -31,7 +31,7 @@ WHATIF: dict[str, Quantiser | torch.dtype] = {
 FP32 = "fp32"
 #: Values per tensor that the shares and SNR are computed on (whole rows, from the start;
 #: the abs-max always covers the whole tensor). Block scales need whole rows.
-VALUE_LIMIT = 1 << 16
+VALUE_LIMIT = 1 << 14
 #: The SNR reported when a format holds the values exactly (an infinite SNR, e.g. a bf16
 #: weight "quantised" to bf16), so that every field stays a JSON number.
 EXACT_SNR_DB = 200.0
