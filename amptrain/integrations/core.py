@@ -55,7 +55,6 @@ from ..precision.hardware.support import device_features, supported_precisions
 from ..precision.nonfinite import NonFiniteEvent, NonFiniteWatch
 from ..config.train import numerics_period
 from ..numerics.session import NumericsSession
-from ..numerics.trace import NonFiniteTrace
 
 #: Streams whose values a loss scale multiplies (recorded unscaled).
 _GRADIENTS = ("gradient", "param_gradient")
@@ -318,12 +317,9 @@ class DiagnoseSession:
             self._armed = False
             if self.options.verbose:
                 print(f"amptrain: {self.describe(event)}", file=sys.stderr, flush=True)
-            out = self._context.get("out_dir")
-            if out is not None:
-                # Watched live, so no inputs were kept to say whether they were finite.
-                NonFiniteTrace(event.step, self._rank, event.module, event.phase, None,
-                               True, "watched during training by DiagnoseCallback"
-                               ).write(Path(out))
+            if self.numerics is not None:  # nonfinite.json
+                self.numerics.seen(event.step, event.module, event.phase,
+                                   "watched during training by DiagnoseCallback")
         return self.first
 
     @staticmethod

@@ -25,6 +25,9 @@ WATCHED = (nn.Linear, nn.Bilinear, nn.modules.conv._ConvNd, nn.Embedding, nn.Emb
            nn.GroupNorm, nn.RMSNorm)
 #: ``auto``: the share of step time sampling may cost.
 AUTO_BUDGET = 0.02
+#: ``auto``: the shortest period (a sampled step measured as no dearer than a plain one
+#: is a noisy measurement, not a free sample).
+AUTO_MIN_PERIOD = 10
 #: ``auto``: plain steps timed (after step 1) before the first sampled step.
 AUTO_BASELINE = 8
 TENSORS = ("activation", "weight", "gradient")
@@ -65,10 +68,13 @@ class Schedule:
             self.next = step + (self.period or AUTO_BASELINE)
 
     def choose(self) -> int:
-        """The smallest period whose extra cost is at most the budget."""
+        """The smallest period whose extra cost is at most the budget (at least
+        :data:`AUTO_MIN_PERIOD`); the sampled time is the median of the last three."""
         plain = statistics.median(self.plain)
-        extra = max(0.0, self.sampled[-1] - plain)
-        return max(1, math.ceil(extra / (AUTO_BUDGET * plain))) if plain > 0 else 1000
+        extra = max(0.0, statistics.median(self.sampled[-3:]) - plain)
+        if plain <= 0:
+            return 1000
+        return max(AUTO_MIN_PERIOD, math.ceil(extra / (AUTO_BUDGET * plain)))
 
 
 class LayerRecorder:

@@ -84,6 +84,15 @@ class NumericsSession:
         return self.log.picture() if self.rank == 0 else None
 
     # ------------------------------------------------------------ non-finite
+    def seen(self, step: int, module: str, phase: str, note: str) -> NonFiniteTrace:
+        """A first non-finite value that a live watch already located (the callbacks'):
+        written as ``nonfinite.json``, inputs unknown (a live watch keeps none)."""
+        if self.trace is None:
+            self.trace = NonFiniteTrace(step, self.rank, module, phase, None, True, note)
+            if self.out is not None:
+                self.trace.write(self.out)
+        return self.trace
+
     def traced(self, step: int, micro_batches: Sequence[Any], run_one: Callable[[Any], None]
                | None, *, exact: bool, note: str = "") -> NonFiniteTrace:
         """Trace the first non-finite step (``step``) once: replay its micro-batches with
