@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import json
 import math
+import warnings
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
+
+from ..common.errors import AmptrainWarning
 
 JSONL = "numerics.jsonl"
 PICTURE = "numerics.png"
@@ -33,15 +36,27 @@ class NumericsLog:
         records = [_finite(r) for r in records]
         self.records.extend(records)
         if self.path is not None and records:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            with open(self.path, "a") as f:
-                f.writelines(json.dumps(r) + "\n" for r in records)
+            try:
+                self.path.parent.mkdir(parents=True, exist_ok=True)
+                with open(self.path, "a") as f:
+                    f.writelines(json.dumps(r) + "\n" for r in records)
+            except OSError as exc:
+                # Telemetry is never the reason a run stops: one warning, no more writes.
+                warnings.warn(f"numerics: {self.path} not written ({exc.strerror or exc}); "
+                              f"the telemetry goes on in memory only", AmptrainWarning,
+                              stacklevel=2)
+                self.path = None
 
     def picture(self) -> Path | None:
         """``numerics.png``, or None without records or a run directory."""
         if self.path is None or not self.records:
             return None
-        return heat_map(self.records, self.path.parent / PICTURE)
+        try:
+            return heat_map(self.records, self.path.parent / PICTURE)
+        except OSError as exc:
+            warnings.warn(f"numerics: {PICTURE} not drawn ({exc.strerror or exc})",
+                          AmptrainWarning, stacklevel=2)
+            return None
 
 
 def scalars(records: Iterable[dict[str, Any]]) -> dict[str, float]:

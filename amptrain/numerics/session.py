@@ -4,11 +4,14 @@ and Lightning callbacks) and does the rest -- attach on sampled steps, read, wri
 """
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
 from torch import nn
+
+from ..common.errors import AmptrainWarning
 
 from ..common import clock
 from .outputs import NumericsLog, scalars
@@ -89,9 +92,17 @@ class NumericsSession:
         written as ``nonfinite.json``, inputs unknown (a live watch keeps none)."""
         if self.trace is None:
             self.trace = NonFiniteTrace(step, self.rank, module, phase, None, True, note)
-            if self.out is not None:
-                self.trace.write(self.out)
+            self._write_trace()
         return self.trace
+
+    def _write_trace(self) -> None:
+        if self.out is None or self.trace is None:
+            return
+        try:
+            self.trace.write(self.out)
+        except OSError as exc:  # the line above said it; a full disk does not stop the run
+            warnings.warn(f"numerics: nonfinite.json not written ({exc.strerror or exc})",
+                          AmptrainWarning, stacklevel=3)
 
     def traced(self, step: int, micro_batches: Sequence[Any], run_one: Callable[[Any], None]
                | None, *, exact: bool, note: str = "") -> NonFiniteTrace:
@@ -113,6 +124,5 @@ class NumericsSession:
         if attached:
             self.recorder.attach()
         self.say(trace.line())
-        if self.out is not None:
-            trace.write(self.out)
+        self._write_trace()
         return trace
