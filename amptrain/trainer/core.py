@@ -67,8 +67,8 @@ class Trainer:
         c = self.config
         self.strategy = strategy or build_strategy(c.distributed.strategy, c.device)
         # The numerics telemetry runs first: its step-end read precedes other callbacks'.
-        self.reporter = Reporter(self.device, [TrainerNumerics(c.logging.numerics), *callbacks],
-                                 print_every)
+        self._numerics = TrainerNumerics(c.logging.numerics)
+        self.reporter = Reporter(self.device, [self._numerics, *callbacks], print_every)
         self.run_info = dict(run_info or {})
         self._reset(precision_mode)
 
@@ -333,6 +333,7 @@ class Trainer:
         """The user's module gets its own forwards back (evaluate() reinstates them), and
         ``out`` its lock (outdir.prepare took it)."""
         outdir.release(self.out)
+        self._numerics.close()  # no telemetry hook stays on the user's modules
         self.precision.teardown()
         if self._built is not None:
             self._built.evaluator.patches_removed = True

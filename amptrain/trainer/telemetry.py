@@ -76,3 +76,8 @@ class TrainerNumerics:
         if self.session is not None:
             self.session.finish()
             trainer.stepper.watch_loss = None
+
+    def close(self) -> None:
+        """Take any hook off the model (the run ended, also by an error)."""
+        if self.session is not None:
+            self.session.recorder.detach()

@@ -103,3 +103,18 @@ def test_auto_samples_after_timing_plain_steps(tmp_path):
     _fit(tmp_path, "auto", steps=AUTO_BASELINE + 2, precision="32-true")
     steps = {json.loads(line)["step"] for line in (tmp_path / "numerics.jsonl").open()}
     assert steps == {AUTO_BASELINE + 2}
+
+
+def test_a_run_that_fails_on_a_sampled_step_leaves_no_hook(tmp_path):
+    model = tiny_mlp()
+
+    class Boom:
+        def on_step_end(self, trainer):
+            if trainer.step == 1:   # step 2 is sampled: its hooks are on now
+                raise RuntimeError("boom")
+
+    trainer = Trainer(precision="32-true", batch_size=16, max_steps=4, no_progress=True,
+                      device="cpu", numerics="2", out=tmp_path, callbacks=[Boom()])
+    with pytest.raises(RuntimeError, match="boom"):
+        trainer.fit(model, tiny_classification())
+    assert all(not m._forward_hooks for m in model.modules())
