@@ -24,6 +24,7 @@ TIERS: tuple[tuple[str, ...], ...] = (
     ("report",),                  # compare's report files
     ("workflows",),               # what a command does, as library calls
     ("trainer",),                 # the Trainer
+    ("numerics",),                # sampled per-layer telemetry, the first non-finite traced
     ("distributed",),             # strategies: none, DDP, FSDP2, DP
     ("checkpoint",),              # files, sections, resume
     ("tasks",),                   # losses, steps, metrics, verdicts

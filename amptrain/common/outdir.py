@@ -34,7 +34,8 @@ from .pathkind import write_failure
 RUN_MARKERS = ("checkpoints/last.pt", "metrics.jsonl")
 
 #: What each command writes into its ``--out`` (a trailing "/" marks a directory).
-TRAIN_OUTPUTS = ("config.yaml", "metrics.jsonl", "tb/", "checkpoints/", "eval/")
+TRAIN_OUTPUTS = ("config.yaml", "metrics.jsonl", "tb/", "checkpoints/", "eval/",
+                 "numerics.jsonl", "numerics.png", "nonfinite.json")
 EVAL_OUTPUTS = ("eval/",)
 DIAGNOSE_OUTPUTS = ("diagnose.json", "diagnose.md")
 COMPARE_OUTPUTS = ("compare.json", "study.json", "report.md", "report.html", "compare.png",

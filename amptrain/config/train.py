@@ -36,6 +36,20 @@ DEFAULT_LR = {"adamw": 1e-3, "adamw8bit": 1e-3, "sgd": 0.05}
 MAX_SEED = 2 ** 32 - 1
 
 
+def numerics_period(value: Any) -> int | None:
+    """``--numerics``: ``auto`` -> 0, ``off`` -> None, ``N`` -> N (a positive integer)."""
+    text = str(value).strip().lower()
+    if text == "auto":
+        return 0
+    if text == "off":
+        return None
+    every = int(text) if text.isdigit() else 0
+    if every < 1:
+        raise UserError(f"{flag('numerics')} takes auto, off or a number of steps "
+                        f"(got {value!r})")
+    return every
+
+
 def _positive_numbers(section_: object, *names: str) -> None:
     for name in names:
         value = getattr(section_, name)
@@ -341,11 +355,15 @@ class LoggingConfig:
                                             "split)", kind=int)
     final_eval_full: bool = option(False, "the final evaluation reads the whole validation "
                                           "split (with --eval-batches)")
+    numerics: str = option("auto", "per-layer numerics telemetry (numerics.jsonl): auto "
+                                   "(sampled so it costs at most 2 percent of step "
+                                   "time), off, or every N steps")
 
     def __post_init__(self) -> None:
         require_positive(self, "log_every")
         require_positive(self, "eval_every", optional=True)
         parse_logger_names(self.logger)
+        numerics_period(self.numerics)
         require_positive(self, "eval_batches", optional=True)
         if self.final_eval_full and self.eval_batches is None:
             raise UserError(f"{flag('final_eval_full')} applies with {flag('eval_batches')} "

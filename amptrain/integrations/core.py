@@ -53,6 +53,8 @@ from ..diagnose.writer import finding_lines, strict_json, write_reports
 from ..common.errors import UserError
 from ..precision.hardware.support import device_features, supported_precisions
 from ..precision.nonfinite import NonFiniteEvent, NonFiniteWatch
+from ..config.train import numerics_period
+from ..numerics.session import NumericsSession
 
 #: Streams whose values a loss scale multiplies (recorded unscaled).
 _GRADIENTS = ("gradient", "param_gradient")
@@ -133,7 +135,10 @@ class DiagnoseOptions:
             first non-finite value is named.
         watch_every_step: watch every module on every step (names the module at the very
             first inf/NaN; costs more per step).
-        out_dir: where diagnose.md/.json go (default: the trainer's output directory).
+        out_dir: where diagnose.md/.json go (default: the trainer's output directory),
+            and numerics.jsonl, numerics.png and nonfinite.json.
+        numerics: the per-layer telemetry (numerics.jsonl, numerics.png; docs/numerics.md):
+            ``"auto"`` (at most 2 % of step time), ``"off"`` or every N steps.
         verbose: print the loss-scale line of each log step and the non-finite notice.
     """
 
@@ -142,9 +147,15 @@ class DiagnoseOptions:
     stop_on_nonfinite: bool = False
     watch_every_step: bool = False
     out_dir: str | None = None
+    numerics: Any = "auto"
     verbose: bool = True
 
     def __post_init__(self) -> None:
+        try:
+            numerics_period(self.numerics)
+        except UserError:
+            raise UserError(f"DiagnoseCallback(numerics=...) takes 'auto', 'off' or a number "
+                            f"of steps (got {self.numerics!r})") from None
         for name in ("every", "check_every"):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
@@ -175,6 +186,9 @@ class DiagnoseSession:
         self._skipped: torch.Tensor | None = None
         self._last_scale: torch.Tensor | None = None
         self._context: dict[str, Any] = {}
+        self.numerics: NumericsSession | None = None
+        self._numerics_started = False
+        self._rank = 0
 
     # ------------------------------------------------------------ lifecycle
     def attach(self, model: nn.Module, *, precision: str, trainer: str,
@@ -189,11 +203,22 @@ class DiagnoseSession:
                          "out_dir": (self.options.out_dir or out_dir) if is_main else None}
         self._watch = _GatedWatch(model, lambda: self.step, self._scale_tensor)
         self._recorder = _SampledRecorder(model)
+        out = self._context["out_dir"]
+        self._rank = torch.distributed.get_rank() if torch.distributed.is_available() \
+            and torch.distributed.is_initialized() else 0
+        self.numerics = NumericsSession(
+            model, precision, every=self.options.numerics,
+            out=Path(out) if out is not None else None, rank=self._rank,
+            say=lambda line: print(line, file=sys.stderr, flush=True)
+            if self.options.verbose else None)
+        self._numerics_started = False
 
     def detach(self) -> None:
         for hooks in (self._watch, self._recorder):
             if hooks is not None:
                 hooks.remove()
+        if self.numerics is not None:
+            self.numerics.recorder.detach()
 
     def _scale_tensor(self) -> torch.Tensor | None:
         scale = getattr(self._scaler, "_scale", None)
@@ -220,6 +245,12 @@ class DiagnoseSession:
         assert self._watch is not None  # made with the recorder
         self._watch.active = stats.active or self._armed or self.options.watch_every_step
         self._flagged = False
+        if self.numerics is not None:  # the telemetry counts steps from 1
+            if not self._numerics_started:
+                self.numerics.start(step + 1)
+                self._numerics_started = True
+            else:
+                self.numerics.before(step + 1)
 
     def before_optimizer_step(self, parameters: Any) -> None:
         """Gradients are complete: without a GradScaler, flag non-finite ones (on the
@@ -257,6 +288,8 @@ class DiagnoseSession:
             self._last_scale = scale.detach().clone()
             if not self._flagged:
                 self._flag(went_down)
+        if self.numerics is not None:
+            self.numerics.after(self.step + 1)
         if (self.step + 1) % self.options.check_every == 0:
             self.check()
         return self.first is not None and self.options.stop_on_nonfinite
@@ -284,6 +317,9 @@ class DiagnoseSession:
             self._armed = False
             if self.options.verbose:
                 print(f"amptrain: {self.describe(event)}", file=sys.stderr, flush=True)
+            if self.numerics is not None:  # nonfinite.json
+                self.numerics.seen(event.step, event.module, event.phase,
+                                   "watched during training by DiagnoseCallback")
         return self.first
 
     @staticmethod
@@ -313,6 +349,12 @@ class DiagnoseSession:
             return self.written
         self.check()
         self.detach()
+        if self.numerics is not None and self._rank == 0:
+            try:
+                self.numerics.finish()
+            except Exception as exc:  # never the reason a user's finished training fails
+                print(f"amptrain: numerics.png not drawn ({type(exc).__name__}: {exc})",
+                      file=sys.stderr, flush=True)
         if self._recorder is not None:  # a step cut short by an exception records no more
             self._recorder.stats.active = False
         out = self._context.get("out_dir")

@@ -53,6 +53,11 @@ class TensorBoardSink(Sink):
             if tag:
                 self._writer.add_scalar(tag, value, step)
 
+    def scalars(self, step: int, values: dict[str, float]) -> None:
+        """Scalars under their own tags (the numerics telemetry's ``numerics/...``)."""
+        for tag, value in values.items():
+            self._writer.add_scalar(tag, value, step)
+
     def images(self, step: int, images: dict[str, Any]) -> None:
         """Each grid as the image ``val/<name>`` (an evaluation's, e.g. a GAN's ``val/samples``)."""
         for name, image in images.items():

@@ -45,6 +45,7 @@ from .position import LoopPosition
 from .reporting import Reporter
 from .result import FitResult
 from .stepping import StepFn
+from .telemetry import TrainerNumerics
 from .views import TrainerViews
 
 log = logging.getLogger("amptrain")
@@ -67,7 +68,9 @@ class Trainer(TrainerViews):
         self.config: TrainConfig = (config or TrainConfig()).with_given_options(**options)
         c = self.config
         self.strategy = strategy or build_strategy(c.distributed.strategy, c.device)
-        self.reporter = Reporter(self.device, callbacks, print_every)
+        # The numerics telemetry runs first: its step-end read precedes other callbacks'.
+        self._numerics = TrainerNumerics(c.logging.numerics)
+        self.reporter = Reporter(self.device, [self._numerics, *callbacks], print_every)
         self.run_info = dict(run_info or {})
         self._reset(precision_mode)
 
@@ -275,6 +278,7 @@ class Trainer(TrainerViews):
         """The user's module gets its own forwards back (evaluate() reinstates them), and
         ``out`` its lock (outdir.make_run_dir took it)."""
         outdir.release(self.out)
+        self._numerics.close()  # no telemetry hook stays on the user's modules
         self.precision.teardown()
         if self._built is not None:
             self._built.evaluator.patches_removed = True

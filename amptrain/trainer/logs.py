@@ -166,6 +166,20 @@ class RunLogger:
             except OSError as exc:
                 raise LogWriteError(getattr(sink, "path", self._path), exc) from None
 
+    def scalars(self, step: int, values: dict[str, float]) -> None:
+        """Scalars by their own tags (``numerics/...``) to the trackers that keep them
+        (TensorBoard); not in metrics.jsonl."""
+        if not self.enabled or not values:
+            return
+        for sink in self._sinks:
+            write = getattr(sink, "scalars", None)
+            if write is None:
+                continue
+            try:
+                write(step, values)
+            except OSError as exc:
+                raise LogWriteError(getattr(sink, "path", self._path), exc) from None
+
     def message(self, text: str) -> None:
         """A one-off line for the user, printed above any progress bar."""
         if not self.enabled:

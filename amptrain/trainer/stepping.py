@@ -75,6 +75,8 @@ class TrainStep:
         # Logged between steps (a rollout's returns): counted with the next step's values.
         self.carried: list[tuple[str, torch.Tensor, int]] = []
         self.stepped: str | None = None   # a part stepped in this attempt (no redo after)
+        #: Shown each loss before its backward (the numerics telemetry on sampled steps).
+        self.watch_loss: Callable[[torch.Tensor], None] | None = None
 
     # ------------------------------------------------------------ around a step
     def on(self, window: StepBatch, step: int) -> TrainStep:
@@ -172,6 +174,8 @@ class TrainStep:
                 yield batch, n, n * world / self.global_samples
 
     def backward(self, loss: torch.Tensor, *, loss_id: int = 0) -> None:
+        if self.watch_loss is not None:
+            self.watch_loss(loss)
         self._backward(loss, loss_id=loss_id)
 
     def step(self, name: str = "model") -> None:

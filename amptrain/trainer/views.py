@@ -54,6 +54,9 @@ class TrainerViews:
     lr_schedule = property(lambda self: p.lr_schedule if (p := self._run_parts()) else None)
     run_length = property(lambda self: p.run_length if (p := self._run_parts()) else None)
     checkpointer = property(lambda self: p.checkpointer if (p := self._run_parts()) else None)
+    step_context = property(lambda self: p.train_step if (p := self._run_parts()) else None,
+                            doc="The TrainStep: the StepContext the step functions run "
+                                "against (telemetry watches its loss).")
     total_steps = property(lambda self: p.run_length.total_steps
                            if (p := self._run_parts()) else 0)
     constant_lr = property(lambda self: bool((p := self._run_parts()) and p.constant_lr),

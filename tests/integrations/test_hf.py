@@ -68,3 +68,20 @@ def test_bad_options_and_old_versions_are_one_line():
     with pytest.raises(UserError, match=r"needs transformers>=4\.40 \(found transformers 4\.30"):
         check_version("transformers", "4.30.2", (4, 40), "DiagnoseCallback")
     check_version("transformers", transformers.__version__, (4, 40), "DiagnoseCallback")
+
+
+def test_numerics_and_the_first_nonfinite_through_the_callback(tmp_path):
+    _, callback, out = _train(tmp_path, 1e39, numerics=2)
+    records = [json.loads(line) for line in (out / "numerics.jsonl").open()]
+    assert {r["step"] for r in records} == {2, 4, 6}
+    assert {"body.0", "head"} <= {r["module"] for r in records}
+    assert (out / "numerics.png").exists()
+    trace = json.loads((out / "nonfinite.json").read_text())
+    assert (trace["module"], trace["phase"], trace["step"]) == ("scale", "forward", 1)
+
+
+def test_numerics_off_through_the_callback(tmp_path):
+    _, _, out = _train(tmp_path, 1.0, steps=2, numerics="off")
+    assert not (out / "numerics.jsonl").exists() and (out / "diagnose.json").exists()
+    with pytest.raises(UserError, match="numerics="):
+        DiagnoseCallback(numerics="sometimes")

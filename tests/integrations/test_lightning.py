@@ -100,3 +100,17 @@ def test_hooks_come_off_after_training(tmp_path):
     model = trainer.lightning_module
     assert all(not m._forward_hooks for m in model.modules())
     assert isinstance(model.net.head, nn.Linear)
+
+
+def test_numerics_and_the_first_nonfinite_through_the_callback(tmp_path):
+    scaler = torch.amp.GradScaler("cpu", init_scale=2.0 ** 10)
+    _, _, out, _ = _train(tmp_path, 1e5, numerics=3,
+                          plugins=[MixedPrecision("16-mixed", "cpu", scaler=scaler)])
+    records = [json.loads(line) for line in (out / "numerics.jsonl").open()]
+    assert {r["step"] for r in records} == {3, 6}
+    assert {r["format"] for r in records} == {"fp16"}
+    # behind the x1e5 layer the head computes inf in fp16: a non-finite amax (null)
+    head = [r for r in records if r["module"] == "net.head" and r["tensor"] == "activation"]
+    assert head and all(r["amax"] is None for r in head)
+    trace = json.loads((out / "nonfinite.json").read_text())
+    assert (trace["module"], trace["step"]) == ("net.scale", 1)

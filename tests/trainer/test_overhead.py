@@ -109,8 +109,11 @@ def spied_run(trainer: Trainer, model: nn.Module, data: Any, steps: int, *,
 
 
 def _trainer(precision: str, **options: Any) -> Trainer:
+    # numerics off: a sampled telemetry step (auto's first is step 10) reads the device
+    # by design; tests/numerics/test_session.py spies on the steps between samples.
     options = {"batch_size": 16, "epochs": 100, "log_every": 1000, "no_progress": True,
-               "device": "cpu", "optimizer": "adamw", "scheduler": "cosine", **options}
+               "device": "cpu", "optimizer": "adamw", "scheduler": "cosine",
+               "numerics": "off", **options}
     return Trainer(precision=precision, **options)
 
 
@@ -229,7 +232,7 @@ def test_channels_last_applies_to_conv_nets():
 @pytest.mark.parametrize("precision", ["bf16-mixed", "16-mixed"])
 def test_cuda_steady_state_has_no_sync(precision):
     trainer = Trainer(precision=precision, batch_size=16, epochs=100, max_steps=12,
-                      log_every=1000, no_progress=True, device="cuda")
+                      log_every=1000, no_progress=True, device="cuda", numerics="off")
     trainer.setup(tiny_mlp(), tiny_classification())
 
     class SyncErrors(SpiedWindows):
