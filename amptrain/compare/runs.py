@@ -116,7 +116,7 @@ def train_runs(config: RunConfig, precisions: list[str], seeds: list[int], out: 
         reference_run = assemble(config.with_options(seed=seed))
         # What the Trainer does to a model before its first step: the task learns from the
         # data and takes the model's parts (a GAN maps its generator to the data's range).
-        reference_run.task.fit(reference_run.data.train)
+        reference_run.task.learn_from(reference_run.data.train)
         reference_run.task.models(reference_run.model)
         reference_model = reference_run.model
         reference = {k: v.detach().clone() for k, v in reference_model.state_dict().items()}

@@ -144,10 +144,10 @@ class Task(ABC):
     #: What ``amptrain generate`` draws from a trained model of this task: "text" (a
     #: language model's continuation), "images" (a generator's samples), or None.
     generates: str | None = None
-    #: The split ``amptrain eval`` fits the task on (:meth:`fit`): "val" (the data it
+    #: The split ``amptrain eval`` fits the task on (:meth:`learn_from`): "val" (the data it
     #: evaluates) or "train" (a task that measures against the training split, as the
     #: GAN's feature network).
-    eval_fit_split: str = "val"
+    eval_learn_split: str = "val"
 
     def default_tolerance(self) -> float | None:
         """The task's own default for :attr:`tolerance_option` (None: the shared one)."""
@@ -155,14 +155,14 @@ class Task(ABC):
             else self.default_tolerance_rel
 
     # ------------------------------------------------------- learnt from data
-    def fit(self, train_data: Any) -> None:  # noqa: B027  (optional hook)
+    def learn_from(self, train_data: Any) -> None:  # noqa: B027  (optional hook)
         """Learn what the task needs from the training data (once, before the first step):
         regression's target statistics, the LM's tokens per sample. Statistics already
         learnt (restored from a checkpoint) are kept, so ``eval`` may call it on other data
         for that data's own facts (an LM's bytes per token). Nothing by default."""
 
     def state(self) -> dict[str, Any]:
-        """What :meth:`fit` learnt, JSON-able, for checkpoints (``eval`` rebuilds the task
+        """What :meth:`learn_from` learnt, JSON-able, for checkpoints (``eval`` rebuilds the task
         with ``build_task(name, **state)``)."""
         return {}
 

@@ -116,7 +116,7 @@ class GanTask(Task):
     default_tolerance_rel = 0.25
     #: ``amptrain eval`` fits this task on the data's training split (the feature network
     #: and the value range are learnt from real training images, as in training).
-    eval_fit_split = "train"
+    eval_learn_split = "train"
 
     @classmethod
     def fits(cls, kind: str) -> bool:
@@ -137,7 +137,7 @@ class GanTask(Task):
         self._latent: int | None = None
 
     # ------------------------------------------------------- learnt from data
-    def fit(self, train_data: Any) -> None:
+    def learn_from(self, train_data: Any) -> None:
         """Keep a seeded sample of the real training images (the feature network is
         trained from it at the first evaluation, on the evaluation's device) and learn
         their value range, which the generator's output is mapped to. The first data
@@ -157,7 +157,7 @@ class GanTask(Task):
         """The feature classifier, trained once on the first call (see :mod:`.frechet`)."""
         if self._real is None:
             raise UserError("the gan task measures val_fd against the real training images: "
-                            "call task.fit(train_data) before evaluating")
+                            "call task.learn_from(train_data) before evaluating")
         if self._net is None:
             self._net, self._trained_features = train_feature_net(self._real, device)
         return self._net.to(device)

@@ -57,7 +57,7 @@ class LanguageModelTask(Task):
                 f"tokens, but checkpoint {path} was trained with {then} (--tokenizer "
                 f"{saved.get('tokenizer') or 'byte'}); resume with that tokenizer")
 
-    def fit(self, train_data: Any) -> None:
+    def learn_from(self, train_data: Any) -> None:
         targets = targets_of(train_data)
         if targets is not None and targets.ndim == 2:
             self.seq_len = int(targets.shape[1])

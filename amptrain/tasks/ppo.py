@@ -170,7 +170,7 @@ class PpoTask(Task):
         kind = "discrete" if env.discrete else "continuous"
         return {**SHARED, **RECIPES[kind], **self.given}
 
-    def fit(self, train_data: Any) -> None:
+    def learn_from(self, train_data: Any) -> None:
         """Take the environments of ``gym:`` data (training or evaluation split) and the
         recipe for their action space; statistics a checkpoint kept are restored."""
         env = getattr(train_data, "env", None)
@@ -271,7 +271,7 @@ class PpoTask(Task):
     # ------------------------------------------------------------------ parts
     def models(self, model: nn.Module) -> dict[str, nn.Module]:
         if self.env is None:
-            raise UserError("the ppo task's fit(train_data) was not called before models()")
+            raise UserError("the ppo task's learn_from(train_data) was not called before models()")
         module, continuous = actor_critic_of(model, self.env)
         self.log_std_of = module if continuous else None
         return {"model": model}
@@ -442,7 +442,7 @@ class PpoTask(Task):
     def start_eval(self, device: torch.device) -> EvalSums:
         if self.env is None:
             raise UserError("the ppo task plays episodes of its environment: call "
-                            "task.fit(data) before evaluating")
+                            "task.learn_from(data) before evaluating")
         return _Episodes(self, device)
 
     def finish_eval(self, sums: EvalSums, gather: Any, loss: float, samples: int) -> EvalResult:

@@ -2,7 +2,7 @@
 standardised targets, and RMSE, MSE, MAE and R² reported in the data's own units.
 
 The targets are standardised with the training split's mean and standard deviation
-inside the task (learnt by :meth:`RegressionTask.fit`, kept in checkpoints), so the model
+inside the task (learnt by :meth:`RegressionTask.learn_from`, kept in checkpoints), so the model
 learns values of order one whatever the data's units -- which also keeps fp16 activations
 and losses far from their range limits -- while every metric and prediction is converted
 back to the data's units. compare judges RMSE by its relative change (``--tolerance-rel``).
@@ -64,7 +64,7 @@ class RegressionTask(Task):
         self._stats: dict[torch.device, tuple[torch.Tensor, torch.Tensor]] = {}
 
     # ------------------------------------------------------------ standardising
-    def fit(self, train_data: Any) -> None:
+    def learn_from(self, train_data: Any) -> None:
         targets = targets_of(train_data)
         if targets is None or self.target_mean is not None:
             return  # a loader's targets are unknown up front: they are taken as given

@@ -69,7 +69,7 @@ def assemble_parts(model: nn.Module, train_data: Any, val_data: Any, *, config: 
         for data, keyword in ((train_data, "train_data"), (val_data, "val_data")):
             if data is not None:
                 task.check_data(data, keyword)
-    task.fit(train_data)
+    task.learn_from(train_data)
     if isinstance(train_data, Dataset) and hasattr(train_data, "__len__"):
         datacheck.check_batch_size(len(train_data), c.batching.batch_size)
     if out is not None:

@@ -45,7 +45,7 @@ def test_every_image_data_kind_gets_a_pair_of_its_shape_and_value_range(tmp_path
         model = build_model("dcgan", inputs)
         assert isinstance(model, DCGAN)
         task = GanTask()
-        task.fit(data.train)
+        task.learn_from(data.train)
         task.models(model)  # maps the generator's output to the data's range
         low, high = (torch.tensor(v) for v in task.value_range)
         real = task._real.batch(torch.arange(len(task._real)), torch.device("cpu"))[0]

@@ -112,7 +112,7 @@ def test_three_methods_make_a_task_and_every_other_hook_has_a_default(tmp_path):
     assert (task.delta_unit, task.tolerance_option) == ("pp", "tolerance_pp")
     assert task.default_tolerance() is None
     assert dict(task.loss_names) == {0: "loss"} and task.generates is None
-    assert task.eval_fit_split == "val"
+    assert task.eval_learn_split == "val"
     assert (task.data_holds, task.output_noun) == ("targets", "outputs")
     # The default reports: the loss, the samples and every metric, in the metric's format.
     result = task.finish_eval(task.start_eval(torch.device("cpu")), None, 0.25, 8)
@@ -139,7 +139,7 @@ def test_the_built_in_tasks_declare_what_they_differ_in():
     assert {name: cls.generates for name, cls in TASKS.items()} == {
         "classification": None, "regression": None, "lm": "text", "gan": "images",
         "ppo": None}
-    assert {name: cls.eval_fit_split for name, cls in TASKS.items()} == {
+    assert {name: cls.eval_learn_split for name, cls in TASKS.items()} == {
         "classification": "val", "regression": "val", "lm": "val", "gan": "train",
         "ppo": "val"}
     assert GanTask().default_tolerance() == GanTask.default_tolerance_rel == 0.25

@@ -194,7 +194,7 @@ def test_checks_name_the_flag_for_data_and_outputs_that_are_not_images():
 
 def test_state_round_trips_and_the_metric_is_judged_relatively():
     task = GanTask()
-    task.fit(TensorData(torch.linspace(-1, 3, 4 * 64).view(4, 1, 8, 8), torch.tensor([0, 1, 0, 1])))
+    task.learn_from(TensorData(torch.linspace(-1, 3, 4 * 64).view(4, 1, 8, 8), torch.tensor([0, 1, 0, 1])))
     assert task.value_range == [[-1.0], [3.0]]
     again = build_task("gan", class_names=None, **json.loads(json.dumps(task.state())))
     assert isinstance(again, GanTask) and again.value_range == task.value_range
@@ -202,7 +202,7 @@ def test_state_round_trips_and_the_metric_is_judged_relatively():
     assert task.delta_field == "delta_fd_rel"
     assert task.judge(11.0, 10.0, GanTask.default_tolerance_rel)[1] == "ok"
     assert task.judge(14.0, 10.0, GanTask.default_tolerance_rel)[1] == "worse"
-    with pytest.raises(UserError, match="call task.fit"):
+    with pytest.raises(UserError, match="call task.learn_from"):
         GanTask().feature_net(CPU)
 
 
@@ -220,7 +220,7 @@ def train_digits(seed: int, steps: int, evaluations: int, precision: str = "32-t
     data = build_data("digits", DataOptions())
     model = build_model("dcgan", ModelInputs(10, (1, 8, 8)))
     task = GanTask()
-    task.fit(data.train)
+    task.learn_from(data.train)
     parts = task.models(model)
     optimizers = {k: torch.optim.Adam(p.parameters(), lr=2e-4, betas=(0.5, 0.999))
                   for k, p in parts.items()}
@@ -267,7 +267,7 @@ def test_an_evaluation_of_one_class_data_uses_the_untrained_features():
     g = torch.Generator().manual_seed(0)
     data = TensorData(torch.randn(64, 1, 8, 8, generator=g), torch.zeros(64, dtype=torch.long))
     model, task, _, _ = _pair()
-    task.fit(data)
+    task.learn_from(data)
     first = _evaluate(model, data, task, Precision("32-true", device="cpu"))
     again = _evaluate(model, data, task, Precision("32-true", device="cpu"))
     assert not first.details["features_trained"]
@@ -287,7 +287,7 @@ def test_the_fd_does_not_depend_on_the_evaluation_batch_size(monkeypatch, cpu):
     g = torch.Generator().manual_seed(0)
     data = TensorData(torch.randn(150, 1, 8, 8, generator=g), torch.zeros(150, dtype=torch.long))
     model, task, _, _ = _pair()
-    task.fit(data)
+    task.learn_from(data)
     precision = Precision("bf16-mixed", device="cpu")
     assert precision.emulated_fast == (cpu == "avx2")
     fds = []

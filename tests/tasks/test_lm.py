@@ -50,7 +50,7 @@ def test_loss_is_the_mean_cross_entropy_per_token():
 
 def test_fit_reads_the_block_length_and_the_bytes_per_token():
     task = LanguageModelTask()
-    task.fit(TokenBlocks(torch.arange(200), 16, bytes_per_token=3.5))
+    task.learn_from(TokenBlocks(torch.arange(200), 16, bytes_per_token=3.5))
     assert task.state() == {"bytes_per_token": 3.5, "seq_len": 16}
     assert infer_task(TokenBlocks(torch.arange(50), 8)) == "lm"
 

@@ -28,7 +28,7 @@ def linear_data(n: int, seed: int, targets: int = 1) -> TensorData:
 def test_standardises_with_training_statistics_and_reports_in_data_units():
     data = linear_data(500, 0)
     task = RegressionTask()
-    task.fit(data)
+    task.learn_from(data)
     y = data.tensors[1].double()
     assert task.target_mean == pytest.approx([float(y.mean())])
     assert task.target_std == pytest.approx([float(y.std(unbiased=False))])
@@ -44,7 +44,7 @@ def test_losses_and_multi_target_rows():
     data = linear_data(64, 1, targets=2)
     for loss in ("mse", "l1", "huber"):
         task = RegressionTask(loss=loss)
-        task.fit(data)
+        task.learn_from(data)
         assert len(task.target_mean) == 2
         value = task.loss(torch.zeros(64, 2), data.tensors[1])
         assert value.ndim == 0 and math.isfinite(float(value))

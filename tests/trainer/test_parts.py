@@ -123,7 +123,7 @@ def test_the_task_section_is_the_tasks_learnt_state():
 
 def _learnt(data: TensorData) -> TaskState:
     task = resolve_task("regression", data)
-    task.fit(data)
+    task.learn_from(data)
     return TaskState(task)
 
 
