@@ -27,9 +27,12 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
+
+if TYPE_CHECKING:
+    from ..tasks import Task
 
 #: The share cut from each end of the sorted scores (rliable's IQM: 25 %).
 TRIM = 0.25
@@ -167,11 +170,11 @@ class SeedFields:
                 "weak_verdict", "seed_note")
 
 
-def seed_fields(task: Any) -> tuple[str, ...]:
+def seed_fields(task: Task) -> tuple[str, ...]:
     """The summary fields a task with ``seed_statistic = "iqm"`` adds, e.g. ``val_return_iqm``,
     ``val_return_iqm_low``, ..., ``delta_return_iqm_rel_high``, ``weak_verdict``,
     ``seed_note``; none for ``"mean"`` (compare's rows stay as they were)."""
-    statistic = getattr(task, "seed_statistic", "mean")
+    statistic = task.seed_statistic   # declared on Task ("mean" by default)
     if statistic not in SEED_STATISTICS:
         raise ValueError(f"{type(task).__name__}.seed_statistic must be one of "
                          f"{', '.join(SEED_STATISTICS)} (got {statistic!r})")
