@@ -133,6 +133,12 @@ class Task(ABC):
     data_needs: str = ""
     #: What the model's output count is called: "10 classes", "256 vocabulary entries".
     output_noun: str = "outputs"
+    #: Fields of its training records the console line shows beside the losses, the
+    #: learning rate and the validation metrics (PPO's ``episode_return``).
+    shown_fields: tuple[str, ...] = ()
+    #: Speed fields its records carry (:meth:`throughput`) and their units on the console
+    #: (an LM's ``{"tokens_per_s": "tokens/s"}``).
+    speed_units: Mapping[str, str] = MappingProxyType({})
     #: Each loss's name by its ``loss_id`` (``diagnose`` names the loss that overflows).
     loss_names: Mapping[int, str] = MappingProxyType({0: "loss"})
 

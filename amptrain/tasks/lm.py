@@ -10,6 +10,7 @@ judges perplexity by its relative change (``--tolerance-rel``).
 from __future__ import annotations
 
 import math
+from types import MappingProxyType
 from typing import Any
 
 import torch
@@ -33,6 +34,7 @@ class LanguageModelTask(Task):
     """Next-token cross-entropy; perplexity is the primary metric."""
 
     name = "lm"
+    speed_units = MappingProxyType({"tokens_per_s": "tokens/s"})
     metrics = (Metric("perplexity", "perplexity", higher_is_better=False),
                Metric("bits_per_byte", "bits per byte", higher_is_better=False))
     delta_unit = "rel"

@@ -23,6 +23,7 @@ from __future__ import annotations
 import logging
 import itertools
 from dataclasses import fields
+from types import MappingProxyType
 from typing import Any
 
 import numpy as np
@@ -146,6 +147,8 @@ class PpoTask(Task):
     batches_are_samples = False
     #: The task drives the run: a rollout, then epochs of minibatch steps (:meth:`iterate`).
     owns_loop = True
+    shown_fields = ("episode_return",)
+    speed_units = MappingProxyType({"env_steps_per_s": "env steps/s"})
     #: RL returns vary widely between seeds: compare judges the IQM over seeds with
     #: stratified-bootstrap intervals (compare/seeds.py), not the mean of two runs.
     seed_statistic = "iqm"

@@ -170,7 +170,8 @@ def begin_run(parts: RunParts, *, config: TrainConfig, strategy: Strategy, out: 
         write_yaml(as_run, out / "config.yaml")
     reporter.open(out, enabled=strategy.is_main, progress=not c.logging.no_progress,
                   resumed_at=position.step if position.step > 0 else None,
-                  loggers=c.logging.logger, params=as_run if out is not None else None)
+                  loggers=c.logging.logger, params=as_run if out is not None else None,
+                  task=parts.task)
     reporter.announce(Reporter.banner(
         precision, device=strategy.device, world_size=strategy.world_size,
         run_length=parts.run_length, batch_size=c.batching.batch_size,

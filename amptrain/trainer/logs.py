@@ -10,6 +10,7 @@ import json
 import logging
 import math
 import sys
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -33,14 +34,14 @@ def _fmt(value: Any) -> str:
     return str(value)
 
 
-def shown_key(key: str) -> bool:
+def shown_key(key: str, task_fields: Iterable[str] = ()) -> bool:
     """Whether the console line and the bar show a record field: every loss the step
     logged (``loss``, a GAN's ``d_loss``/``g_loss``: any ``*_loss``), the learning rate of
     a one-part run, every loss scale (``loss_scale``, ``loss_scale/<id>``), every
-    evaluation metric (``val_*``) and the training episodes' return of a reinforcement-
-    learning run (``episode_return``)."""
-    return (key in ("loss", "lr", "loss_scale", "episode_return") or key.endswith("_loss")
-            or key.startswith("loss_scale/") or key.startswith("val_"))
+    evaluation metric (``val_*``) and the fields the task declares
+    (:attr:`Task.shown_fields <amptrain.tasks.Task.shown_fields>`: PPO's episode return)."""
+    return (key in ("loss", "lr", "loss_scale") or key in task_fields
+            or key.endswith("_loss") or key.startswith("loss_scale/") or key.startswith("val_"))
 
 
 def is_train_record(record: dict[str, Any]) -> bool:
@@ -82,8 +83,11 @@ class RunLogger:
     def __init__(self, out: str | Path | None, *, enabled: bool = True, progress: bool = True,
                  stream: TextIO | None = None, resumed_at: int | None = None,
                  print_every: int | None = None, loggers: str | list[str] = DEFAULT,
-                 params: dict[str, Any] | None = None) -> None:
+                 params: dict[str, Any] | None = None, shown: Iterable[str] = (),
+                 speeds: Mapping[str, str] | None = None) -> None:
         self.enabled = enabled
+        # The task's fields (Task.shown_fields, Task.speed_units): logs name no task's.
+        self.shown, self.speeds = tuple(shown), dict(speeds or {})
         self.print_every = print_every
         self.stream = stream or sys.stderr
         self.progress = progress and enabled and self.stream.isatty()
@@ -136,7 +140,8 @@ class RunLogger:
                 sink.log(record)
             except OSError as exc:
                 raise LogWriteError(getattr(sink, "path", self._path), exc) from None
-        shown = {k: v for k, v in record.items() if v is not None and shown_key(k)}
+        shown = {k: v for k, v in record.items()
+                 if v is not None and shown_key(k, self.shown)}
         if self._bar is not None:
             self._bar.set_postfix({k: _fmt(v) for k, v in shown.items()}, refresh=False)
         elif is_train_record(record) and self.print_every and record["step"] % self.print_every:
@@ -144,11 +149,10 @@ class RunLogger:
         else:
             text = "  ".join(f"{k} {_fmt(v)}" for k, v in shown.items())
             speed = record.get("samples_per_s")
-            tokens = record.get("tokens_per_s")
             speed_text = f"  {speed:.0f} samples/s" if speed else ""
-            speed_text += f"  {tokens:.0f} tokens/s" if tokens else ""
-            env_steps = record.get("env_steps_per_s")
-            speed_text += f"  {env_steps:.0f} env steps/s" if env_steps else ""
+            for key, unit in self.speeds.items():
+                value = record.get(key)
+                speed_text += f"  {value:.0f} {unit}" if value else ""
             print(f"epoch {record.get('epoch')} step {record['step']}  {text}{speed_text}",
                   file=self.stream, flush=True)
 

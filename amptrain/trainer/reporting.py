@@ -70,10 +70,12 @@ class Reporter:
         self.history = []
 
     def open(self, out: Path | None, *, enabled: bool, progress: bool, resumed_at: int | None,
-             loggers: Any, params: dict[str, Any] | None) -> None:
-        """The run's logger (metrics.jsonl, trackers, the bar)."""
+             loggers: Any, params: dict[str, Any] | None, task: Task | None = None) -> None:
+        """The run's logger (metrics.jsonl, trackers, the bar); ``task``'s own fields shown."""
         self.logger = RunLogger(out, enabled=enabled, progress=progress, resumed_at=resumed_at,
-                                print_every=self.print_every, loggers=loggers, params=params)
+                                print_every=self.print_every, loggers=loggers, params=params,
+                                shown=task.shown_fields if task is not None else (),
+                                speeds=task.speed_units if task is not None else None)
 
     def record(self, trainer: Any, record: dict[str, Any]) -> None:
         """Log ``record`` and keep it; callbacks' ``on_log(trainer, record)`` see it."""
