@@ -36,6 +36,9 @@ class ModeSpec:
     # Where the GPU is a Hopper (sm90+) with torchao's blockwise fp8 kernels they run
     # those (DeepSeek-V3's 1x128 / 128x128 tiles); see lowbit.py.
     float8_blocks: bool = False
+    # A precision plan (``--precision plan:FILE``): (module, format) pairs, each Linear in
+    # its own format; see precision_plan.py. Empty for every mode of MODES.
+    layer_formats: tuple[tuple[str, str], ...] = ()
 
     @property
     def half_weights(self) -> bool:
