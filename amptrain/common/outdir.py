@@ -37,6 +37,7 @@ RUN_MARKERS = ("checkpoints/last.pt", "metrics.jsonl")
 TRAIN_OUTPUTS = ("config.yaml", "metrics.jsonl", "tb/", "checkpoints/", "eval/")
 EVAL_OUTPUTS = ("eval/",)
 DIAGNOSE_OUTPUTS = ("diagnose.json", "diagnose.md")
+PLAN_OUTPUTS = ("precision-plan.yaml", "plan.md", "plan.json", "search/")
 COMPARE_OUTPUTS = ("compare.json", "study.json", "report.md", "report.html", "compare.png",
                    "runs/")
 
