@@ -109,9 +109,11 @@ class Budget:
 
     def allows(self, steps: int) -> bool:
         """Whether a run of ``steps`` more steps may start (else: why, in :attr:`cut_short`)."""
-        if self.seconds is not None and self.elapsed() >= self.seconds:
-            self.cut_short = (f"{flag('budget_time')} {self.seconds:g} s spent "
-                              f"({self.elapsed():.1f} s)")
+        if self.cut_short is not None:
+            return False
+        elapsed = self.elapsed()
+        if self.seconds is not None and elapsed >= self.seconds:
+            self.cut_short = f"{flag('budget_time')} {self.seconds:g} s spent ({elapsed:.1f} s)"
         elif self.steps is not None and self.spent_steps + steps > self.steps:
             self.cut_short = (f"{flag('budget_steps')} {self.steps}: {self.spent_steps} spent, "
                               f"the next run needs {steps}")
@@ -206,7 +208,10 @@ def search_along(ranking: list[LayerSensitivity], search: Search) -> list[str]:
     """The largest accepted set found: all the layers; else the longest accepted prefix of
     the ranking (bisected), then each later layer tried on top of it."""
     names = [s.name for s in ranking]
-    if search.attempt(names):
+    verdict = search.attempt(names)
+    if verdict is None:
+        return []
+    if verdict:
         return names
     good, bad = 0, len(names)   # prefix lengths known accepted / refused
     while bad - good > 1:
