@@ -82,7 +82,8 @@ def test_a_study_reports_the_ladder_per_row(tmp_path):
     assert list(rows) == ["32-true", "bf16-true+kahan", "bf16-true+stochastic"]
     for row in rows.values():
         assert list(row) == SUMMARY_FIELDS
-        assert all(row[k] > 0 for k in LADDER_FIELDS if k not in ("master_bytes", "lowbit_flops_share"))
+        assert all(row[k] > 0 for k in LADDER_FIELDS
+                   if k not in ("master_bytes", "lowbit_flops_share"))
     fp32, kahan, stochastic = rows.values()
     # The cnn's BatchNorm stays fp32: a few parameters are not halved (nor compensated).
     assert 0.5 * fp32["weights_bytes"] < kahan["weights_bytes"] < 0.55 * fp32["weights_bytes"]

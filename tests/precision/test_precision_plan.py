@@ -79,7 +79,7 @@ def test_a_malformed_plan_is_one_line_naming_the_flag_the_module_and_the_format(
     name = _plan(tmp_path, text)
     model = _model()
     with pytest.raises(UserError) as caught:
-        precision = Precision(name, device="cpu")
+        Precision(name, device="cpu")
         assert where == "setup"   # a file error is found when the plan is read
         _set_up(name, model)
     line = str(caught.value)
