@@ -140,3 +140,14 @@ def test_compare_takes_a_plan_as_a_row_with_its_lowbit_flops_share(planted):
     # a and b: 2 x 32x32 of the 64x32 + 3 x 32x32 + 32x10 multiply-adds per token
     assert rows["plan:p.yaml"]["lowbit_flops_share"] == pytest.approx(
         2 * 1024 / (2048 + 3 * 1024 + 320))
+
+
+def test_env_says_which_formats_of_a_plan_are_native_here(planted, capsys):
+    (planted / "p.yaml").write_text("a: mxfp4\nb: fp8-rowwise\nsensitive: bf16\n")
+    assert cli.main(["env", "--json", "--precision", "plan:p.yaml"]) == 0
+    info = json.loads(capsys.readouterr().out)
+    # on this CPU nothing low-bit is native (fp8 needs an sm89+ GPU, mxfp4 Blackwell)
+    assert info["precision_plan"] == {"plan": "p.yaml",
+                                      "formats": {"mxfp4": False, "fp8-rowwise": False}}
+    assert cli.main(["env", "--precision", "bf16-mixed"]) == 2
+    assert "env --precision takes a precision plan" in capsys.readouterr().err
