@@ -36,7 +36,7 @@ from ..config.options import require_positive
 from ..diagnose.sensitivity import LayerSensitivity, rank_layers
 from ..precision.hardware.devices import resolve_device
 from ..precision.lowbit import RECIPES
-from ..precision.precision_plan import KEPT, plan_format
+from ..precision.precision_plan import KEPT, linear_flops, plan_format
 from ..precision.resolve import resolve_precision
 from ..tasks import Task
 from ..workflows.runner import assemble
@@ -265,4 +265,5 @@ def run_plan(config: RunConfig, options: PlanOptions, *,
     outdir.make(out / "search")
     search.run_baseline()
     chosen = search_along(ranking, search)
-    return write_outputs(out, search, ranking, chosen, command=command)
+    return write_outputs(out, search, ranking, chosen, linear_flops(run.model),
+                         command=command)

@@ -10,6 +10,7 @@ import yaml
 
 from ..common import outdir
 from ..diagnose.sensitivity import LayerSensitivity
+from ..precision.hardware.peak_rates import ESTIMATE_LABEL, speed_estimates
 
 if TYPE_CHECKING:
     from .precision_plan import Search
@@ -45,6 +46,10 @@ def markdown(report: dict[str, Any]) -> str:
              f"{task['tolerance_why']}).", ""]
     if report["cut_short"]:
         lines += [f"The search was cut short: {report['cut_short']}.", ""]
+    estimate = report["speed_estimate"]
+    shown = ", ".join(f"{gpu} {'x%.2f' % x if x is not None else f'no {fmt} hardware'}"
+                      for gpu, x in estimate.items() if gpu != "label")
+    lines += [f"Expected Linear-matmul speedup over bf16 ({estimate['label']}): {shown}.", ""]
     lines += ["Train with it: `--precision plan:" + report["plan"]["file"] + "`", "",
               "## Ranking (least sensitive first)", "",
               "| layer | FLOPs share | flushed | saturated | SNR dB | loss change | score |",
@@ -69,8 +74,10 @@ def markdown(report: dict[str, Any]) -> str:
 
 
 def write_outputs(out: Path, search: Search, ranking: list[LayerSensitivity],
-                  chosen: list[str], *, command: str | None = None) -> dict[str, Any]:
-    """Write precision-plan.yaml, plan.json and plan.md; returns plan.json's content."""
+                  chosen: list[str], linear_flops: dict[str, int], *,
+                  command: str | None = None) -> dict[str, Any]:
+    """Write precision-plan.yaml, plan.json and plan.md; returns plan.json's content.
+    ``linear_flops``: every plain Linear's multiply-adds per token (for the estimate)."""
     share = search.share(chosen)
     evidence = search.evidence
     chosen_key = frozenset(chosen)
@@ -97,6 +104,8 @@ def write_outputs(out: Path, search: Search, ranking: list[LayerSensitivity],
         "plan": {"file": str(plan_file), "layers": search.all_layers(chosen),
                  "layers_in_format": len(chosen), "lowbit_flops_share": share,
                  "verdict": verdict},
+        "speed_estimate": {"label": ESTIMATE_LABEL, **speed_estimates(
+            linear_flops, {name: search.fmt for name in chosen})},
         "ranking": [s.to_json() for s in ranking],
         "search": evidence,
         "cut_short": search.budget.cut_short,

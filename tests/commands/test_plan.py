@@ -76,6 +76,9 @@ def test_the_plan_keeps_the_planted_sensitive_layer_and_only_it_out(planted, cap
     assert len(first["layers"]) == 4 and first["verdict"] == "worse"
     assert report["plan"]["verdict"] == "ok" and report["cut_short"] is None
     assert all(e["same_start"] for e in report["search"])
+    # no MXFP4 hardware on an H100; on a B200 the Linear GEMMs could run faster (an estimate)
+    assert report["speed_estimate"]["H100"] is None
+    assert report["speed_estimate"]["B200"] > 1
     assert [e["verdict"] for e in plan["evidence"]] == [e["verdict"] for e in report["search"]]
     printed = capsys.readouterr().out
     assert "3 of 4 eligible Linear layers in mxfp4 (80 % of their matmul FLOPs)" in printed
