@@ -40,13 +40,16 @@ def run(args: argparse.Namespace) -> int:
         info["bench"] = run_bench()
     if args.precision is not None:
         info["precision_plan"] = plan_formats(args.precision)
+    if args.json:
+        print(json.dumps(info, indent=2))
+        return 0
     text = format_env(info)
     if args.precision is not None:
         text += "\n" + "\n".join(
             [f"precision plan {info['precision_plan']['plan']}:"]
             + [f"  {fmt}: {'native' if native else 'emulated'}"
                for fmt, native in info["precision_plan"]["formats"].items()])
-    print(json.dumps(info, indent=2) if args.json else text)
+    print(text)
     return 0
 
 
