@@ -130,13 +130,14 @@ def test_plan_refuses_a_format_that_is_not_low_bit_and_an_out_that_holds_a_plan(
     assert (planted / "held" / "precision-plan.yaml").read_text() == "a: mxfp4\n"
 
 
-def test_compare_takes_a_plan_as_a_row_with_its_lowbit_flops_share(planted):
+def test_compare_takes_a_plan_as_a_row_with_its_lowbit_flops_share(planted, capsys):
     (planted / "p.yaml").write_text("a: mxfp4\nb: mxfp4\n")
     code = cli.main(["compare", "--precisions", "bf16-mixed,plan:p.yaml", "--baseline",
                      "bf16-mixed", "--bench-steps", "1", "--timing-warmup", "0",
                      "--batch-size", "16", "--model", "module:planted.build", "--data",
                      "digits", "--device", "cpu", "--out", "study"])
     assert code == 0
+    assert "plan:p.yaml (emulated)" in capsys.readouterr().out   # mxfp4 has no CPU hardware
     rows = {r["precision"]: r for r in
             json.loads((planted / "study" / "compare.json").read_text())["summary"]}
     assert rows["bf16-mixed"]["lowbit_flops_share"] == 0.0
