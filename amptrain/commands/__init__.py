@@ -16,6 +16,7 @@ COMMANDS: dict[str, str] = {
     "eval": "evaluate",
     "compare": "compare",
     "diagnose": "diagnose",
+    "plan": "plan",
     "env": "env",
     "generate": "generate",
     "export": "export",

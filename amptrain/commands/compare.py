@@ -62,6 +62,18 @@ def emulated_here(device: str) -> set[str]:
     return {p for p, e in emulated_precisions(where, device_features(where)).items() if e}
 
 
+def emulated_plans(rows: list[str], device: str) -> set[str]:
+    """The precision-plan rows (``plan:FILE``) with a format that ``device`` only emulates."""
+    # deferred: torch loads when the command runs, not for --help
+    from ..common.choices import PLAN_PREFIX
+    from ..precision.precision_plan import native_formats
+    from ..precision.resolve import resolve_precision
+
+    plans = [resolve_precision(row, device) for row in rows if row.startswith(PLAN_PREFIX)]
+    return {p.name for p in plans
+            if p.plan is not None and not all(native_formats(p.plan, p.device).values())}
+
+
 def run(args: argparse.Namespace) -> int:
     """Run the study, print the summary table and where the reports are."""
     # deferred: torch loads when the command runs, not for --help
@@ -77,7 +89,8 @@ def run(args: argparse.Namespace) -> int:
     if not config.out:
         config = replace_options(config, out=default_out(config, prefix="compare-"))
     result = run_compare(config, options, command=command_line())
-    emulated = emulated_here(config.device)
+    emulated = emulated_here(config.device) | emulated_plans(
+        [r["precision"] for r in result["summary"]], config.device)
     given = as_given([*str(options.precisions).split(","), options.baseline])  # Keras names
     print(format_table(result["summary"], result["baseline"], emulated, given))
     marked = [r["precision"] for r in result["summary"] if is_emulated(r["precision"], emulated)]

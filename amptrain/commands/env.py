@@ -18,6 +18,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "device has no hardware for the dtype); a few seconds")
     parser.add_argument("--threads", type=int, default=None, metavar="N",
                         help="CPU threads for --bench (default: PyTorch's choice)")
+    parser.add_argument("--precision", default=None, metavar="plan:FILE",
+                        help="also say which formats of this precision plan run natively "
+                             "here and which are emulated")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -35,5 +38,32 @@ def run(args: argparse.Namespace) -> int:
         torch.set_num_threads(args.threads)
     if args.bench:
         info["bench"] = run_bench()
-    print(json.dumps(info, indent=2) if args.json else format_env(info))
+    if args.precision is not None:
+        info["precision_plan"] = plan_formats(args.precision)
+    if args.json:
+        print(json.dumps(info, indent=2))
+        return 0
+    text = format_env(info)
+    if args.precision is not None:
+        text += "\n" + "\n".join(
+            [f"precision plan {info['precision_plan']['plan']}:"]
+            + [f"  {fmt}: {'native' if native else 'emulated'}"
+               for fmt, native in info["precision_plan"]["formats"].items()])
+    print(text)
     return 0
+
+
+def plan_formats(name: str) -> dict[str, object]:
+    """``{"plan": FILE, "formats": {format: native here}}`` of ``--precision plan:FILE``."""
+    # deferred: torch loads when the command runs, not for --help
+    from ..common.choices import PLAN_PREFIX
+    from ..precision.precision_plan import native_formats
+    from ..precision.resolve import resolve_precision
+
+    if not str(name).startswith(PLAN_PREFIX):
+        raise UserError(f"env --precision takes a precision plan, plan:FILE (got {name!r}); "
+                        f"every mode's support is in the table already")
+    resolved = resolve_precision(name)
+    assert resolved.plan is not None  # a plan:FILE name resolves to its plan
+    return {"plan": resolved.plan.source,
+            "formats": native_formats(resolved.plan, resolved.device)}

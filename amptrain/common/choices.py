@@ -20,6 +20,9 @@ MODE_NAMES = ("32-true", "tf32", "16-mixed", "bf16-mixed", "16-master", "bf16-ma
               "fp8-rowwise-gw-hp", "fp8-blockwise", "mxfp8", "mxfp4", "nvfp4", "nvfp4-plain")
 #: What ``--precision`` lists: a mode, or ``auto`` (the best the hardware supports).
 PRECISION_NAMES = MODE_NAMES + ("auto",)
+#: ``--precision plan:FILE``: a precision plan, one format per layer
+#: (:mod:`amptrain.precision.precision_plan`).
+PLAN_PREFIX = "plan:"
 
 #: Lightning's short spellings, common synonyms, Keras's mixed-precision policy names and
 #: NVIDIA Apex AMP's opt levels (O0 fp32; O1 fp16 autocast with fp32 weights; O2 fp16 model
@@ -44,11 +47,18 @@ PRECISION_ALIASES = {"32": "32-true", "fp32": "32-true", "16": "16-mixed", "fp16
 
 def canonical_name(name: str) -> str:
     """Map an alias to its mode name (``auto`` stays ``auto``), or raise a UserError listing
-    the valid names: the check of ``--precision`` where it is declared (config/train.py)."""
+    the valid names: the check of ``--precision`` where it is declared (config/train.py).
+    ``plan:FILE`` (a precision plan) is returned as it is; its file is read where the
+    precision is resolved."""
+    if str(name).startswith(PLAN_PREFIX):
+        if not str(name)[len(PLAN_PREFIX):].strip():
+            raise UserError(f"{flag('precision')} plan:FILE needs the plan file's path, e.g. "
+                            f"plan:out/precision-plan.yaml")
+        return str(name)
     name = PRECISION_ALIASES.get(str(name), str(name))
     if name not in PRECISION_NAMES:
         raise UserError(f"unknown {flag('precision')} {name!r}; choose one of "
-                        f"{', '.join(PRECISION_NAMES)} (or an alias: "
+                        f"{', '.join(PRECISION_NAMES)}, plan:FILE (or an alias: "
                         f"{', '.join(PRECISION_ALIASES)})")
     return name
 

@@ -38,6 +38,7 @@ TRAIN_OUTPUTS = ("config.yaml", "metrics.jsonl", "tb/", "checkpoints/", "eval/",
                  "numerics.jsonl", "numerics.png", "nonfinite.json")
 EVAL_OUTPUTS = ("eval/",)
 DIAGNOSE_OUTPUTS = ("diagnose.json", "diagnose.md")
+PLAN_OUTPUTS = ("precision-plan.yaml", "plan.md", "plan.json", "search/")
 COMPARE_OUTPUTS = ("compare.json", "study.json", "report.md", "report.html", "compare.png",
                    "runs/")
 

@@ -15,6 +15,8 @@ rungs can be compared on any device:
 * ``optimizer_state_bytes``: the optimizer's state (moments, momentum, step counters);
   quantised states count their codes, scales and code maps.
 * ``bytes_per_param``: their sum over the model's parameter count.
+* ``lowbit_flops_share``: the share of the plain Linear layers' matmul FLOPs (per token)
+  that run in a low-bit format (0 outside the low-bit modes and precision plans).
 """
 from __future__ import annotations
 
@@ -25,10 +27,11 @@ from torch import nn
 
 from ..precision import Precision
 from ..precision.lowbit import lowbit_bytes
+from ..precision.precision_plan import lowbit_flops_share
 
 #: The ladder's fields, in compare.json's order.
 LADDER_FIELDS = ("weights_bytes", "grad_bytes", "master_bytes", "optimizer_state_bytes",
-                 "bytes_per_param")
+                 "bytes_per_param", "lowbit_flops_share")
 
 
 def inner_tensors(value: Any) -> list[torch.Tensor]:
@@ -71,6 +74,9 @@ def memory_ladder(model: nn.Module, optimizer: torch.optim.Optimizer,
         masters += precision.weight_rule_nbytes()
     state = optimizer_state_bytes(optimizer)
     count = sum(p.numel() for p in model_params)
+    lowbit = precision.float8_plan.convert if precision is not None \
+        and precision.float8_plan is not None else []
     return {"weights_bytes": weights, "grad_bytes": grads, "master_bytes": masters,
             "optimizer_state_bytes": state,
-            "bytes_per_param": (weights + grads + masters + state) / count if count else None}
+            "bytes_per_param": (weights + grads + masters + state) / count if count else None,
+            "lowbit_flops_share": lowbit_flops_share(model, lowbit)}

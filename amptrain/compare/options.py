@@ -24,7 +24,7 @@ log = logging.getLogger("amptrain")
 #: compare.json's summary fields, in the contract's order (docs/design.md).
 SUMMARY_FIELDS = ("precision", "samples_per_s", "speedup", "step_time_ms", "peak_mem_bytes",
                   "mem_ratio", "weights_bytes", "grad_bytes", "master_bytes",
-                  "optimizer_state_bytes", "bytes_per_param",
+                  "optimizer_state_bytes", "bytes_per_param", "lowbit_flops_share",
                   "val_acc_mean", "val_acc_std", "delta_acc_pp", "final_loss_mean",
                   "skipped_steps", "speedup_low", "speedup_high", "timing_reliable",
                   "timing_note", "verdict", "data_wait_frac")
@@ -141,8 +141,8 @@ def rung_label(mode: str, rungs: list[str], weight_update: str, option: str) -> 
         raise UserError(f"{flag(option)}: {'+'.join([mode, *rungs])!r}: after the precision "
                         f"come at most one of {', '.join(WEIGHT_UPDATES)} and one of "
                         f"{', '.join(OPTIMIZERS)}, e.g. bf16-true+kahan")
-    spec = MODES[mode]
-    half_only = spec.half_weights and not spec.master_weights
+    spec = MODES.get(mode)   # None: a precision plan (plan:FILE), fp32 weights
+    half_only = spec is not None and spec.half_weights and not spec.master_weights
     rule = rules[0] if rules else (weight_update if half_only else "plain")
     if rule != "plain" and not half_only:
         raise UserError(f"{flag(option)}: {mode}+{rule}: a weight-update rule only applies to "

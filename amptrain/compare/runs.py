@@ -6,6 +6,7 @@ import gc
 import hashlib
 import json
 import logging
+import re
 import time
 from pathlib import Path
 from typing import Any
@@ -122,7 +123,7 @@ def train_runs(config: RunConfig, precisions: list[str], seeds: list[int], out: 
         reference = {k: v.detach().clone() for k, v in reference_model.state_dict().items()}
         del reference_model, reference_run
         for precision in precisions:
-            run_dir = out / "runs" / precision / f"seed-{seed}"
+            run_dir = out / "runs" / run_folder(precision) / f"seed-{seed}"
             run_config = config.with_options(**row_options(precision), seed=seed,
                                              out=str(run_dir), resume=None)
             log.info("compare: run %d/%d: %s, seed %d -> %s", len(runs) + 1, total, precision,
@@ -157,6 +158,12 @@ def train_runs(config: RunConfig, precisions: list[str], seeds: list[int], out: 
                 torch.cuda.empty_cache()
     _check_comparable(runs)
     return runs
+
+
+def run_folder(precision: str) -> str:
+    """The folder of a row's runs: its label, with a precision plan's path (``plan:a/b.yaml``)
+    made one safe name (``plan-a_b.yaml``)."""
+    return re.sub(r"[^A-Za-z0-9._+-]", "_", precision.replace(":", "-", 1))
 
 
 def _check_comparable(runs: list[dict[str, Any]]) -> None:

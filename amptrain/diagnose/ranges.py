@@ -316,13 +316,21 @@ class LowBitRecorder:
 
     Counts stay on the device and are read once (:meth:`read`)."""
 
-    def __init__(self, model: nn.Module) -> None:
+    def __init__(self, model: nn.Module, formats: tuple[str, ...] | None = None,
+                 layers: list[str] | None = None) -> None:
+        """``formats``: only these recipes (default: all); ``layers``: these Linear layers
+        instead of the low-bit precisions' default choice (``amptrain plan`` asks about
+        every aligned Linear, the first and the last too)."""
         self.recipes = RECIPES
         modules = dict(model.named_modules())
         #: label -> the formats that would take it
         self.formats: dict[str, list[str]] = {}
         for name, recipe in RECIPES.items():
-            for label in plan_float8(model, dim_multiple=recipe.dim_multiple).convert:
+            if formats is not None and name not in formats:
+                continue
+            chosen = plan_float8(model, dim_multiple=recipe.dim_multiple).convert \
+                if layers is None else layers
+            for label in chosen:
                 self.formats.setdefault(label, []).append(name)
         self.counts: dict[tuple[str, str, str], torch.Tensor] = {}
         self._handles = [modules[label].register_forward_hook(self._hook(label))

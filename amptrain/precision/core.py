@@ -24,11 +24,13 @@ from .lowbit import check_lowbit_options, checked_lowbit, lowbit_warning, setup_
 from .lowbit_training import StochasticSeeds
 from .master import check_no_shared_kept, modules_kept_fp32
 from .misuse import CallOrder, check_setup, checked_arguments, checked_state
-from .modes import ModeSpec
+from .modes import MODES, ModeSpec
 from .halt import LastForward
 from .outcome import NonFiniteHalt, SkipCounter, StepOutcome
 from .pairs import Pairs
 from .policies import WeightPolicy, weight_policy
+from .precision_plan import (BASE_MODE, check_resumed_plan, plan_emulation_note,
+                             setup_plan)
 from .resolve import PrecisionOptions, ResolvedPrecision, resolve_precision
 from .scaling import FoundInfAgreement
 from .state import FORMAT_VERSION, SECTION, migrate_state
@@ -132,8 +134,12 @@ class Precision:
         check_lowbit_options(self.spec, self.lowbit_bf16_last, self.mx_scale,
                              self.nvfp4_without)
         fast = emulated_fast(self.device, device_features(self.device))
-        self.emulated_fast = fast[mode.name]
-        self.emulated_autocast = fast[autocast_mode(self.spec, self.device)]
+        # A precision plan is bf16-mixed outside its low-bit layers.
+        base = BASE_MODE if mode.plan is not None else mode.name
+        self.emulated_fast = fast[base]
+        self.emulated_autocast = fast[autocast_mode(MODES[base], self.device)
+                                      if mode.plan is not None
+                                      else autocast_mode(self.spec, self.device)]
         self._build_scales()
 
     def _build_scales(self) -> None:
@@ -152,6 +158,8 @@ class Precision:
     def emulation_note(self) -> str | None:
         """A warning when this device only emulates the mode (:mod:`.hardware.advice`; a low-bit
         format: :mod:`.lowbit`); None when the mode runs natively."""
+        if self.mode.plan is not None:
+            return plan_emulation_note(self.mode.plan, self.device)
         return lowbit_warning(self.spec, self.device) if self.spec.lowbit \
             else emulation_warning(self.name, self.device, fast=self.emulated_fast)
 
@@ -179,6 +187,12 @@ class Precision:
                 self.fp8_skip_first_last, bf16_last=self.lowbit_bf16_last,
                 mx_scale=self.mx_scale, without=self.nvfp4_without,
                 seed=(torch.initial_seed() + len(self._pairs)) % 2 ** 63)
+            if seeds is not None:
+                self._seeds.append(seeds)
+        elif self.mode.plan is not None:
+            self.float8_plan, seeds = setup_plan(
+                model, self._patches, self.mode.plan, self.device, list(islands),
+                mx_scale=self.mx_scale, seed=(torch.initial_seed() + len(self._pairs)) % 2 ** 63)
             if seeds is not None:
                 self._seeds.append(seeds)
         policy = self._weight_policy(model, optimizer, [*islands.values(), *fp32_on_cpu])
@@ -452,6 +466,8 @@ class Precision:
                  "skipped_steps": self.skipped_steps,
                  "consecutive_skips": self.consecutive_skips,
                  "pairs": self._pairs.state_dict()}
+        if self.mode.plan is not None:   # the plan's content: a resume checks it
+            state["precision_plan"] = self.mode.plan.state()
         if self._seeds:   # the stochastic rounding's counters (an optional key)
             state["stochastic_rounding"] = [seeds.state_dict() for seeds in self._seeds]
         return state
@@ -460,6 +476,7 @@ class Precision:
         """Restore :meth:`state_dict` (today's layout: an older file goes through
         :meth:`migrate` first); scaler state only applies when both modes scale."""
         state = checked_state(state)  # type: ignore[assignment]
+        check_resumed_plan(self.mode.plan, state.get("precision_plan"))
         if self.spec.loss_scaling:
             self._scales.load_state_dict(state)
         self.skipped_steps = int(state.get("skipped_steps", 0))

@@ -366,9 +366,10 @@ def quantised_weight_bytes(recipe: Recipe, weight: torch.Tensor) -> float:
 
 def lowbit_bytes(model: nn.Module, plan: Float8Selection | None, spec: ModeSpec) -> float:
     """The low-bit weight copies (and their scales) of ``plan``'s layers in ``spec``'s
-    format; 0 for a mode without one."""
-    if plan is None or not spec.lowbit:
+    format (a precision plan: each layer in its own); 0 for a mode without one."""
+    formats = dict(spec.layer_formats)
+    if plan is None or not (spec.lowbit or formats):
         return 0.0
     modules = dict(model.named_modules())
-    recipe = RECIPES[spec.lowbit]
-    return sum(quantised_weight_bytes(recipe, modules[name].weight) for name in plan.convert)
+    return sum(quantised_weight_bytes(RECIPES[formats.get(name) or str(spec.lowbit)],
+                                      modules[name].weight) for name in plan.convert)

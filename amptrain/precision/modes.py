@@ -39,6 +39,9 @@ class ModeSpec:
     # fp32 maths exactly everywhere: TF32 off for cuDNN's convolutions too (PyTorch's own
     # default allows it there); the other fp32 modes keep PyTorch's defaults (tf32.py).
     strict_fp32: bool = False
+    # A precision plan (``--precision plan:FILE``): (module, format) pairs, each Linear in
+    # its own format; see precision_plan.py. Empty for every mode of MODES.
+    layer_formats: tuple[tuple[str, str], ...] = ()
 
     @property
     def half_weights(self) -> bool:

@@ -12,15 +12,18 @@ that ``Precision``. Nothing resolves the name again. A library call
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 import torch
 
-from ..common.choices import canonical_name
+from ..common.choices import PLAN_PREFIX, canonical_name
 from ..common.errors import UserError
 from .hardware.devices import resolve_device
 from .hardware.support import auto_mode, unsupported_reason
 from .modes import MODES, ModeSpec
+
+if TYPE_CHECKING:
+    from .precision_plan import PrecisionPlan
 
 
 class PrecisionOptions(Protocol):
@@ -44,7 +47,8 @@ class PrecisionOptions(Protocol):
 class ResolvedPrecision:
     """A precision decided for one device: the mode, and how the user spelled it."""
 
-    #: The mode (a key of :data:`~amptrain.precision.modes.MODES`; never ``auto``).
+    #: The mode (a key of :data:`~amptrain.precision.modes.MODES`; never ``auto``), or
+    #: ``plan:FILE`` for a precision plan.
     name: str
     #: The user's spelling (``auto``, an alias such as a Keras policy name), for outputs.
     given: str
@@ -52,10 +56,15 @@ class ResolvedPrecision:
     requested: str
     #: The device the mode was decided for.
     device: torch.device
+    #: The precision plan of ``plan:FILE`` (None for every other mode).
+    plan: PrecisionPlan | None = None
 
     @property
     def spec(self) -> ModeSpec:
         """What the mode keeps in which dtype."""
+        if self.plan is not None:
+            from .precision_plan import plan_spec  # deferred: plans are rare; keeps this small
+            return plan_spec(self.plan)
         return MODES[self.name]
 
 
@@ -72,6 +81,13 @@ def resolve_precision(name: str | ResolvedPrecision,
         return name
     device = resolve_device("auto") if device is None else torch.device(device)
     canonical = canonical_name(name)
+    if canonical.startswith(PLAN_PREFIX):
+        from .precision_plan import BASE_MODE, load_plan  # deferred: only plans read YAML
+        plan = load_plan(canonical[len(PLAN_PREFIX):])
+        reason = unsupported_reason(MODES[BASE_MODE], device)
+        if reason:
+            raise UserError(reason)
+        return ResolvedPrecision(plan.label, str(name), plan.label, device, plan)
     mode = auto_mode(device) if canonical == "auto" else canonical
     reason = unsupported_reason(MODES[mode], device)
     if reason:

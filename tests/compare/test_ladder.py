@@ -47,7 +47,9 @@ def test_each_rung_counts_exact_bytes(mode, rule, per_param):
     weights, grads, masters, state = (b * N for b in per_param)
     assert ladder == {"weights_bytes": weights, "grad_bytes": grads, "master_bytes": masters,
                       "optimizer_state_bytes": state + STEPS,
-                      "bytes_per_param": (weights + grads + masters + state + STEPS) / N}
+                      "bytes_per_param": (weights + grads + masters + state + STEPS) / N,
+                      "lowbit_flops_share": ladder["lowbit_flops_share"]}
+    assert ladder["lowbit_flops_share"] in (0.0, None)   # no low-bit layer in these modes
     assert tuple(ladder) == LADDER_FIELDS
 
 
@@ -80,7 +82,8 @@ def test_a_study_reports_the_ladder_per_row(tmp_path):
     assert list(rows) == ["32-true", "bf16-true+kahan", "bf16-true+stochastic"]
     for row in rows.values():
         assert list(row) == SUMMARY_FIELDS
-        assert all(row[k] > 0 for k in LADDER_FIELDS if k != "master_bytes")
+        assert all(row[k] > 0 for k in LADDER_FIELDS
+                   if k not in ("master_bytes", "lowbit_flops_share"))
     fp32, kahan, stochastic = rows.values()
     # The cnn's BatchNorm stays fp32: a few parameters are not halved (nor compensated).
     assert 0.5 * fp32["weights_bytes"] < kahan["weights_bytes"] < 0.55 * fp32["weights_bytes"]
@@ -121,3 +124,6 @@ def test_low_bit_rungs_count_the_weight_copy_and_its_scales(mode, copy_bytes):
     assert low["grad_bytes"] == base["grad_bytes"]
     assert low["optimizer_state_bytes"] == base["optimizer_state_bytes"]
     assert low["bytes_per_param"] > base["bytes_per_param"]
+    # the middle Linear's 128x128 of the 32x128 + 128x128 + 128x8 multiply-adds per token
+    assert low["lowbit_flops_share"] == pytest.approx(128 * 128 / (32 * 128 + 128 * 128 + 128 * 8))
+    assert base["lowbit_flops_share"] == 0.0
