@@ -19,7 +19,7 @@ _EXCLUDED_TRAIN_FLAGS = ("resume",)
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """``train``'s options (--precision names the low-bit format) plus the search's."""
     # deferred: torch loads when the command runs, not for --help
-    from ..compare.precision_plan import PlanOptions
+    from ..compare.options import PlanOptions
 
     parser.add_argument("--config", help="YAML file of options (flags override it)")
     add_config_flags(parser, PlanOptions)
@@ -30,7 +30,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     """Rank, search, write DIR/precision-plan.yaml, plan.md, plan.json; print the result."""
     # deferred: torch loads when the command runs, not for --help
-    from ..compare.precision_plan import PlanOptions, run_plan
+    from ..compare.options import PlanOptions
+    from ..compare.precision_plan import run_plan
 
     values = merged_values(args, RunConfig, PlanOptions)
     plan_names, train_names = set(config_fields(PlanOptions)), set(config_fields(RunConfig))

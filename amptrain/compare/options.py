@@ -159,3 +159,37 @@ def row_options(label: str) -> dict[str, str]:
     if optimizer is not None:
         options["optimizer"] = optimizer
     return options
+
+
+@dataclass
+class PlanOptions:
+    """How ``amptrain plan`` searches (the flags ``train`` does not have)."""
+
+    baseline: str = option("bf16-mixed", "precision each candidate plan is judged against",
+                           group="plan")
+    seeds: int = option(1, "training runs per candidate, seeds --seed, --seed+1, ...",
+                        group="plan")
+    budget_steps: int | None = option(None, "the most training steps the whole search "
+                                      "spends (every run of every candidate, the baseline's "
+                                      "included); a run that would pass it is not started",
+                                      kind=int, group="plan")
+    budget_time: float | None = option(None, "the most seconds the search spends; no run "
+                                       "starts after it", kind=float, group="plan")
+    probe_steps: int = option(20, "steps of the ranking run (32-true, every eligible "
+                                  "layer's numerics in the format recorded)", group="plan")
+    tolerance_pp: float = option(SHARED_TOLERANCES["tolerance_pp"], "verdict ok when the "
+                                 "accuracy moves at most this many percentage points",
+                                 group="plan")
+    tolerance_rel: float | None = option(None, "verdict ok when the task's metric "
+                                         "(perplexity, RMSE) changes at most this share "
+                                         "(default: the task's own)", kind=float,
+                                         group="plan")
+
+    def __post_init__(self) -> None:
+        require_positive(self, "seeds", "probe_steps")
+        require_positive(self, "budget_steps", optional=True)
+        for name in ("budget_time", "tolerance_pp", "tolerance_rel"):
+            value = getattr(self, name)
+            if value is not None and not (isinstance(value, (int, float))
+                                          and math.isfinite(value) and value >= 0):
+                raise UserError(f"{flag(name)} must be a number >= 0 (got {value!r})")

@@ -22,17 +22,15 @@ The outputs (DIR/precision-plan.yaml, plan.md, plan.json, search/) are written b
 from __future__ import annotations
 
 import logging
-import math
 import time
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
 from ..common import outdir
 from ..common.errors import UserError, flag
-from ..common.tolerance import SHARED_TOLERANCES, Tolerance, tolerance_for
-from ..config import RunConfig, option
-from ..config.options import require_positive
+from ..common.tolerance import Tolerance, tolerance_for
+from ..config import RunConfig
+from .options import PlanOptions
 from ..diagnose.sensitivity import LayerSensitivity, rank_layers
 from ..precision.hardware.devices import resolve_device
 from ..precision.lowbit import RECIPES
@@ -48,40 +46,6 @@ log = logging.getLogger("amptrain")
 
 #: Verdicts that keep a candidate (a format that trains better than the baseline is fine).
 ACCEPTED = ("ok", "better")
-
-
-@dataclass
-class PlanOptions:
-    """How ``amptrain plan`` searches (the flags ``train`` does not have)."""
-
-    baseline: str = option("bf16-mixed", "precision each candidate plan is judged against",
-                           group="plan")
-    seeds: int = option(1, "training runs per candidate, seeds --seed, --seed+1, ...",
-                        group="plan")
-    budget_steps: int | None = option(None, "the most training steps the whole search "
-                                      "spends (every run of every candidate, the baseline's "
-                                      "included); a run that would pass it is not started",
-                                      kind=int, group="plan")
-    budget_time: float | None = option(None, "the most seconds the search spends; no run "
-                                       "starts after it", kind=float, group="plan")
-    probe_steps: int = option(20, "steps of the ranking run (32-true, every eligible "
-                                  "layer's numerics in the format recorded)", group="plan")
-    tolerance_pp: float = option(SHARED_TOLERANCES["tolerance_pp"], "verdict ok when the "
-                                 "accuracy moves at most this many percentage points",
-                                 group="plan")
-    tolerance_rel: float | None = option(None, "verdict ok when the task's metric "
-                                         "(perplexity, RMSE) changes at most this share "
-                                         "(default: the task's own)", kind=float,
-                                         group="plan")
-
-    def __post_init__(self) -> None:
-        require_positive(self, "seeds", "probe_steps")
-        require_positive(self, "budget_steps", optional=True)
-        for name in ("budget_time", "tolerance_pp", "tolerance_rel"):
-            value = getattr(self, name)
-            if value is not None and not (isinstance(value, (int, float))
-                                          and math.isfinite(value) and value >= 0):
-                raise UserError(f"{flag(name)} must be a number >= 0 (got {value!r})")
 
 
 def target_format(name: str) -> str:

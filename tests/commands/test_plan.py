@@ -10,7 +10,8 @@ import yaml
 
 from amptrain import cli
 from amptrain.common.errors import AmptrainWarning, UserError
-from amptrain.compare.precision_plan import PlanOptions, run_plan
+from amptrain.compare.options import PlanOptions
+from amptrain.compare.precision_plan import run_plan
 from amptrain.config import RunConfig, build_config
 
 #: A model with four eligible Linear layers (64x32, then 32x32). ``sensitive``'s input
