@@ -271,11 +271,14 @@ def checked_lowbit(bf16_last: Any, mx_scale: Any, without: Any) -> tuple[int, st
 
 def check_lowbit_options(spec: ModeSpec, bf16_last: int, mx_scale: str,
                          without: str = "none") -> None:
-    """Warn about a low-bit option that does nothing in ``spec`` (naming its flag)."""
+    """Warn about a low-bit option that does nothing in ``spec`` (naming its flag; a
+    precision plan takes ``mx_scale`` for its MX layers, neither of the others)."""
+    formats = [f for f in dict(spec.layer_formats).values() if f in RECIPES] \
+        if spec.layer_formats else [str(spec.lowbit)] if spec.lowbit else []
     if bf16_last and not spec.lowbit:
         warn(f"{flag('lowbit_bf16_last')} {bf16_last} does nothing in {flag('precision')} "
              f"{spec.name}: it keeps Linear layers of a low-bit precision in bf16")
-    if mx_scale != "floor" and not (spec.lowbit and RECIPES[spec.lowbit].input.scaling == "mx"):
+    if mx_scale != "floor" and not any(RECIPES[f].input.scaling == "mx" for f in formats):
         warn(f"{flag('mx_scale')} {mx_scale} does nothing in {flag('precision')} {spec.name}: "
              f"it chooses the block scales of mxfp8 and mxfp4")
     if without != "none" and spec.lowbit != "nvfp4":
