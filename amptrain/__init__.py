@@ -8,18 +8,19 @@ from .common.lazy import lazy_exports
 from .version import __version__
 
 if TYPE_CHECKING:
+    from .audit import audit
     from .diagnose.library import diagnose_model
     from .precision import Precision
     from .trainer import EvalResult, FitResult, Trainer
 
 # The public classes are imported on first use (PEP 562), not with the package: the
 # command line imports amptrain.cli, and `amptrain --help` must not wait for torch.
-_LAZY = {"Precision": "precision", "diagnose_model": "diagnose.library",
+_LAZY = {"audit": "audit", "Precision": "precision", "diagnose_model": "diagnose.library",
          "EvalResult": "trainer", "FitResult": "trainer", "Trainer": "trainer"}
 
 
 __getattr__ = lazy_exports(__name__, {name: f".{module}" for name, module in _LAZY.items()})
 
 
-__all__ = ["AmptrainWarning", "EvalResult", "FitResult", "Precision", "Trainer", "__version__",
+__all__ = ["AmptrainWarning", "audit", "EvalResult", "FitResult", "Precision", "Trainer", "__version__",
            "diagnose_model"]
