@@ -24,7 +24,7 @@ KINDS = ("half-optimizer-state", "update-below-ulp", "scaler-with-bf16", "half-e
          "fp16-without-scaler")
 
 
-def observer(steps: int | None = None, on_limit: Callable[[], None] | None = None) -> Observer:
+def make_observer(steps: int | None = None, on_limit: Callable[[], None] | None = None) -> Observer:
     """An :class:`Observer` with every trap, not yet installed."""
     traps: list[Trap] = [WeightTraps(), ScalerTraps(), LossTraps()]
     return Observer(traps, steps=steps, on_limit=on_limit)
@@ -39,7 +39,7 @@ def audit() -> Iterator[AuditReport]:
     ...     train()
     >>> print(report.format())                  # doctest: +SKIP
     """
-    watching = observer().install()
+    watching = make_observer().install()
     try:
         yield watching.report
     finally:
@@ -57,4 +57,4 @@ class _CallableModule(types.ModuleType):
 
 sys.modules[__name__].__class__ = _CallableModule
 
-__all__ = ["KINDS", "AuditReport", "Finding", "audit", "observer"]
+__all__ = ["KINDS", "AuditReport", "Finding", "audit", "make_observer"]

@@ -108,12 +108,13 @@ class AuditReport:
                       for item in data.get("findings", []))
         return report
 
-    def format(self) -> str:
-        """The findings as printed by ``amptrain audit``, errors first."""
+    def format(self, observed: str = "optimizer steps observed") -> str:
+        """The findings as printed by ``amptrain audit``, errors first; ``observed`` names
+        what :attr:`steps` counts."""
         if not self.findings:
-            return f"no findings ({self.steps} optimizer steps observed)"
+            return f"no findings ({self.steps} {observed})"
         order = sorted(self.findings, key=lambda f: SEVERITIES.index(f.severity))
         counts = {s: sum(f.severity == s for f in self.findings) for s in SEVERITIES}
         head = ", ".join(f"{n} {s}{'s' if n != 1 else ''}" for s, n in counts.items() if n)
-        return "\n".join([f"{head} ({self.steps} optimizer steps observed)"]
+        return "\n".join([f"{head} ({self.steps} {observed})"]
                          + [f.line() for f in order])

@@ -7,6 +7,7 @@ it (the optimizer's step hooks did not fire), ``update`` closes it.
 """
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import torch
@@ -117,8 +118,10 @@ class ScalerTraps:
         def clip_grad_norm_(parameters: Any, max_norm: float, *args: Any, **kwargs: Any) -> Any:
             early = self.pending and not self.unscaled
             norm = original(parameters, max_norm, *args, **kwargs)
-            if early:
-                self.clips.setdefault(user_location(), (float(max_norm), float(norm), self.scale))
+            if early:    # kept: the first measurement with a finite norm (step 1 may overflow)
+                site, measured = user_location(), float(norm)
+                if site not in self.clips or not math.isfinite(self.clips[site][1]):
+                    self.clips[site] = (float(max_norm), measured, self.scale)
             return norm
         return clip_grad_norm_
 
