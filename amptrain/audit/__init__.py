@@ -1,57 +1,39 @@
 """The audit of a training loop for the traps of mixed precision (issue 44, item 3).
 
-``with amptrain.audit() as report:`` around any loop; ``amptrain audit -- python train.py``
-for a script (see :mod:`amptrain.audit.launch`); ``amptrain audit RUN_DIR`` for an amptrain
-run (see :mod:`amptrain.audit.rundir`). docs/audit.md lists the kinds of finding.
+``with amptrain.audit() as report:`` around any loop (:mod:`.library`); ``amptrain audit --
+python train.py`` for a script (:mod:`.launch`); ``amptrain audit RUN_DIR`` for an amptrain
+run (:mod:`.rundir`). docs/audit.md describes each kind of finding.
+
+The package imports torch only when the observer is used: the command's parent process
+(which only launches the script and reads its findings) stays light.
 """
 from __future__ import annotations
 
 import sys
 import types
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from ..common.lazy import lazy_exports
 from .findings import AuditReport, Finding
-from .losses import LossTraps
-from .observer import Observer, Trap
-from .scaling import ScalerTraps
-from .weights import WeightTraps
+
+if TYPE_CHECKING:
+    from .library import audit, make_observer
 
 #: Every kind an audit of a loop can report, in the order docs/audit.md lists them.
 KINDS = ("half-optimizer-state", "update-below-ulp", "scaler-with-bf16", "half-ema", "half-loss",
          "clip-before-unscale", "scheduler-on-skipped-step", "checkpoint-without-scaler",
          "fp16-without-scaler")
 
-
-def make_observer(steps: int | None = None, on_limit: Callable[[], None] | None = None) -> Observer:
-    """An :class:`Observer` with every trap, not yet installed."""
-    traps: list[Trap] = [WeightTraps(), ScalerTraps(), LossTraps()]
-    return Observer(traps, steps=steps, on_limit=on_limit)
-
-
-@contextmanager
-def audit() -> Iterator[AuditReport]:
-    """Observe the loop in the ``with`` block; the report's findings are filled in when it
-    ends (also when it raises). Nothing the loop computes changes.
-
-    >>> with amptrain.audit() as report:        # doctest: +SKIP
-    ...     train()
-    >>> print(report.format())                  # doctest: +SKIP
-    """
-    watching = make_observer().install()
-    try:
-        yield watching.report
-    finally:
-        watching.close()
+__getattr__ = lazy_exports(__name__, {"audit": ".library", "make_observer": ".library"})
 
 
 class _CallableModule(types.ModuleType):
-    """This package, callable as :func:`audit`: ``amptrain.audit`` names both the package
-    and the function (importing the package sets the attribute to it), and
-    ``with amptrain.audit() as report:`` must work either way."""
+    """This package, callable as :func:`~amptrain.audit.library.audit`: ``amptrain.audit``
+    names both the package and the function (importing the package sets the attribute to
+    it), and ``with amptrain.audit() as report:`` must work either way."""
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        from .library import audit  # deferred: torch
         return audit(*args, **kwargs)
 
 

@@ -32,7 +32,7 @@ class _Stopped(SystemExit):
 
 def start_in_child() -> None:
     """Install the observer in this process; write its findings when the process ends."""
-    from . import make_observer  # deferred: the sitecustomize imports this module before torch
+    from .library import make_observer  # deferred: torch, imported in the audited process only
 
     folder = Path(os.environ[DIR_ENV])
     steps = int(os.environ[STEPS_ENV]) if os.environ.get(STEPS_ENV) else None
