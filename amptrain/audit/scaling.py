@@ -32,6 +32,12 @@ def _is_optimizer_state(obj: Any) -> bool:
         isinstance(obj, dict) and "state" in obj and "param_groups" in obj)
 
 
+def _is_model_state(obj: Any) -> bool:
+    return isinstance(obj, torch.nn.Module) or (
+        isinstance(obj, dict) and bool(obj) and all(
+            isinstance(k, str) and isinstance(v, torch.Tensor) for k, v in obj.items()))
+
+
 def _is_scaler_state(obj: Any) -> bool:
     return isinstance(obj, torch.amp.GradScaler) or (
         isinstance(obj, dict) and "scale" in obj and "_growth_tracker" in obj)
@@ -139,8 +145,10 @@ class ScalerTraps:
 
     def _wrap_save(self, original: Any) -> Any:
         def save(obj: Any, *args: Any, **kwargs: Any) -> Any:
+            # Model and optimizer in one file, as a resume needs them; an optimizer saved
+            # alone (transformers' optimizer.pt, beside scaler.pt) is not judged.
             if self.scaling and _mentions(obj, _is_optimizer_state) \
-                    and not _mentions(obj, _is_scaler_state):
+                    and _mentions(obj, _is_model_state) and not _mentions(obj, _is_scaler_state):
                 self.saves.append(user_location())
             return original(obj, *args, **kwargs)
         return save
@@ -165,7 +173,7 @@ class ScalerTraps:
         for site in dict.fromkeys(self.saves):
             report.add(Finding(
                 "checkpoint-without-scaler", "warning", at("save", site),
-                "a checkpoint with the optimizer's state was saved while a GradScaler is in "
+                "a checkpoint of model and optimizer was saved while a GradScaler is in "
                 "use, without the scaler's state: a resume starts from the initial scale "
                 "again and skips steps until it has come down",
                 "save scaler.state_dict() in the checkpoint and load it on resume"))

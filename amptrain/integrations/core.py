@@ -36,6 +36,9 @@ import torch
 from torch import nn
 
 from ..version import __version__
+from ..audit.findings import AuditReport
+from ..audit.library import make_observer
+from ..audit.observer import Observer
 from ..diagnose.ranges import FORMATS, FP16, SAMPLE_LIMIT, RangeRecorder, RangeStats, fractions
 from ..diagnose.recommend import (
     _bf16_verdict,
@@ -135,6 +138,8 @@ class DiagnoseOptions:
             first inf/NaN; costs more per step).
         out_dir: where diagnose.md/.json go (default: the trainer's output directory).
         verbose: print the loss-scale line of each log step and the non-finite notice.
+        audit: watch the loop for the traps of mixed precision (docs/audit.md) and report
+            the findings when training ends (printed, and under "audit" in diagnose.json).
     """
 
     every: int = 50
@@ -143,6 +148,7 @@ class DiagnoseOptions:
     watch_every_step: bool = False
     out_dir: str | None = None
     verbose: bool = True
+    audit: bool = True
 
     def __post_init__(self) -> None:
         for name in ("every", "check_every"):
@@ -175,6 +181,9 @@ class DiagnoseSession:
         self._skipped: torch.Tensor | None = None
         self._last_scale: torch.Tensor | None = None
         self._context: dict[str, Any] = {}
+        self._audit: Observer | None = None
+        #: The audit's findings, once training has ended (``audit=True``).
+        self.audit_report: AuditReport | None = None
 
     # ------------------------------------------------------------ lifecycle
     def attach(self, model: nn.Module, *, precision: str, trainer: str,
@@ -189,11 +198,18 @@ class DiagnoseSession:
                          "out_dir": (self.options.out_dir or out_dir) if is_main else None}
         self._watch = _GatedWatch(model, lambda: self.step, self._scale_tensor)
         self._recorder = _SampledRecorder(model)
+        if self.options.audit:
+            self._audit = make_observer().install()
 
     def detach(self) -> None:
         for hooks in (self._watch, self._recorder):
             if hooks is not None:
                 hooks.remove()
+        if self._audit is not None:
+            self.audit_report, self._audit = self._audit.close(), None
+            if self.options.verbose:
+                print(f"amptrain audit: {self.audit_report.format()}", file=sys.stderr,
+                      flush=True)
 
     def _scale_tensor(self) -> torch.Tensor | None:
         scale = getattr(self._scaler, "_scale", None)
@@ -385,6 +401,8 @@ class DiagnoseSession:
                 "init_scale": scale["init_scale"], "loss_scale": scale, "keep_fp32": keep,
                 "bf16": _bf16_verdict(judged, first, scale, None, supported, device),
                 "attention": attention_overflow(stats, first)},
+            "audit": (self.audit_report.to_json()["findings"]
+                      if self.audit_report is not None else None),
             "modules": {name: {k: v for k, v in s.items() if k != "_hist"}
                         for name, s in sorted(stats.items(), key=lambda kv: (
                             -kv[1]["risk"], not kv[1]["leaf"],
