@@ -22,5 +22,5 @@ _LAZY = {"audit": "audit.library", "Precision": "precision", "diagnose_model": "
 __getattr__ = lazy_exports(__name__, {name: f".{module}" for name, module in _LAZY.items()})
 
 
-__all__ = ["AmptrainWarning", "audit", "EvalResult", "FitResult", "Precision", "Trainer", "__version__",
-           "diagnose_model"]
+__all__ = ["AmptrainWarning", "EvalResult", "FitResult", "Precision", "Trainer", "__version__",
+           "audit", "diagnose_model"]

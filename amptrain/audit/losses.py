@@ -8,6 +8,7 @@ measured against the same op in float32 (on copies; the script's own result is r
 """
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import torch
@@ -17,10 +18,10 @@ from .findings import AuditReport, Finding, user_location
 from .measure import is_half
 from .observer import Observer, at
 
-#: (module, attribute) of each watched reduction.
-WATCHED = [(F, name) for name in ("cross_entropy", "nll_loss", "mse_loss", "l1_loss",
-                                  "binary_cross_entropy_with_logits", "kl_div",
-                                  "softmax", "log_softmax")]
+#: (module or class, attribute) of each watched reduction.
+WATCHED: list[tuple[Any, str]] = [
+    (F, name) for name in ("cross_entropy", "nll_loss", "mse_loss", "l1_loss",
+                           "binary_cross_entropy_with_logits", "kl_div", "softmax", "log_softmax")]
 WATCHED += [(torch, name) for name in ("softmax", "log_softmax", "logsumexp")]
 WATCHED += [(torch.Tensor, name) for name in ("softmax", "log_softmax", "logsumexp")]
 
@@ -38,7 +39,7 @@ class LossTraps:
 
     def install(self, observer: Observer) -> None:
         for owner, name in WATCHED:
-            observer.patch(owner, name, lambda original, name=name: self._wrap(name, original))
+            observer.patch(owner, name, functools.partial(self._wrap, name))
 
     def _wrap(self, name: str, original: Any) -> Any:
         def reduction(*args: Any, **kwargs: Any) -> Any:

@@ -15,6 +15,7 @@ A hand-written ``ema.mul_(d).add_(p, alpha=1 - d)`` is not recognised.
 """
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import torch
@@ -95,7 +96,7 @@ class WeightTraps:
                 f"({', '.join(sorted(dtypes))}) are half precision, with no fp32 master copy"))
 
     # -- EMA ----------------------------------------------------------------------------
-    def _measure(self, site: str, targets: list[torch.Tensor], ends: list[torch.Tensor],
+    def _measure(self, site: str, targets: Sequence[torch.Tensor], ends: Sequence[torch.Tensor],
                  apply: Any) -> Any:
         count = self.ema_calls[site] = self.ema_calls.get(site, 0) + 1
         pairs = [(t, e) for t, e in zip(targets, ends) if is_half(t)]
@@ -155,7 +156,8 @@ class WeightTraps:
                 "master copy"))
         losses = {i: lost for i, lost in self.ulp.items() if lost.total}
         if losses:
-            whole = Lost(sum(x.lost for x in losses.values()), sum(x.total for x in losses.values()))
+            whole = Lost(sum(x.lost for x in losses.values()),
+                         sum(x.total for x in losses.values()))
             if whole.share >= LOST_SHARE:
                 worst = sorted(losses.items(), key=lambda kv: -kv[1].share)[:3]
                 names = ", ".join(f"{self.ulp_names.get(i) or '?'} {100 * x.share:.0f} %"

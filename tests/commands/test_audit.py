@@ -113,7 +113,8 @@ def test_a_loop_by_the_book_gets_nothing_and_its_losses_are_bitwise_the_same(scr
     audited = amptrain("audit", "--json", "clean.json", "--", sys.executable, "clean.py",
                        cwd=scripts)
     assert audited.returncode == 0, audited.stdout + audited.stderr[-2000:]
-    losses = [line for line in plain.stdout.splitlines() if line.startswith(("32 ", "16 ", "bf16 "))]
+    losses = [line for line in plain.stdout.splitlines()
+              if line.startswith(("32 ", "16 ", "bf16 "))]
     assert len(losses) == 12
     # The script's own lines come first, bit for bit; then the audit's.
     assert audited.stdout.startswith("\n".join(losses) + "\n")
