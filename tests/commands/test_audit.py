@@ -123,15 +123,20 @@ def test_a_loop_by_the_book_gets_nothing_and_its_losses_are_bitwise_the_same(scr
 
 
 @pytest.mark.slow
-def test_steps_ends_the_script_cleanly_and_a_failure_passes_through(scripts):
+def test_steps_ends_the_script_cleanly_and_a_failure_passes_through(scripts, tmp_path,
+                                                                     monkeypatch):
     stopped = amptrain("audit", "--steps", "2", "--", sys.executable, "clean.py", "--fp32-only",
                        cwd=scripts)
     assert stopped.returncode == 0, stopped.stdout + stopped.stderr[-2000:]
     assert [line[:3] for line in stopped.stdout.splitlines() if line.startswith("32 ")] \
         == ["32 "] * 2
     assert "ended the script after 2 optimizer steps" in stopped.stdout
+    # The environment's own sitecustomize still runs (the audit's shadows it and chains it).
+    (tmp_path / "sitecustomize.py").write_text("print('the user sitecustomize ran')\n")
+    monkeypatch.setenv("PYTHONPATH", str(tmp_path))
     failed = amptrain("audit", "--", sys.executable, "clean.py", "--fp32-only", cwd=scripts)
     assert failed.returncode == 3
+    assert failed.stdout.startswith("the user sitecustomize ran\n")
     assert failed.stdout.splitlines()[-1] == "amptrain audit: the command exited with status 3"
     assert "no findings (4 optimizer steps observed)" in failed.stdout
 
