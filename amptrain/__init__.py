@@ -8,13 +8,14 @@ from .common.lazy import lazy_exports
 from .version import __version__
 
 if TYPE_CHECKING:
+    from .audit.library import audit
     from .diagnose.library import diagnose_model
     from .precision import Precision
     from .trainer import EvalResult, FitResult, Trainer
 
 # The public classes are imported on first use (PEP 562), not with the package: the
 # command line imports amptrain.cli, and `amptrain --help` must not wait for torch.
-_LAZY = {"Precision": "precision", "diagnose_model": "diagnose.library",
+_LAZY = {"audit": "audit.library", "Precision": "precision", "diagnose_model": "diagnose.library",
          "EvalResult": "trainer", "FitResult": "trainer", "Trainer": "trainer"}
 
 
@@ -22,4 +23,4 @@ __getattr__ = lazy_exports(__name__, {name: f".{module}" for name, module in _LA
 
 
 __all__ = ["AmptrainWarning", "EvalResult", "FitResult", "Precision", "Trainer", "__version__",
-           "diagnose_model"]
+           "audit", "diagnose_model"]

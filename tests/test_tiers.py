@@ -30,6 +30,7 @@ TIERS: tuple[tuple[str, ...], ...] = (
     ("tasks",),                   # losses, steps, metrics, verdicts
     ("data",),                    # data sources
     ("models",),                  # built-in and external models
+    ("audit",),                   # the audit of a loop for precision traps
     ("config",),                  # validated option dataclasses
     ("precision",),               # the precision layer and hardware knowledge
     ("loggers",),                 # experiment trackers

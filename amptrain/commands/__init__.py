@@ -21,6 +21,7 @@ COMMANDS: dict[str, str] = {
     "generate": "generate",
     "export": "export",
     "prepare": "prepare",
+    "audit": "audit",
 }
 
 

@@ -36,6 +36,9 @@ import torch
 from torch import nn
 
 from ..version import __version__
+from ..audit.findings import AuditReport
+from ..audit.library import make_observer
+from ..audit.observer import Observer
 from ..diagnose.ranges import FORMATS, FP16, SAMPLE_LIMIT, RangeRecorder, RangeStats, fractions
 from ..diagnose.recommend import (
     _bf16_verdict,
@@ -140,6 +143,8 @@ class DiagnoseOptions:
         numerics: the per-layer telemetry (numerics.jsonl, numerics.png; docs/numerics.md):
             ``"auto"`` (at most 2 % of step time), ``"off"`` or every N steps.
         verbose: print the loss-scale line of each log step and the non-finite notice.
+        audit: watch the loop for the traps of mixed precision (docs/audit.md) and report
+            the findings when training ends (printed, and under "audit" in diagnose.json).
     """
 
     every: int = 50
@@ -149,6 +154,7 @@ class DiagnoseOptions:
     out_dir: str | None = None
     numerics: Any = "auto"
     verbose: bool = True
+    audit: bool = True
 
     def __post_init__(self) -> None:
         try:
@@ -189,6 +195,9 @@ class DiagnoseSession:
         self.numerics: NumericsSession | None = None
         self._numerics_started = False
         self._rank = 0
+        self._audit: Observer | None = None
+        #: The audit's findings, once training has ended (``audit=True``).
+        self.audit_report: AuditReport | None = None
 
     # ------------------------------------------------------------ lifecycle
     def attach(self, model: nn.Module, *, precision: str, trainer: str,
@@ -212,6 +221,8 @@ class DiagnoseSession:
             say=lambda line: print(line, file=sys.stderr, flush=True)
             if self.options.verbose else None)
         self._numerics_started = False
+        if self.options.audit:
+            self._audit = make_observer().install()
 
     def detach(self) -> None:
         for hooks in (self._watch, self._recorder):
@@ -219,6 +230,11 @@ class DiagnoseSession:
                 hooks.remove()
         if self.numerics is not None:
             self.numerics.recorder.detach()
+        if self._audit is not None:
+            self.audit_report, self._audit = self._audit.close(), None
+            if self.options.verbose:
+                print(f"amptrain audit: {self.audit_report.format()}", file=sys.stderr,
+                      flush=True)
 
     def _scale_tensor(self) -> torch.Tensor | None:
         scale = getattr(self._scaler, "_scale", None)
@@ -427,6 +443,8 @@ class DiagnoseSession:
                 "init_scale": scale["init_scale"], "loss_scale": scale, "keep_fp32": keep,
                 "bf16": _bf16_verdict(judged, first, scale, None, supported, device),
                 "attention": attention_overflow(stats, first)},
+            "audit": (self.audit_report.to_json()["findings"]
+                      if self.audit_report is not None else None),
             "modules": {name: {k: v for k, v in s.items() if k != "_hist"}
                         for name, s in sorted(stats.items(), key=lambda kv: (
                             -kv[1]["risk"], not kv[1]["leaf"],

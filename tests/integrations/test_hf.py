@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 
 import pytest
+import torch
 
 transformers = pytest.importorskip("transformers")
 pytest.importorskip("accelerate")
@@ -18,13 +19,24 @@ from amptrain.integrations.hf import DiagnoseCallback  # noqa: E402
 from .models import Overflowing, Rows, dataset  # noqa: E402
 
 
-def _train(tmp_path, factor: float, steps: int = 6, **options):
+class _Bf16(torch.nn.Module):
+    """The classifier with its weights in bf16 (a "pure bf16" model, no fp32 master)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.net = Overflowing(1.0).to(torch.bfloat16)
+
+    def forward(self, x, labels=None):
+        return self.net(x.to(torch.bfloat16), labels)
+
+
+def _train(tmp_path, factor: float, steps: int = 6, model=None, **options):
     args = transformers.TrainingArguments(
         output_dir=str(tmp_path / "out"), max_steps=steps, per_device_train_batch_size=8,
         use_cpu=True, report_to=[], logging_steps=2, save_strategy="no",
         disable_tqdm=True, learning_rate=1e-3, seed=0)
     callback = DiagnoseCallback(every=2, check_every=2, **options)
-    trainer = transformers.Trainer(model=Overflowing(factor), args=args,
+    trainer = transformers.Trainer(model=model or Overflowing(factor), args=args,
                                    train_dataset=Rows(dataset()), callbacks=[callback])
     trainer.train()
     return trainer, callback, tmp_path / "out"
@@ -58,6 +70,17 @@ def test_an_fp32_run_says_which_layer_would_overflow_fp16(tmp_path):
                           for h in logged)
     md = (out / "diagnose.md").read_text()
     assert "keep in fp32: scale" in md and "| `scale` |" in md
+    # transformers' own loop (AdamW, clipping, schedule) in fp32: the audit finds nothing.
+    assert callback.session.audit_report.findings == [] and report["audit"] == []
+
+
+def test_the_audit_finds_a_pure_bf16_model_at_the_end_of_training(tmp_path, capsys):
+    trainer, callback, out = _train(tmp_path, 1.0, model=_Bf16())
+    kinds = callback.session.audit_report.kinds()
+    assert kinds[0] == "half-optimizer-state", kinds
+    assert "error: half-optimizer-state at AdamW over net.body.0.weight" in capsys.readouterr().err
+    report = json.loads((out / "diagnose.json").read_text())
+    assert report["audit"][0]["kind"] == "half-optimizer-state"
 
 
 def test_bad_options_and_old_versions_are_one_line():

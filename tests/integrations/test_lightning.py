@@ -75,6 +75,20 @@ def test_an_fp32_run_says_which_layer_would_overflow_fp16(tmp_path):
     assert keep[0] == "net.scale" and report["recommendations"]["bf16"]["avoids_problem"]
     assert report["sampled_steps"] == 3 and report["steps"] == 6
     assert report["modules"]["net.scale"]["activation"]["fp16"]["above_max"] > 0
+    assert callback.session.audit_report.findings == [] and report["audit"] == []
+
+
+def test_the_audit_measures_updates_lost_in_bf16_true(tmp_path):
+    # Lightning's bf16-true keeps the weights in bf16: SGD's updates of lr 1e-3 round away.
+    callback = DiagnoseCallback(every=2, check_every=2, verbose=False)
+    trainer = L.Trainer(max_steps=3, accelerator="cpu", logger=False, precision="bf16-true",
+                        enable_checkpointing=False, enable_progress_bar=False,
+                        enable_model_summary=False, callbacks=[callback],
+                        default_root_dir=str(tmp_path / "out"))
+    trainer.fit(Module(1.0), torch.utils.data.DataLoader(dataset(), batch_size=8))
+    found = callback.session.audit_report.findings
+    assert [f.kind for f in found] == ["update-below-ulp"], found
+    assert "torch.bfloat16 weights were under half an ulp" in found[0].detail
 
 
 def test_an_exception_still_writes_the_report(tmp_path):
