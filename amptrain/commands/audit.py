@@ -14,13 +14,17 @@ HELP = "audit a training script (`audit -- python train.py`) or a run directory 
 log = logging.getLogger("amptrain")
 
 
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """``--steps``, ``--json`` and the command (after ``--``) or a run directory."""
+def _options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--steps", type=int, default=None, metavar="N",
                         help="stop observing, and end the script cleanly, after N optimizer "
                              "steps (default: run it to its end)")
     parser.add_argument("--json", default=None, metavar="FILE",
                         help='also write {"findings": [...]} to FILE (a new file)')
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """``--steps``, ``--json`` and the command (after ``--``) or a run directory."""
+    _options(parser)
     parser.add_argument("target", nargs=argparse.REMAINDER, metavar="-- COMMAND ... | RUN_DIR",
                         help="the command that trains (`-- python train.py ...`, `-- torchrun "
                              "...`), or an amptrain run directory")
@@ -31,7 +35,21 @@ def _target(args: argparse.Namespace) -> tuple[list[str], str | None]:
     words = list(args.target)
     if words and words[0] == "--":
         return words[1:], None
-    if len(words) == 1 and os.path.isdir(words[0]):
+    if words and os.path.isdir(words[0]):
+        # REMAINDER took the options written after the directory (`audit runs --json f`)
+        late = argparse.ArgumentParser(prog="amptrain audit RUN_DIR", add_help=False,
+                                       exit_on_error=False)
+        _options(late)
+        try:
+            given, extra = late.parse_known_args(words[1:])
+        except argparse.ArgumentError as error:
+            raise UserError(f"amptrain audit: {error}") from None
+        if extra:
+            raise UserError(f"amptrain audit: a run directory takes no further words "
+                            f"(got {' '.join(extra)!r})")
+        for name in ("steps", "json"):
+            if getattr(given, name) is not None:
+                setattr(args, name, getattr(given, name))
         return [], words[0]
     if not words:
         raise UserError("amptrain audit needs a command after `--` (e.g. `amptrain audit -- "

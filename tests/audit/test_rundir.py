@@ -72,3 +72,22 @@ def test_a_directory_that_is_no_run_and_a_broken_line_are_refused(tmp_path, run_
         f.write("{not json\n")
     with pytest.raises(UserError, match="line 5 is not JSON"):
         audit_run_dir(run_dir)
+
+
+@pytest.mark.filterwarnings("ignore::UserWarning")
+def test_a_run_the_trainer_wrote_is_audited_with_options_after_the_directory(tmp_path, capsys):
+    from amptrain.trainer import Trainer
+    from tests.conftest import tiny_classification, tiny_mlp
+
+    run = tmp_path / "run"
+    Trainer(precision="16-mixed", batch_size=16, max_steps=4, log_every=2, no_progress=True,
+            device="cpu", numerics="2", out=run).fit(tiny_mlp(), tiny_classification())
+    report, has_numerics = audit_run_dir(run)
+    assert has_numerics and report.steps == 2            # steps 2 and 4 were sampled
+    assert "whatif-fits" in {f.kind for f in report.findings}
+    out = tmp_path / "audit.json"
+    assert cli.main(["audit", str(run), "--json", str(out)]) == 0   # options after RUN_DIR
+    assert "2 sampled steps in numerics.jsonl" in capsys.readouterr().out
+    assert json.loads(out.read_text())["findings"]
+    assert cli.main(["audit", str(run), "extra"]) == 2
+    assert "takes no further words (got 'extra')" in capsys.readouterr().err
