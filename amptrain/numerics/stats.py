@@ -3,7 +3,8 @@ format flushes to zero or saturates, and the quantisation SNR -- for the run's o
 and for every what-if format (:data:`WHATIF`).
 
 The low-bit formats are amptrain's own quantisers (:mod:`amptrain.precision.lowbit_operand`,
-whose :func:`~amptrain.precision.lowbit_operand.loss_counts` counts flushes and saturation);
+packed for many tensors at once by :mod:`amptrain.precision.lowbit_packed`, which
+counts flushes and saturation as :func:`~amptrain.precision.lowbit_operand.loss_counts` does);
 fp16 and bf16 are plain casts, saturating at :data:`amptrain.diagnose.ranges` limits' max.
 Everything stays on the device: :func:`tensor_stats` returns one small fp32 vector, and a
 sampled step reads all its vectors at once.
@@ -11,9 +12,12 @@ sampled step reads all its vectors at once.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
+
 import torch
 
-from ..precision.lowbit_operand import Quantiser, loss_counts
+from ..precision.lowbit_operand import Quantiser
+from ..precision.lowbit_packed import PackedRows
 
 #: The what-if formats, in the order of :func:`tensor_stats`'s vector (fp8 e4m3 is the
 #: forward format, e5m2 the gradients'; both are reported for every tensor).
@@ -79,46 +83,68 @@ def as_rows(x: torch.Tensor, weight: bool = False) -> torch.Tensor:
     return torch.where(torch.isfinite(x), x, torch.zeros((), device=x.device))
 
 
-def _cast_counts(x: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-    """``[count, flushed, saturated]`` and the dequantised values of a plain cast (a value
-    beyond the format's largest saturates there, as a saturating conversion does)."""
+def _cast(packed: PackedRows, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """A plain cast of the packed values: ``[count, flushed, saturated]`` per matrix, and
+    the dequantised values (a value beyond the format's largest saturates there, as a
+    saturating conversion does)."""
     top = torch.finfo(dtype).max
-    cast = x.to(dtype)
-    nonzero = x != 0
-    flushed = nonzero & (cast == 0)
-    saturated = torch.isinf(cast)
-    counts = torch.stack([nonzero.sum(), flushed.sum(), saturated.sum()]).float()
+    cast = packed.blocks.to(dtype)
+    nonzero = packed.nonzero
+    counts = packed.counts(nonzero, nonzero & (cast == 0), torch.isinf(cast))
     return counts, torch.nan_to_num(cast.float(), posinf=top, neginf=-top)
 
 
-def _format_stats(x: torch.Tensor, fmt: Quantiser | torch.dtype) -> torch.Tensor:
-    """``[flushed share, saturated share, SNR dB]`` of ``x`` (rows) in ``fmt``."""
+def _format_stats(packed: PackedRows, signal: torch.Tensor,
+                  fmt: Quantiser | torch.dtype) -> torch.Tensor:
+    """``[flushed share, saturated share, SNR dB]`` per packed matrix in ``fmt``
+    (``[matrices, 3]``); ``signal``: each matrix's sum of squares."""
     if isinstance(fmt, torch.dtype):
-        counts, q = _cast_counts(x, fmt)
+        counts, q = _cast(packed, fmt)
     else:
-        counts, q = loss_counts(x, fmt, -1), fmt(x, -1)
-    count = counts[0].clamp_min(1)
-    signal = x.square().sum()
-    noise = (x - q).square().sum()
+        q, counts = packed.quantise_counted(fmt)
+    count = counts[:, 0].clamp_min(1)
+    noise = packed.per_matrix_sum((packed.blocks - q).square_().sum(1))
     snr = 10 * torch.log10(signal / noise)
     snr = torch.where((noise > 0) | (signal == 0), snr, torch.full_like(snr, EXACT_SNR_DB))
     snr = torch.nan_to_num(snr.clamp(max=EXACT_SNR_DB), nan=0.0, neginf=0.0)
-    return torch.stack([counts[1] / count, counts[2] / count, snr])
+    return torch.stack([counts[:, 1] / count, counts[:, 2] / count, snr], dim=1)
+
+
+def abs_max(x: torch.Tensor) -> torch.Tensor:
+    """``x``'s abs-max over the whole tensor, as a 0-d fp32 tensor on its device (inf or
+    NaN where ``x`` holds one)."""
+    with torch.no_grad():
+        return x.detach().abs().amax().float() if x.numel() else \
+            torch.zeros((), device=x.device)
+
+
+def many_stats(items: Sequence[tuple[torch.Tensor, torch.Tensor, str]]) -> torch.Tensor:
+    """One :func:`tensor_stats` vector per ``(amax, rows, own)`` -- an :func:`abs_max`, an
+    :func:`as_rows` matrix and the run's format (a key of :data:`WHATIF` or :data:`FP32`)
+    -- as a ``[len(items), WIDTH]`` matrix on the device, computed for all of them at once
+    (:class:`~amptrain.precision.lowbit_packed.PackedRows`): a sampled step costs about
+    what one tensor costs."""
+    with torch.no_grad():
+        packed = PackedRows.pack([rows for _, rows, _ in items])
+        signal = packed.per_matrix_sum(packed.blocks.square().sum(1))
+        whatif = torch.cat([_format_stats(packed, signal, fmt) for fmt in WHATIF.values()],
+                           dim=1)
+        # the run's own format's flushed and saturated columns (zeros for fp32)
+        names = list(WHATIF)
+        at = [3 * names.index(fmt) if fmt != FP32 else 0 for _, _, fmt in items]
+        columns = torch.tensor(at, device=whatif.device).unsqueeze(1) + \
+            torch.arange(2, device=whatif.device)
+        kept = torch.tensor([fmt != FP32 for _, _, fmt in items], device=whatif.device)
+        own = whatif.gather(1, columns) * kept.unsqueeze(1)
+        amax = torch.stack([a.reshape(()) for a, _, _ in items]).reshape(-1, 1)
+        return torch.cat([amax, own, whatif], dim=1)
 
 
 def tensor_stats(x: torch.Tensor, own: str, *, weight: bool = False) -> torch.Tensor:
     """The vector ``[amax, own flushed, own saturated, (flushed, saturated, snr_db) per
     what-if format]`` of ``x`` on its device (no host sync). ``own`` is a key of
     :data:`WHATIF` or :data:`FP32`."""
-    with torch.no_grad():
-        amax = x.detach().abs().amax().float() if x.numel() else torch.zeros((), device=x.device)
-        rows = as_rows(x, weight)
-        whatif = [_format_stats(rows, fmt) for fmt in WHATIF.values()]
-        if own == FP32:
-            mine = torch.zeros(2, device=rows.device)
-        else:
-            mine = whatif[list(WHATIF).index(own)][:2]
-        return torch.cat([amax.reshape(1), mine, *whatif])
+    return many_stats([(abs_max(x), as_rows(x, weight), own)])[0]
 
 
 def unpack(vector: list[float], fmt: str) -> dict[str, object]:

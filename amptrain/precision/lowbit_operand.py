@@ -77,19 +77,28 @@ def loss_counts(x: torch.Tensor, quantiser: Quantiser, dim: int = -1) -> torch.T
     them over steps and reads them once). Stochastic rounding is counted as rounding to
     nearest (its flushes are random; what is flushed for certain is what is below half
     the smallest value)."""
+    return quantise_counted(x, quantiser, dim)[1]
+
+
+def quantise_counted(x: torch.Tensor, quantiser: Quantiser, dim: int = -1
+                     ) -> tuple[torch.Tensor, torch.Tensor]:
+    """``x`` quantised and dequantised by ``quantiser`` rounding to nearest, and its
+    :func:`loss_counts` -- one quantisation for both (the telemetry wants the values for
+    its SNR too)."""
     x = x.detach().float()
     finite = torch.isfinite(x) & (x != 0)
     if quantiser.scaling == "none" or x.numel() == 0:
         zero = finite.sum() * 0
-        return torch.stack([finite.sum(), zero, zero]).float()
+        return x, torch.stack([finite.sum(), zero, zero]).float()
     nearest = Quantiser(quantiser.scaling, quantiser.elem, quantiser.square,
                         quantiser.mx_mode, quantiser.power_of_2)
-    flushed = finite & (nearest(x, dim) == 0)
+    q = nearest(x, dim)
+    flushed = finite & (q == 0)
     # Clamped, not rounded: beyond the largest value plus half the top binade's spacing,
     # in the units of each value's own scale.
     top = FORMAT_MAX[quantiser.elem] + HALF_TOP_STEP[quantiser.elem]
     saturated = finite & (x.abs() > top * dequant_scale(x, quantiser, dim))
-    return torch.stack([finite.sum(), flushed.sum(), saturated.sum()]).float()
+    return q, torch.stack([finite.sum(), flushed.sum(), saturated.sum()]).float()
 
 
 def flushed_and_saturated(x: torch.Tensor, quantiser: Quantiser, dim: int = -1
