@@ -81,11 +81,36 @@ for x, y in data:                                    # bf16 autocast, no scaler
 '''
 
 
+#: Two ranks under torchrun (gloo): a clip before unscale_ and a DCP save without the scaler.
+DDP = '''\
+import torch
+import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
+dist.init_process_group("gloo")
+torch.manual_seed(0)
+model = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(8, 4))
+opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+scaler = torch.amp.GradScaler("cpu", init_scale=2.0 ** 8)
+for step in range(3):
+    with torch.autocast("cpu", dtype=torch.float16):
+        loss = model(torch.randn(4, 8)).square().mean()
+    scaler.scale(loss).backward()
+    torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+    scaler.step(opt)
+    scaler.update()
+    opt.zero_grad()
+dcp.save({"model": model.state_dict(), "optimizer": opt.state_dict()}, checkpoint_id="ckpt")
+print("rank", dist.get_rank(), "saved", flush=True)
+dist.destroy_process_group()
+'''
+
+
 @pytest.fixture(scope="module")
 def scripts(tmp_path_factory):
     folder = tmp_path_factory.mktemp("audit-scripts")
     (folder / "traps.py").write_text(TRAPS)
     (folder / "clean.py").write_text(CLEAN)
+    (folder / "ddp.py").write_text(DDP)
     return folder
 
 
@@ -161,3 +186,19 @@ def test_every_kind_is_planted_in_a_test():
     planted = set(re.findall(r'_only\(report, "([a-z0-9-]+)"\)', traps))
     planted |= set(re.findall(r'kinds\(\) == \["([a-z0-9-]+)"\]', traps)) | set(TRAP_LINES)
     assert planted == set(KINDS)
+
+
+@pytest.mark.slow
+def test_every_torchrun_rank_is_watched_and_a_dcp_save_is_judged(scripts):
+    from tests.distributed.helpers import free_port
+
+    done = amptrain("audit", "--json", "ddp.json", "--", sys.executable, "-m",
+                    "torch.distributed.run", "--nproc-per-node", "2", "--nnodes", "1",
+                    "--master-addr", "127.0.0.1", "--master-port", str(free_port()), "ddp.py",
+                    cwd=scripts, timeout=600)
+    assert done.returncode == 1, done.stdout + done.stderr[-2000:]
+    assert "rank 0 saved" in done.stdout and "rank 1 saved" in done.stdout
+    findings = json.loads((scripts / "ddp.json").read_text())["findings"]
+    # each rank found both; each finding is reported once
+    assert sorted((f["kind"], f["where"].rsplit(":", 1)[-1].rstrip(")")) for f in findings) == \
+        [("checkpoint-without-scaler", "17"), ("clip-before-unscale", "13")]
