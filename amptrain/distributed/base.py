@@ -108,6 +108,11 @@ class Strategy:
         """Rank 0's value on every rank."""
         return value
 
+    def gather_objects(self, value: Any) -> list[Any]:
+        """Every rank's ``value``, in rank order, on every rank (picklable values; a
+        collective: every rank must call it)."""
+        return [value]
+
     def barrier(self) -> None:
         """Wait for all ranks."""
 

@@ -108,6 +108,11 @@ class ProcessGroupStrategy(Strategy):
         self._dist.broadcast_object_list(box, src=0)
         return box[0]
 
+    def gather_objects(self, value: Any) -> list[Any]:
+        values: list[Any] = [None] * self.world_size
+        self._dist.all_gather_object(values, value)
+        return values
+
     def barrier(self) -> None:
         self._dist.barrier()
 

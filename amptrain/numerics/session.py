@@ -4,6 +4,8 @@ and Lightning callbacks) and does the rest -- attach on sampled steps, read, wri
 """
 from __future__ import annotations
 
+import dataclasses
+
 import warnings
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -105,10 +107,11 @@ class NumericsSession:
                           AmptrainWarning, stacklevel=3)
 
     def traced(self, step: int, micro_batches: Sequence[Any], run_one: Callable[[Any], None]
-               | None, *, exact: bool, note: str = "") -> NonFiniteTrace:
+               | None, *, exact: bool, note: str = "", say: bool = True) -> NonFiniteTrace:
         """Trace the first non-finite step (``step``) once: replay its micro-batches with
         ``run_one`` (None: the step cannot be replayed, ``note`` says why), then say it
-        and write ``nonfinite.json``. Later calls return the first trace."""
+        and write ``nonfinite.json`` (unless ``say`` is False: the caller gathers every
+        rank's trace and calls :meth:`publish`). Later calls return the first trace."""
         if self.trace is not None:
             return self.trace
         attached = self.recorder.attached
@@ -123,6 +126,21 @@ class NumericsSession:
         self.trace = trace
         if attached:
             self.recorder.attach()
-        self.say(trace.line())
-        self._write_trace()
+        if say:
+            self.say(trace.line())
+            self._write_trace()
         return trace
+
+    def publish(self, traces: Sequence[NonFiniteTrace]) -> NonFiniteTrace:
+        """Every rank's trace of the same step (rank order): say the first that found the
+        module (under DDP the other ranks' replays are finite: the all-reduce only carried
+        it to them), and write this rank's, saying where it was found."""
+        assert self.trace is not None
+        found = next((t for t in traces if t.module is not None), self.trace)
+        if self.trace.module is None and found is not self.trace:
+            self.trace = dataclasses.replace(
+                self.trace, note=f"this rank's replayed forward and backward were finite; "
+                                 f"it began on rank {found.rank}, in module '{found.module}'")
+        self.say(found.line())
+        self._write_trace()
+        return found

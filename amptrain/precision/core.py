@@ -279,6 +279,11 @@ class Precision:
         self._agree = agree
         self._scales.set_agreement(agree)
 
+    @property
+    def skips_agreed(self) -> bool:
+        """Whether the ranks agree on skipped steps (:meth:`set_found_inf_agreement`)."""
+        return self._agree is not None
+
     def keep_patterns(self, model: nn.Module) -> list[str]:
         """``keep_fp32`` plus the patterns the model asks for (:func:`.default_keep_fp32`)."""
         return list(dict.fromkeys([*self.keep_fp32, *default_keep_fp32(model)]))

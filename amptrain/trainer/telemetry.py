@@ -54,23 +54,33 @@ class TrainerNumerics:
         window = self._windows.get(skipped)
         context = trainer.step_context
         assert self.session is not None
+        if trainer.strategy.world_size > 1 and not trainer.precision.skips_agreed:
+            # Only this rank may have skipped: a replay (its backward all-reduces) and the
+            # gathering of traces are collectives the other ranks would not join.
+            self.session.traced(skipped, [], None, exact=False, note="the ranks do not agree "
+                                "on skipped steps, so the step is not replayed")
+            return
         if window is None or context.training_step is not None:
             why = "the task's own training step is not replayed" \
                 if context.training_step is not None else "its batch is no longer held"
-            self.session.traced(skipped, [], None, exact=False, note=why)
-            return
-        model, precision, loss_fn = trainer.model, trainer.precision, context.loss_fn
+            trace = self.session.traced(skipped, [], None, exact=False, note=why, say=False)
+        else:
+            model, precision, loss_fn = trainer.model, trainer.precision, context.loss_fn
 
-        def run_one(batch: Any) -> None:
-            with precision.autocast():
-                loss, _, _ = forward_batch(model, batch, loss_fn)
-            precision.scale_loss(loss).backward()
+            def run_one(batch: Any) -> None:
+                with precision.autocast():
+                    loss, _, _ = forward_batch(model, batch, loss_fn)
+                precision.scale_loss(loss).backward()
 
-        try:
-            # Exact when nothing stepped since: the skipped step left the weights as they were.
-            self.session.traced(skipped, window.micro_batches, run_one, exact=settled_now)
-        finally:
-            context.steps.zero_grad(optimizers=True)
+            try:
+                # Exact when nothing stepped since: the skipped step left the weights as they
+                # were.
+                trace = self.session.traced(skipped, window.micro_batches, run_one,
+                                            exact=settled_now, say=False)
+            finally:
+                context.steps.zero_grad(optimizers=True)
+        # Every rank skipped this step and traced it (a collective: the skip is agreed).
+        self.session.publish(trainer.strategy.gather_objects(trace))
 
     def on_fit_end(self, trainer: Any) -> None:
         if self.session is not None:

@@ -122,6 +122,24 @@ def test_inf_on_one_rank_after_all_reduce_is_skipped_by_every_rank(scenarios, ru
 
 
 @pytest.mark.slow
+def test_a_nonfinite_forward_on_one_rank_is_traced_to_that_rank_and_module(scenarios):
+    ranks = [scenarios("nonfinite", r) for r in (0, 1)]
+    line = ("amptrain: step 3 on rank 1 turned non-finite: first in module '0' (forward: "
+            "its output held inf/NaN; its inputs were finite)")
+    assert line in ranks[0]["said"] and "turned non-finite" not in ranks[1]["said"]
+    files = ranks[0]["files"]
+    assert files == ranks[1]["files"] and set(files) == {"nonfinite.json",
+                                                         "nonfinite.rank1.json"}
+    assert files["nonfinite.rank1.json"] == {"step": 3, "rank": 1, "module": "0",
+                                             "phase": "forward", "inputs_finite": True,
+                                             "exact": True, "note": ""}
+    own = files["nonfinite.json"]     # rank 0's replay was finite: it says where it began
+    assert own["module"] is None and own["step"] == 3
+    assert own["note"].endswith("it began on rank 1, in module '0'")
+    assert all(r["skipped_steps"] == 1 for r in ranks)
+
+
+@pytest.mark.slow
 def test_without_agreement_the_ranks_diverge(scenarios):
     """The control for the test above: what found-inf agreement prevents."""
     ranks = [scenarios("found_inf", r)["disagree-16-mixed"] for r in (0, 1)]

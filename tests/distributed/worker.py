@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import contextlib
 import faulthandler
+import io
+import json
 import signal
 import sys
 from collections.abc import Callable
@@ -185,9 +187,38 @@ def scenario_fsdp(out: Path) -> dict[str, Any]:
     return result
 
 
+class PoisonOnRank1(torch.nn.Module):
+    """The identity, except on rank 1 in its 3rd and 4th calls: step 3's forward, and the
+    trace's replay of that step right after it (``log_every=1`` settles the skip at once)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.calls = 0
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self.calls += 1
+        poisoned = torch.distributed.get_rank() == 1 and self.calls in (3, 4)
+        return x * float("inf") if poisoned else x
+
+
+def scenario_nonfinite(out: Path) -> dict[str, Any]:
+    """16-mixed; rank 1's forward turns inf at step 3: every rank skips it, and the line
+    names rank 1's module."""
+    run = out / "nonfinite"
+    said = io.StringIO()
+    with contextlib.redirect_stderr(said):
+        trainer = Trainer(strategy=DDPStrategy(torch.device("cpu")),
+                          **{**COMMON, "precision": "16-mixed", "max_steps": 4, "out": str(run)})
+        trainer.fit(torch.nn.Sequential(PoisonOnRank1(), tiny_mlp()),
+                    tiny_classification(n=SAMPLES))
+    files = {p.name: json.loads(p.read_text()) for p in sorted(run.glob("nonfinite*.json"))}
+    return {"said": said.getvalue(), "files": files,
+            "skipped_steps": trainer.precision.skipped_steps}
+
+
 SCENARIOS: dict[str, Callable[[Path], dict[str, Any]]] = {
     "equal": scenario_equal, "loader": scenario_loader, "no_sync": scenario_no_sync,
-    "found_inf": scenario_found_inf, "fsdp": scenario_fsdp,
+    "found_inf": scenario_found_inf, "fsdp": scenario_fsdp, "nonfinite": scenario_nonfinite,
 }
 
 
