@@ -32,9 +32,10 @@ from torch import nn
 
 from ..config import given_options
 from ..config.run import PpoOptions
-from ..data.gym import EVAL_EPISODE_CAP, process_world
+from ..data.gym import process_world
 from ..common.errors import UserError, flag
 from .base import EvalResult, EvalSums, Metric, Task
+from . import ppo_eval
 from .gan import unwrap
 from .step import StepContext, TrainLoop
 from .rollout import (LossSettings, Rollout, distribution, explained_variance,
@@ -60,10 +61,6 @@ SHARED = {"gamma": 0.99, "gae_lambda": 0.95, "clip_coef": 0.2, "vf_coef": 0.5,
 #: The hyper-parameters a run may set: the options declared in config/run.py's PpoOptions
 #: (flags of the same names), but the run's length.
 SETTINGS = tuple(f.name for f in fields(PpoOptions) if f.name != "env_steps")
-#: The longest evaluation episode played (environments without a time limit): said up
-#: front when the environment has none (data/gym.py), and each episode cut at it is
-#: counted (``episodes_cut``), never reported as an ordinary return.
-MAX_EPISODE_STEPS = EVAL_EPISODE_CAP
 #: Evaluations in a run when --eval-every is not given.
 EVALUATIONS = 20
 
@@ -111,7 +108,8 @@ def actor_critic_of(model: nn.Module, env: Any) -> tuple[nn.Module, bool]:
 
 
 class _Episodes(EvalSums):
-    """Deterministic evaluation episodes, played on the host, one per validation sample."""
+    """Deterministic evaluation episodes, played on the host, one per validation sample;
+    a batch's episodes side by side (:func:`~.ppo_eval.play_episodes`)."""
 
     def __init__(self, task: PpoTask, device: torch.device) -> None:
         self.task, self.device = task, device
@@ -124,12 +122,13 @@ class _Episodes(EvalSums):
         return None  # the episodes are played in update_batch
 
     def update_batch(self, model: Any, batch: Any) -> None:
-        for seed in batch[-1].tolist():
-            ret, length, error, cut = self.task.play(model, int(seed), self.device)
-            self.cut += cut
-            self.returns.append(ret)
-            self.lengths.append(float(length))
-            self.value_errors.append(error)
+        gamma = self.task.settings.get("gamma", SHARED["gamma"])
+        for episode in ppo_eval.play_episodes(self.task.env, model, batch[-1].tolist(),
+                                              self.device, gamma=gamma):
+            self.cut += episode.cut
+            self.returns.append(episode.total)
+            self.lengths.append(float(episode.length))
+            self.value_errors.append(episode.value_error)
 
 
 class PpoTask(Task):
@@ -409,39 +408,6 @@ class PpoTask(Task):
         return None  # models() checked the actor-critic interface on an observation batch
 
     # -------------------------------------------------------------- evaluation
-    def play(self, model: Any, seed: int, device: torch.device
-             ) -> tuple[float, int, float, bool]:
-        """One deterministic episode from ``seed``: (return, length, the squared error of
-        the critic's value of the start against the discounted return it learnt, whether
-        it was cut at :data:`MAX_EPISODE_STEPS`)."""
-        env, gamma = self.env, self.settings.get("gamma", SHARED["gamma"])
-        game, cut = env.make(), False
-        try:
-            obs = game.reset(seed=seed)
-            total, discounted, discount, start_value, length = 0.0, 0.0, 1.0, None, 0
-            while length < MAX_EPISODE_STEPS:
-                length += 1
-                seen = env.normalised(obs[None], update=False)
-                out, value = model(torch.as_tensor(seen, dtype=torch.float32, device=device))
-                if start_value is None:
-                    start_value = float(value.float().reshape(-1)[0])
-                out = out.float()[0]
-                action = out.argmax().item() if env.discrete else out.cpu().numpy()
-                # The environment's own action (Discrete's start, Box's bounds).
-                taken = env.to_env(np.asarray(action))
-                obs, reward, terminated, truncated, _ = game.step(
-                    int(taken) if env.discrete else taken)
-                total += float(reward)
-                discounted += discount * float(reward) / env.reward_scale()
-                discount *= gamma
-                if terminated or truncated:
-                    break
-            else:
-                cut = True
-        finally:
-            game.close()
-        return total, length, (float(start_value or 0.0) - discounted) ** 2, cut
-
     def start_eval(self, device: torch.device) -> EvalSums:
         if self.env is None:
             raise UserError("the ppo task plays episodes of its environment: call "
@@ -462,8 +428,9 @@ class PpoTask(Task):
         if cut:
             log.warning("%d of %d evaluation episodes were cut at %d steps (the environment "
                         "has no time limit): val_return sums cut episodes; give it one, e.g. "
-                        "%s %s,max_episode_steps=1000", cut, len(returns), MAX_EPISODE_STEPS,
-                        flag("data"), self.env.spec if self.env is not None else "gym:ENV_ID")
+                        "%s %s,max_episode_steps=1000", cut, len(returns),
+                        ppo_eval.MAX_EPISODE_STEPS, flag("data"),
+                        self.env.spec if self.env is not None else "gym:ENV_ID")
         return EvalResult(loss=float(errors.mean()), samples=len(returns), metrics=metrics,
                           details={"episodes_cut": cut, "returns": returns.tolist(),
                                    "lengths": lengths.tolist(),
@@ -476,7 +443,7 @@ class PpoTask(Task):
         lengths = d.get("lengths") or []
         return {"env": d.get("env"), "episodes": result.samples,
                 "episodes_cut": d.get("episodes_cut", 0),
-                "episodes_cut_at": MAX_EPISODE_STEPS,
+                "episodes_cut_at": ppo_eval.MAX_EPISODE_STEPS,
                 "return_mean": result.metrics["return"],
                 "return_std": d.get("return_std"), "return_iqm": result.metrics["return_iqm"],
                 "length_mean": float(np.mean(lengths)) if lengths else None,

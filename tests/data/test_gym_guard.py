@@ -15,7 +15,7 @@ import torch
 from amptrain.common.errors import UserError
 from amptrain.data import DataOptions, build_data
 from amptrain.models.actor_critic import ActorCritic
-from amptrain.tasks import ppo
+from amptrain.tasks import ppo_eval
 from amptrain.tasks.ppo import PpoTask
 from amptrain.trainer import Trainer
 
@@ -98,7 +98,7 @@ def test_eval_episodes_and_rollout_are_bounded_before_anything_is_made():
 
 @pytest.mark.timeout(60)
 def test_an_environment_without_a_time_limit_is_cut_and_said_so(monkeypatch, caplog):
-    monkeypatch.setattr(ppo, "MAX_EPISODE_STEPS", 30)
+    monkeypatch.setattr(ppo_eval, "MAX_EPISODE_STEPS", 30)
     with caplog.at_level("WARNING", logger="amptrain"):
         trainer, model, data, task, _ = _fit("Endless-v0")
         assert "has no time limit: each evaluation episode is cut" in caplog.text
