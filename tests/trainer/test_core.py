@@ -274,8 +274,17 @@ LIBRARY_HOSTILE = [
     # gym: data says it is the ppo task's (task auto); the module here is no actor-critic.
     ("ppo-model-not-an-actor-critic", {}, lambda d, m: dict(
         model=m, train_data=__import__("amptrain.data").data.build_data("gym:CartPole-v1").train),
-     "task ppo needs an actor-critic: forward(obs) -> (logits_or_mean, value)"),
+     "model (Sequential): task ppo needs an actor-critic whose forward takes one batch of "
+     "observations, forward(obs) with obs of shape (N, 4)"),
     # (end of ppo)
+    # --- reliab (issue 48) ---
+    # An actor-critic whose forward cannot take observations: named by its signature.
+    ("ppo-actor-critic-forward-takes-no-obs", {}, lambda d, m: dict(
+        model=_NoObs(), train_data=__import__("amptrain.data").data.build_data(
+            "gym:CartPole-v1").train),
+     "model (_NoObs): task ppo needs an actor-critic whose forward takes one batch of "
+     "observations"),
+    # (end of reliab)
     # --- rlstats ---
     # (end of rlstats)
     # --- precsplit ---
@@ -302,6 +311,17 @@ class _Keyword(nn.Module):
 
     def forward(self, x: torch.Tensor, labels: torch.Tensor | None = None) -> torch.Tensor:
         return self.linear(x)
+
+
+class _NoObs(nn.Module):
+    """An actor-critic whose forward takes no observations (a ppo model's mistake)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.linear = nn.Linear(4, 3)
+
+    def forward(self) -> torch.Tensor:
+        return self.linear.weight
 
 
 @pytest.mark.parametrize("name,options,arguments,fragment", LIBRARY_HOSTILE,
