@@ -705,6 +705,13 @@ ERROR_TABLE = [
      "holds .amptrain.lock, a file amptrain did not create"),
     ("reliab-user-lock-file-compare", "compare --bench-steps 1 --out {reliab_user_lock}",
      "holds .amptrain.lock, a file amptrain did not create"),
+    # --eval-episodes bounded with the options: compare said its timing line first.
+    ("reliab-compare-eval-episodes-10-6",
+     "compare --data gym:CartPole-v1 --eval-episodes 1000000 --out {root}/rl10",
+     "--eval-episodes 1000000 is more than the 10000 evaluation episodes"),
+    ("reliab-eval-episodes-of-a-checkpoint-10-6",
+     "eval --checkpoint {checkpoint} --episodes 1000000 --out {root}/rl11",
+     "--episodes 1000000 is more than the 10000 evaluation episodes"),
     # A module: actor-critic whose forward cannot take observations: --model, at set-up.
     ("reliab-actor-critic-forward-takes-no-obs",
      "train --data gym:CartPole-v1 --model module:factories.NoObs --out {root}/rl8",
