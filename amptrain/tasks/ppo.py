@@ -34,7 +34,7 @@ from ..config import given_options
 from ..config.run import PpoOptions
 from ..data.gym import EVAL_EPISODE_CAP, process_world
 from ..common.errors import UserError, flag
-from .base import EvalResult, EvalSums, Metric, Task
+from .base import EvalResult, EvalSums, EvaluationStopped, Metric, Task
 from .gan import unwrap
 from .ppo_model import actor_critic_of
 from .step import StepContext, TrainLoop
@@ -93,6 +93,8 @@ class _Episodes(EvalSums):
 
     def update_batch(self, model: Any, batch: Any) -> None:
         for seed in batch[-1].tolist():
+            if self.stopping():  # episodes may be long (10,000 steps): stop between them
+                raise EvaluationStopped
             ret, length, error, cut = self.task.play(model, int(seed), self.device)
             self.cut += cut
             self.returns.append(ret)

@@ -284,6 +284,17 @@ LIBRARY_HOSTILE = [
             "gym:CartPole-v1").train),
      "model (_NoObs): task ppo needs an actor-critic whose forward takes one batch of "
      "observations"),
+    # Class 7: an optimizer over other parameters than the model's never trained it.
+    ("optimizer-over-other-parameters", {}, lambda d, m: dict(
+        model=m, train_data=d, optimizer=torch.optim.SGD(_mlp3().parameters(), lr=0.1)),
+     "optimizer holds 4 of 4 parameters that are not the model's"),
+    # Class 9: samples the model cannot take are the data's fault, said at the first batch.
+    ("dataset-samples-the-model-cannot-take", {}, lambda d, m: dict(
+        model=m, train_data=TensorData(torch.zeros(200, 7), d.tensors[1])),
+     "the model fails on the first batch of the training data (inputs (2, 7) float32"),
+    # Class 8: a NUL byte in a path is one line, not os.stat's ValueError.
+    ("out-with-a-nul-byte", dict(out="runs/x\0y"), lambda d, m: dict(model=m, train_data=d),
+     "out holds a NUL byte (got 'runs/x\\x00y')"),
     # (end of reliab)
     # --- rlstats ---
     # (end of rlstats)
