@@ -276,6 +276,19 @@ def three_outputs(num_classes, input_shape):
 
 def raises(num_classes, input_shape):
     raise RuntimeError("no weights for this size")
+
+class NoObs(torch.nn.Module):  # an actor-critic whose forward takes no observations
+    def __init__(self, num_classes, input_shape):
+        super().__init__()
+        self.linear = torch.nn.Linear(input_shape[0], num_classes + 1)
+
+    def forward(self):
+        return self.linear.weight
+
+class TakesMask(NoObs):  # ... or needs more than them
+    def forward(self, x, mask):
+        out = self.linear(x * mask)
+        return out[:, :-1], out[:, -1]
 """
 
 
@@ -692,6 +705,22 @@ ERROR_TABLE = [
      "holds .amptrain.lock, a file amptrain did not create"),
     ("reliab-user-lock-file-compare", "compare --bench-steps 1 --out {reliab_user_lock}",
      "holds .amptrain.lock, a file amptrain did not create"),
+    # --eval-episodes bounded with the options: compare said its timing line first.
+    ("reliab-compare-eval-episodes-10-6",
+     "compare --data gym:CartPole-v1 --eval-episodes 1000000 --out {root}/rl10",
+     "--eval-episodes 1000000 is more than the 10000 evaluation episodes"),
+    ("reliab-eval-episodes-of-a-checkpoint-10-6",
+     "eval --checkpoint {checkpoint} --episodes 1000000 --out {root}/rl11",
+     "--episodes 1000000 is more than the 10000 evaluation episodes"),
+    # A module: actor-critic whose forward cannot take observations: --model, at set-up.
+    ("reliab-actor-critic-forward-takes-no-obs",
+     "train --data gym:CartPole-v1 --model module:factories.NoObs --out {root}/rl8",
+     "--model module:factories.NoObs: --task ppo needs an actor-critic whose forward takes "
+     "one batch of observations, forward(obs) with obs of shape (N, 4)"),
+    ("reliab-actor-critic-forward-needs-more",
+     "train --data gym:CartPole-v1 --model module:factories.TakesMask --out {root}/rl9",
+     "TakesMask.forward(x, mask) cannot be called as forward(obs): missing a required "
+     "argument: 'mask'"),
     # (end of reliab)
     # --- owners ---
     # Issue 33: compare's YAML meets its flags where every command's do (merged_values).

@@ -27,8 +27,7 @@ from pathlib import Path
 from typing import IO, Any, Callable
 
 from .errors import UserError, flag
-from .pathkind import special_kind
-from .pathkind import write_failure
+from .pathkind import os_error_of, special_kind, write_failure
 
 #: Files whose presence means a directory already holds a run.
 RUN_MARKERS = ("checkpoints/last.pt", "metrics.jsonl")
@@ -361,19 +360,67 @@ def write_bytes(path: str | os.PathLike[str], data: bytes, *, replace: bool,
     if not replace or not (path.exists() or path.is_symlink()):
         _written(path, path, data, option)
         return path
+    _refuse_odd(path, option)
+    partial = path.with_name(f".{path.name}.{os.getpid()}.partial")
+    _written(partial, path, data, option)
+    _renamed(partial, path, option)
+    return path
+
+
+def write_file(path: str | os.PathLike[str], write: Callable[[Path], object], *,
+               replace: bool, option: str = "out") -> Path:
+    """:func:`write_bytes` for a file a library writes itself (safetensors'
+    ``save_file``): ``write(partial)`` fills a new file beside ``path``, renamed into
+    place once whole. The same rules: without ``replace`` ``path`` must be new; a full
+    disk is one line (:func:`writing`) and leaves no partial file behind."""
+    path = Path(path)
+    if not replace:
+        new_file(path, option=option).close()  # claimed exclusively (refuses what is there)
+    elif path.exists() or path.is_symlink():
+        _refuse_odd(path, option)
+    partial = path.with_name(f".{path.name}.{os.getpid()}.partial")
+    try:
+        with writing(path, option):
+            new_file(partial, option=option).close()
+            write(partial)
+    except BaseException:
+        partial.unlink(missing_ok=True)
+        if not replace:
+            path.unlink(missing_ok=True)  # the empty file claimed above: this call's own
+        raise
+    _renamed(partial, path, option)
+    return path
+
+
+@contextlib.contextmanager
+def writing(path: str | os.PathLike[str], option: str = "out") -> Any:
+    """Around a write handed to a library (``save_file``, ``save_pretrained``): its OS
+    error, raised or only in its text, is :func:`write_error`'s line naming ``path``."""
+    try:
+        yield
+    except Exception as exc:
+        error = None if isinstance(exc, UserError) else os_error_of(exc)
+        if error is None:
+            raise
+        raise UserError(write_error(path, error, option)) from None
+
+
+def _refuse_odd(path: Path, option: str) -> None:
+    """An existing entry amptrain may replace must be a regular file (its own earlier
+    output): a link, a FIFO, a device or a directory is refused naming ``option``."""
     if path.is_symlink() or not path.is_file():
         kind = "a symbolic link" if path.is_symlink() else \
             "a directory" if path.is_dir() else special_kind(path) or "not a regular file"
         raise UserError(f"{flag(option)}: {path} is {kind}; amptrain writes a file of its "
                         f"own there; move it away or choose another {flag(option)}")
-    partial = path.with_name(f".{path.name}.{os.getpid()}.partial")
-    _written(partial, path, data, option)
+
+
+def _renamed(partial: Path, path: Path, option: str) -> None:
     try:
         os.replace(partial, path)
     except OSError as exc:
         partial.unlink(missing_ok=True)
         raise UserError(write_error(path, exc, option)) from None
-    return path
 
 
 def write_text(path: str | os.PathLike[str], text: str, *, replace: bool,

@@ -7,6 +7,7 @@ the path is (not "no such file" or "an empty directory").
 from __future__ import annotations
 
 import os
+import re
 import stat
 from pathlib import Path
 
@@ -59,3 +60,24 @@ def write_failure(path: str | os.PathLike[str], exc: OSError) -> str:
     reason = f"{exc.strerror or exc}" + (f" ({code})" if code else "")
     where = f" on {disk_of(path)}" if exc.errno in (errno.ENOSPC, errno.EDQUOT) else ""
     return f"cannot write {path}: {reason}{where}"
+
+
+#: How Rust's ``std::io::Error`` shows its OS error: safetensors and tokenizers raise
+#: their own exception types with only this in the text (no errno attribute).
+_RUST_OS_ERROR = re.compile(r"\(os error (\d+)\)")
+
+
+def os_error_of(exc: BaseException) -> OSError | None:
+    """The OS error behind ``exc``: ``exc`` itself, the ``OSError`` it was raised from,
+    or one read from a library's text ("No space left on device (os error 28)"); None
+    for an exception that is not about the file system."""
+    if isinstance(exc, OSError):
+        return exc
+    cause = exc.__cause__ or exc.__context__
+    if isinstance(cause, OSError):
+        return cause
+    found = _RUST_OS_ERROR.search(str(exc))
+    if found is None:
+        return None
+    code = int(found.group(1))
+    return OSError(code, os.strerror(code))

@@ -86,7 +86,8 @@ def _study(config: RunConfig, options: CompareOptions, *, command: str | None,
     # and why goes to study.json's "task" and to the reports.
     result = {"baseline": baseline, "runs": runs,
               "summary": summarise(baseline, precisions, runs, speed, tolerance.value, task)}
-    (out / "compare.json").write_text(json.dumps(result, indent=2) + "\n")
+    # Through the one writer: a full disk is one line, and no half-written report is left.
+    outdir.write_text(out / "compare.json", json.dumps(result, indent=2) + "\n", replace=False)
     study = {
         "command": command, "started": time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(started)),
         "duration_s": round(time.time() - started, 1), "device": str(device),
@@ -103,8 +104,8 @@ def _study(config: RunConfig, options: CompareOptions, *, command: str | None,
         "timing_load": timing_load,
         "memory_method": memory_method(device), "env": collect_env(),
     }
-    (out / "study.json").write_text(json.dumps(study, indent=2) + "\n")
-    write_reports(out)
+    outdir.write_text(out / "study.json", json.dumps(study, indent=2) + "\n", replace=False)
+    write_reports(out, replace=False)  # claimed above: new files, never a report replaced
     return result
 
 

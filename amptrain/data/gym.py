@@ -36,6 +36,7 @@ import numpy as np
 import torch
 
 from ..common.errors import UserError
+from ..config.run import check_eval_episodes
 from .core import DataBundle, DataOptions, TensorData, register
 from .gym_guard import EnvGuard, action_map, describe_spaces, made
 
@@ -49,8 +50,6 @@ NORM_CLIP = 10.0
 #: CleanRL ppo.py (discrete) and ppo_continuous_action.py (continuous).
 DEFAULT_ROLLOUT = {"discrete": (4, 128), "continuous": (1, 2048)}
 DEFAULT_EVAL_EPISODES = 10
-#: The most evaluation episodes a run plays (each is reset up front, then played).
-MAX_EVAL_EPISODES = 10_000
 #: The longest evaluation episode played: environments without a time limit are cut
 #: there (said when the data is built; the task counts cut episodes).
 EVAL_EPISODE_CAP = 10_000
@@ -317,9 +316,7 @@ def gym_data(argument: str, options: DataOptions) -> DataBundle:
                        rollout_steps=options.rollout_steps or steps, vector=vector,
                        space=space, seed=options.seed)
         episodes = options.eval_episodes or DEFAULT_EVAL_EPISODES
-        if episodes > MAX_EVAL_EPISODES:
-            raise UserError(f"--eval-episodes {episodes} is more than the {MAX_EVAL_EPISODES} "
-                            f"evaluation episodes amptrain plays (each is reset up front)")
+        check_eval_episodes(episodes, "--eval-episodes")  # (a caller of build_data's)
         check_rollout_memory(envs)
         if getattr(getattr(env, "spec", None), "max_episode_steps", 1) is None:
             log.warning("--data %s: the environment has no time limit: each evaluation "

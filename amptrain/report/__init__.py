@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from ..common import outdir
 from .context import env_rows
 from .html import render_html
 from .markdown import render_markdown
@@ -39,12 +40,15 @@ __all__ = ["PANELS", "PNG_SIZE", "_COLOURS", "Curves", "Study", "compare_figure"
            "render_markdown", "timing_warning", "write_reports"]
 
 
-def write_reports(out: str | Path) -> dict[str, Path]:
-    """Render report.md, report.html and compare.png into the study directory ``out``."""
+def write_reports(out: str | Path, *, replace: bool = True) -> dict[str, Path]:
+    """Render report.md, report.html and compare.png into the study directory ``out``.
+    ``replace``: a study's own earlier reports are replaced (re-rendering a finished
+    study); a link or anything but a regular file there is refused. Written through the
+    one writer (:mod:`amptrain.common.outdir`): a full disk is one line naming the file."""
     study = load_study(out)
     paths = {"png": study.out / "compare.png", "md": study.out / "report.md",
              "html": study.out / "report.html"}
-    paths["png"].write_bytes(compare_figure(study))
-    paths["md"].write_text(render_markdown(study))
-    paths["html"].write_text(render_html(study))
+    outdir.write_bytes(paths["png"], compare_figure(study), replace=replace)
+    outdir.write_text(paths["md"], render_markdown(study), replace=replace)
+    outdir.write_text(paths["html"], render_html(study), replace=replace)
     return paths

@@ -80,8 +80,22 @@ class EvalResult:
         raise AttributeError(name)
 
 
+class EvaluationStopped(Exception):
+    """A stop signal arrived during an evaluation pass, which was abandoned (the Trainer
+    stops the run with its checkpoint instead of waiting for the pass to end)."""
+
+
+def _never() -> bool:
+    return False
+
+
 class EvalSums:
     """What one evaluation pass keeps on the device between batches (no host sync)."""
+
+    #: Whether the pass is to be abandoned (a stop signal): set by the evaluation loop,
+    #: which asks it between batches; a task whose batch is long to evaluate (ppo's
+    #: episodes) asks it too and raises :class:`EvaluationStopped`.
+    stopping: Callable[[], bool] = staticmethod(_never)
 
     def update(self, outputs: torch.Tensor | None, targets: Any) -> None:  # pragma: no cover
         raise NotImplementedError

@@ -34,9 +34,10 @@ from ..config import given_options
 from ..config.run import PpoOptions
 from ..data.gym import process_world
 from ..common.errors import UserError, flag
-from .base import EvalResult, EvalSums, Metric, Task
 from . import ppo_eval
+from .base import EvalResult, EvalSums, EvaluationStopped, Metric, Task
 from .gan import unwrap
+from .ppo_model import actor_critic_of
 from .step import StepContext, TrainLoop
 from .rollout import (LossSettings, Rollout, distribution, explained_variance,
                       log_prob, log_prob_entropy, ppo_loss)
@@ -74,39 +75,6 @@ def iqm(values: np.ndarray) -> float:
     return float(middle.mean()) if len(middle) else float("nan")
 
 
-def actor_critic_of(model: nn.Module, env: Any) -> tuple[nn.Module, bool]:
-    """Check ``model`` keeps the actor-critic interface (models/actor_critic.py) for the
-    environment ``env``; (the module, whether it has ``log_std``)."""
-    module = unwrap(model)
-    name = type(module).__name__
-    needs = (f"{flag('task')} ppo needs an actor-critic: forward(obs) -> (logits_or_mean, "
-             f"value) with shapes (N, {env.actions}) and (N,)"
-             + ("" if env.discrete else f", and a log_std parameter of {env.actions} values")
-             + f" (e.g. {flag('model')} actor-critic)")
-    params = list(module.parameters())
-    if not params:
-        raise UserError(f"{needs}; the model {name} has no parameters")
-    probe = torch.zeros(2, *env.obs_shape, device=params[0].device)
-    try:
-        with torch.no_grad():
-            out = module(probe)
-    except Exception as exc:  # the model's own error on an observation batch
-        raise UserError(f"{needs}; the model {name} fails on a batch of observations of "
-                        f"shape {tuple(probe.shape)}: {type(exc).__name__}: {exc}") from None
-    if not (isinstance(out, (tuple, list)) and len(out) == 2
-            and all(isinstance(t, torch.Tensor) for t in out)):
-        raise UserError(f"{needs}; the model {name} returns {type(out).__name__}")
-    head, value = out
-    if tuple(head.shape) != (2, env.actions) or value.numel() != 2:
-        raise UserError(f"{needs}; the model {name} returns shapes {tuple(head.shape)} and "
-                        f"{tuple(value.shape)} for 2 observations")
-    log_std = getattr(module, "log_std", None)
-    if not env.discrete and not (isinstance(log_std, torch.Tensor)
-                                 and log_std.numel() == env.actions):
-        raise UserError(f"{needs}; the model {name} has no such log_std")
-    return module, not env.discrete
-
-
 class _Episodes(EvalSums):
     """Deterministic evaluation episodes, played on the host, one per validation sample;
     a batch's episodes side by side (:func:`~.ppo_eval.play_episodes`)."""
@@ -123,8 +91,12 @@ class _Episodes(EvalSums):
 
     def update_batch(self, model: Any, batch: Any) -> None:
         gamma = self.task.settings.get("gamma", SHARED["gamma"])
-        for episode in ppo_eval.play_episodes(self.task.env, model, batch[-1].tolist(),
-                                              self.device, gamma=gamma):
+        # Episodes may be long (10,000 steps): a stop request is heard between steps.
+        episodes = ppo_eval.play_episodes(self.task.env, model, batch[-1].tolist(),
+                                          self.device, gamma=gamma, stopping=self.stopping)
+        if self.stopping():
+            raise EvaluationStopped
+        for episode in episodes:
             self.cut += episode.cut
             self.returns.append(episode.total)
             self.lengths.append(float(episode.length))
@@ -165,6 +137,7 @@ class PpoTask(Task):
         self.stepper: Any = None
         self.rollout: Rollout | None = None
         self.log_std_of: nn.Module | None = None
+        self.model_spec: str | None = None  # the --model given, named by actor_critic_of
 
     # ------------------------------------------------------- learnt from data
     def recipe(self, env: Any) -> dict[str, Any]:
@@ -238,7 +211,9 @@ class PpoTask(Task):
             raise UserError(f"{flag('micro_batch_size')} auto does not apply to {flag('task')} "
                             f"ppo: a step's minibatch is {options['batch_size']} transitions; "
                             f"give {flag('micro_batch_size')} N (a divisor of it) or leave it out")
-        if hasattr(config, "model") and "model" not in given:
+        if hasattr(config, "model") and "model" in given:
+            self.model_spec = str(config.model)
+        elif hasattr(config, "model"):
             options["model"] = DEFAULT_MODEL  # (cnn, for images) -> the built-in actor-critic
         # The recipe's lr, linear annealing, Adam without weight decay and clipping,
         # unless the user gave their own.
@@ -274,7 +249,7 @@ class PpoTask(Task):
     def models(self, model: nn.Module) -> dict[str, nn.Module]:
         if self.env is None:
             raise UserError("the ppo task's learn_from(train_data) was not called before models()")
-        module, continuous = actor_critic_of(model, self.env)
+        module, continuous = actor_critic_of(model, self.env, self.model_spec)
         self.log_std_of = module if continuous else None
         return {"model": model}
 

@@ -33,6 +33,7 @@ from ..precision import NonFiniteHalt, Precision, ResolvedPrecision
 from ..precision.outcome import diagnose_hint
 from .streams import as_dataset
 from ..tasks import EvalResult, Task, resolve_task
+from ..tasks.base import EvaluationStopped
 from ..tasks.step import StepContext
 from .batching import agreement
 from .assembly import assemble_parts, begin_run, placed
@@ -377,14 +378,28 @@ class Trainer(TrainerViews):
         parts = self._ready()
         self.finish_step()
         started = clock.now()
-        result = parts.evaluator.at_step(parts.model, self.step, logger=self.logger,
-                                         final=final, out=self.out)
+        try:
+            result = parts.evaluator.at_step(parts.model, self.step, logger=self.logger,
+                                             final=final, out=self.out,
+                                             stopping=self._stop_now)
+        except EvaluationStopped:
+            # A signal during a long evaluation (many long episodes): stop now with the
+            # checkpoint, as after any step, instead of after the whole pass.
+            self._stopping = self.stop_requested
+            if final:
+                raise self._preempted() from None
+            return
         if result is not None and record:
             self.reporter.record(self, {"step": self.step, "epoch": self.position.step_epoch,
                                         **result.record()})
             self.logger.images(self.step, result.details.get("images") or {})
         # Evaluation time is not training time: keep it out of samples_per_s.
         self.log_interval.pause(clock.now() - started)
+
+    def _stop_now(self) -> bool:
+        """Whether an evaluation pass is abandoned: a signal arrived, and this process
+        alone decides (several must agree at a step: they finish the pass together)."""
+        return self.stop_requested is not None and self.strategy.world_size == 1
 
     def _save(self, path: str | Path | None = None, *, background: bool) -> Path | None:
         """:meth:`save_checkpoint`; ``background``: the file is written on a thread."""

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import contextlib
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import torch
 from torch import nn
@@ -16,15 +16,19 @@ from ..precision import Precision
 from ..config import TrainConfig
 from ..common.forward import LossFn, forward_batch
 from ..tasks import EvalResult, Task
+from ..tasks.base import EvaluationStopped
 from .data import windows_of
 
 
 def evaluate(model: nn.Module, windows: Any, *, precision: Precision, task: Task,
-             strategy: Strategy, logger: RunLogger, loss_fn: Any = None) -> EvalResult:
+             strategy: Strategy, logger: RunLogger, loss_fn: Any = None,
+             stopping: Callable[[], bool] | None = None) -> EvalResult:
     """Mean loss and ``task``'s metrics over ``windows`` (one micro-batch per window).
 
     The loss sum stays on the device in float64 until the pass ends: one read per pass.
-    ``loss_fn`` replaces the task's loss (a caller's own).
+    ``loss_fn`` replaces the task's loss (a caller's own). ``stopping``: asked between
+    batches (and by the task's sums, see :class:`EvalSums`); true abandons the pass with
+    :class:`EvaluationStopped`.
     """
     loss_fn = loss_fn or task.loss
     was_training = model.training
@@ -32,19 +36,25 @@ def evaluate(model: nn.Module, windows: Any, *, precision: Precision, task: Task
     loss_sum = torch.zeros((), device=strategy.device, dtype=torch.float64)
     samples = 0
     sums = task.start_eval(strategy.device)
+    if stopping is not None:
+        sums.stopping = stopping
     logger.bar(len(windows), "eval")
-    with torch.no_grad():
-        for window in windows.epoch(0):
-            for batch, n in zip(window.micro_batches, window.micro_samples):
-                with precision.autocast():
-                    loss, outputs, targets = forward_batch(model, batch, loss_fn)
-                    sums.update_batch(model, batch)
-                loss_sum += loss.detach().double() * n
-                samples += n
-                sums.update(outputs, targets)
-            logger.advance()
-    logger.close_bar()
-    model.train(was_training)
+    try:
+        with torch.no_grad():
+            for window in windows.epoch(0):
+                if sums.stopping():
+                    raise EvaluationStopped
+                for batch, n in zip(window.micro_batches, window.micro_samples):
+                    with precision.autocast():
+                        loss, outputs, targets = forward_batch(model, batch, loss_fn)
+                        sums.update_batch(model, batch)
+                    loss_sum += loss.detach().double() * n
+                    samples += n
+                    sums.update(outputs, targets)
+                logger.advance()
+    finally:
+        logger.close_bar()
+        model.train(was_training)
     total_loss = strategy.reduce_sum(loss_sum).item()
     total = strategy.reduce_sum(torch.tensor(float(samples), device=strategy.device,
                                              dtype=torch.float64)).item()
@@ -64,9 +74,11 @@ class Evaluator:
         self.patches_removed = False       # fit is over: reinstate the patches per pass
 
     def evaluate(self, model: nn.Module, data: Any, *, logger: RunLogger,
-                 write_dir: str | Path | None = None, full: bool = False) -> EvalResult:
+                 write_dir: str | Path | None = None, full: bool = False,
+                 stopping: Callable[[], bool] | None = None) -> EvalResult:
         """The loss and the task's metrics on ``data`` (``--eval-batches`` of it unless
-        ``full``); the task's reports go to ``write_dir`` (rank 0)."""
+        ``full``); the task's reports go to ``write_dir`` (rank 0). ``stopping``: see
+        :func:`evaluate`."""
         per_device = self.config.batching.split(self.strategy.world_size).per_device
         # No gradients to hold: one pass per per-device batch.
         sample = None if full else self.config.logging.eval_batches
@@ -75,15 +87,18 @@ class Evaluator:
                              sample_batches=sample)
         with self.precision.installed() if self.patches_removed else contextlib.nullcontext():
             result = evaluate(model, windows, precision=self.precision, task=self.task,
-                              strategy=self.strategy, logger=logger, loss_fn=self.loss_fn)
+                              strategy=self.strategy, logger=logger, loss_fn=self.loss_fn,
+                              stopping=stopping)
         if write_dir is not None and self.strategy.is_main:
             result.write(write_dir)
         return result
 
     def at_step(self, model: nn.Module, step: int, *, logger: RunLogger, final: bool,
-                out: Path | None) -> EvalResult | None:
+                out: Path | None, stopping: Callable[[], bool] | None = None
+                ) -> EvalResult | None:
         """The evaluation of the loop at ``step``; None when the final pass reuses the
-        ``--eval-every`` pass of the same step (its reports are written again)."""
+        ``--eval-every`` pass of the same step (its reports are written again).
+        ``stopping``: see :func:`evaluate`."""
         write_dir = out / "eval" if (final and out is not None) else None
         full = final and self.config.logging.final_eval_full
         if final and not full and self.last is not None and self.last_step == step:
@@ -93,6 +108,6 @@ class Evaluator:
                 self.last.write(write_dir)
             return None
         self.last = self.evaluate(model, self.val_data, logger=logger, write_dir=write_dir,
-                                  full=full)
+                                  full=full, stopping=stopping)
         self.last_step = step
         return self.last

@@ -15,8 +15,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
-import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -96,31 +94,36 @@ def cast_state(state: dict[str, torch.Tensor], dtype: str) -> dict[str, torch.Te
     return out
 
 
-def _replace(write: Any, target: Path) -> Path:
-    """Write through ``write(temporary path)`` then rename: no half-written file remains."""
-    with tempfile.TemporaryDirectory(dir=target.parent) as scratch:
-        partial = Path(scratch) / target.name
-        write(partial)
-        os.replace(partial, target)
-    return target
-
-
 def write_safetensors(out_dir: str | Path, state: dict[str, torch.Tensor],
                       info: dict[str, Any], *, dtype: str = "fp32", source: str | None = None,
-                      step: int | None = None) -> Path:
-    """``out_dir/model.safetensors`` and ``out_dir/model.json``."""
+                      step: int | None = None, replace: bool = True) -> Path:
+    """``out_dir/model.safetensors`` and ``out_dir/model.json``, through the one writer
+    (:func:`amptrain.common.outdir.write_file`): whole or not at all, a full disk in one
+    line. ``replace``: files there may be replaced (a resumed run's own earlier export)."""
     st = _safetensors()
     out_dir = Path(out_dir)
     unique, aliases = _aliases(cast_state(state, dtype))
     unique = {k: v.contiguous() for k, v in unique.items()}
     metadata = {"format": "pt", "amptrain_model": str(info.get("model")),
                 "amptrain_aliases": json.dumps(aliases)}
-    target = _replace(lambda p: st.save_file(unique, str(p), metadata=metadata),
-                      out_dir / SAFETENSORS_NAME)
+    target = outdir.write_file(out_dir / SAFETENSORS_NAME,
+                               lambda p: st.save_file(unique, str(p), metadata=metadata),
+                               replace=replace)
     description = model_info(info, dtype=dtype, source=source, step=step, aliases=aliases)
-    _replace(lambda p: p.write_text(json.dumps(description, indent=2) + "\n"),
-             out_dir / INFO_NAME)
+    outdir.write_text(out_dir / INFO_NAME, json.dumps(description, indent=2) + "\n",
+                      replace=replace)
     return target
+
+
+def _exported(model: nn.Module, out_dir: Path, state: dict[str, torch.Tensor],
+              info: dict[str, Any]) -> Path:
+    """The model's own format by its hook (hf/, model.keras), which writes beside and
+    renames; a full disk there is the one writer's line naming what it was writing."""
+    export = exporter_of(model)
+    assert export is not None  # the model names a format
+    format = export_format_of(model)
+    with outdir.writing(out_dir / TARGETS.get(str(format), (str(format),))[0]):
+        return export(out_dir, state, info)
 
 
 def load_safetensors(path: str | Path) -> dict[str, torch.Tensor]:
@@ -178,11 +181,10 @@ def export_trained(out_dir: str | Path, model: nn.Module, state: dict[str, torch
                         "elsewhere with amptrain export --format %s --out DIR", out_dir,
                         ", ".join(taken), format, format)
         elif format == "safetensors":
-            written.append(write_safetensors(out_dir, state, info, step=step))
+            written.append(write_safetensors(out_dir, state, info, step=step,
+                                             replace=replace))
         elif format == export_format_of(model):
-            export = exporter_of(model)
-            assert export is not None  # it names a format
-            written.append(export(out_dir, state, info))
+            written.append(_exported(model, out_dir, state, info))
     return [p for p in written if p is not None]
 
 
@@ -235,9 +237,6 @@ def export_checkpoint(checkpoint: str | Path, format: str, out: str | Path | Non
     info = {**run, "step": step}
     if format == "safetensors":
         written = write_safetensors(out_dir, weights, info, dtype=dtype, source=str(path),
-                                    step=step)
+                                    step=step, replace=False)
         return out_dir, [written, out_dir / INFO_NAME]
-
-    export = exporter_of(model)
-    assert export is not None  # its format is in export_formats
-    return out_dir, [export(out_dir, cast_state(weights, dtype), info)]
+    return out_dir, [_exported(model, out_dir, cast_state(weights, dtype), info)]

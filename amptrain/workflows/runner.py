@@ -27,7 +27,7 @@ from ..precision import ResolvedPrecision, resolve_precision
 from ..tasks import EvalResult, Task, data_task, decide_task as choose_task, output_noun
 from ..trainer import FitResult, Trainer
 from ..trainer.evaluation import Evaluator
-from ..data.gym import MAX_EVAL_EPISODES
+from ..config.run import check_eval_episodes
 
 
 def model_inputs(data: DataBundle) -> ModelInputs:
@@ -183,9 +183,7 @@ def run_evaluation(*, checkpoint_path: str, data: str | None, precision: str, ou
     if episodes is not None and episodes < 1:
         raise UserError(f"--episodes must be >= 1 (got {episodes})")
 
-    if episodes is not None and episodes > MAX_EVAL_EPISODES:
-        raise UserError(f"--episodes {episodes} is more than the {MAX_EVAL_EPISODES} "
-                        f"evaluation episodes amptrain plays (each is reset up front)")
+    check_eval_episodes(episodes, "--episodes")
     # Before anything is read: one line, no report lost; locked: one eval per --out.
     outdir.claim_locked(out, outdir.EVAL_OUTPUTS)
     saved = open_run(checkpoint_path)

@@ -230,3 +230,18 @@ def test_writing_the_run_or_forgetting_drops_the_verdict(tmp_path):
             _check(other)
     finally:
         outdir.release(other)
+
+
+def test_a_write_handed_to_a_library_says_its_os_error_in_one_line(tmp_path):
+    # The export hooks (save_pretrained, Keras' save) write under outdir.writing.
+    target = tmp_path / "hf"
+    with cli_spelling(), pytest.raises(UserError) as error:
+        with outdir.writing(target):
+            raise RuntimeError("I/O error: No space left on device (os error 28)")
+    assert str(error.value).startswith(f"cannot write {target}: No space left on device "
+                                       f"(ENOSPC) on the disk mounted at ")
+    assert str(error.value).endswith("choose another --out) and run the command again")
+    with pytest.raises(UserError, match="already said"), outdir.writing(target):
+        raise UserError("already said")
+    with pytest.raises(TypeError, match="not about files"), outdir.writing(target):
+        raise TypeError("not about files")

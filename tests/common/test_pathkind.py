@@ -1,9 +1,10 @@
 """pathkind.py: what a path given as a file really is."""
 from __future__ import annotations
 
+import errno
 import os
 
-from amptrain.common.pathkind import not_regular_reason, special_kind
+from amptrain.common.pathkind import not_regular_reason, os_error_of, special_kind
 
 
 def test_special_files_are_named_and_regular_ones_are_not(tmp_path):
@@ -64,3 +65,22 @@ def test_train_on_a_full_small_file_system_is_one_line(tmp_path):
         assert sorted(p.name for p in (disk / "run").iterdir()) == []  # no empty config.yaml
     finally:
         subprocess.run(["umount", str(disk)], capture_output=True)
+
+
+def test_the_os_error_behind_a_librarys_exception_is_found():
+    own = OSError(errno.ENOSPC, "No space left on device")
+    assert os_error_of(own) is own
+    try:
+        try:
+            raise own
+        except OSError as exc:
+            raise RuntimeError("saving failed") from exc
+    except RuntimeError as wrapped:
+        assert os_error_of(wrapped) is own
+    # safetensors' (Rust's) own exception: the OS error only in its text.
+    rust = os_error_of(ValueError("Error while serializing: I/O error: No space left on "
+                                  "device (os error 28)"))
+    assert rust is not None and rust.errno == errno.ENOSPC
+    assert rust.strerror == os.strerror(errno.ENOSPC)
+    assert os_error_of(ValueError("shape mismatch: (os error)")) is None
+    assert os_error_of(KeyError("w")) is None

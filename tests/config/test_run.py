@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from amptrain.config import RunConfig, TrainConfig, config_fields
-from amptrain.config.run import MAX_SEQ_LEN
-from amptrain.common.errors import UserError
+from amptrain.config.run import MAX_EVAL_EPISODES, MAX_SEQ_LEN
+from amptrain.common.errors import UserError, cli_spelling
 
 
 def test_run_config_adds_model_data_and_validation_share():
@@ -64,3 +64,15 @@ def test_seq_len_is_bounded():
     assert RunConfig.from_options(data="text:x", seq_len=MAX_SEQ_LEN).seq_len == MAX_SEQ_LEN
     with pytest.raises(UserError, match="over the limit"):
         RunConfig.from_options(data="text:x", seq_len=MAX_SEQ_LEN + 1)
+
+
+def test_eval_episodes_is_bounded_where_declared():
+    # Issue 48: refused with the options, before any command prints, claims --out or
+    # builds an environment (compare used to say its timing line first).
+    assert RunConfig.from_options(data="gym:CartPole-v1", eval_episodes=MAX_EVAL_EPISODES
+                                  ).gym.eval_episodes == 10_000
+    with pytest.raises(UserError, match="^eval_episodes 10001 is more than the 10000 "
+                                        "evaluation episodes amptrain plays"):
+        RunConfig.from_options(data="gym:CartPole-v1", eval_episodes=10_001)
+    with cli_spelling(), pytest.raises(UserError, match="^--eval-episodes 1000000 is more"):
+        RunConfig.from_options(data="gym:CartPole-v1", eval_episodes=1_000_000)

@@ -5,6 +5,8 @@ Each is tiny (2 observed values, a few steps) so a run on it takes well under a 
 """
 from __future__ import annotations
 
+import os
+import signal
 from typing import Any
 
 import gymnasium as gym
@@ -103,6 +105,21 @@ class Endless(Tiny):
         return obs, reward, False, truncated, info
 
 
+class SignalsInEval(Tiny):
+    """Sends its own process SIGTERM when the second evaluation episode starts to be
+    played (its second reset with that episode's seed: the first is made up front when
+    the data is built)."""
+
+    starts = 0
+
+    def reset(self, *, seed: int | None = None, options: Any = None) -> Any:
+        if seed == 1_000_001:  # data/gym.py EVAL_SEED + 1
+            type(self).starts += 1
+            if type(self).starts == 2:
+                os.kill(os.getpid(), signal.SIGTERM)
+        return super().reset(seed=seed, options=options)
+
+
 class NeedsPygame(Tiny):
     def __init__(self, **_: Any) -> None:
         raise gym.error.DependencyNotInstalled(
@@ -110,7 +127,7 @@ class NeedsPygame(Tiny):
 
 
 for _name in ("StartAt5", "NanObs", "InfReward", "StepRaises", "ResetRaises", "OldApi",
-              "WrongShape", "ZeroD", "NeedsPygame"):
+              "WrongShape", "ZeroD", "NeedsPygame", "SignalsInEval"):
     gym.register(f"{_name}-v0", entry_point=f"{__name__}:{_name}", max_episode_steps=50,
                  disable_env_checker=True)
 gym.register("Endless-v0", entry_point=f"{__name__}:Endless", disable_env_checker=True)

@@ -274,8 +274,28 @@ LIBRARY_HOSTILE = [
     # gym: data says it is the ppo task's (task auto); the module here is no actor-critic.
     ("ppo-model-not-an-actor-critic", {}, lambda d, m: dict(
         model=m, train_data=__import__("amptrain.data").data.build_data("gym:CartPole-v1").train),
-     "task ppo needs an actor-critic: forward(obs) -> (logits_or_mean, value)"),
+     "model (Sequential): task ppo needs an actor-critic whose forward takes one batch of "
+     "observations, forward(obs) with obs of shape (N, 4)"),
     # (end of ppo)
+    # --- reliab (issue 48) ---
+    # An actor-critic whose forward cannot take observations: named by its signature.
+    ("ppo-actor-critic-forward-takes-no-obs", {}, lambda d, m: dict(
+        model=_NoObs(), train_data=__import__("amptrain.data").data.build_data(
+            "gym:CartPole-v1").train),
+     "model (_NoObs): task ppo needs an actor-critic whose forward takes one batch of "
+     "observations"),
+    # Class 7: an optimizer over other parameters than the model's never trained it.
+    ("optimizer-over-other-parameters", {}, lambda d, m: dict(
+        model=m, train_data=d, optimizer=torch.optim.SGD(_mlp3().parameters(), lr=0.1)),
+     "optimizer holds 4 of 4 parameters that are not the model's"),
+    # Class 9: samples the model cannot take are the data's fault, said at the first batch.
+    ("dataset-samples-the-model-cannot-take", {}, lambda d, m: dict(
+        model=m, train_data=TensorData(torch.zeros(200, 7), d.tensors[1])),
+     "the model fails on the first batch of the training data (inputs (2, 7) float32"),
+    # Class 8: a NUL byte in a path is one line, not os.stat's ValueError.
+    ("out-with-a-nul-byte", dict(out="runs/x\0y"), lambda d, m: dict(model=m, train_data=d),
+     "out holds a NUL byte (got 'runs/x\\x00y')"),
+    # (end of reliab)
     # --- rlstats ---
     # (end of rlstats)
     # --- precsplit ---
@@ -302,6 +322,17 @@ class _Keyword(nn.Module):
 
     def forward(self, x: torch.Tensor, labels: torch.Tensor | None = None) -> torch.Tensor:
         return self.linear(x)
+
+
+class _NoObs(nn.Module):
+    """An actor-critic whose forward takes no observations (a ppo model's mistake)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.linear = nn.Linear(4, 3)
+
+    def forward(self) -> torch.Tensor:
+        return self.linear.weight
 
 
 @pytest.mark.parametrize("name,options,arguments,fragment", LIBRARY_HOSTILE,

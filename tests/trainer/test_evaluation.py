@@ -83,3 +83,23 @@ def test_the_pass_runs_under_the_precisions_autocast():
     model.head.register_forward_hook(lambda module, args, out: seen.append(out.dtype))
     result = _evaluate(model, _windows(data, 64), precision="bf16-mixed")
     assert seen == [torch.bfloat16] and result.samples == 64
+
+
+def test_a_stop_asked_for_abandons_the_pass_between_batches_with_the_mode_back():
+    # A signal during a long evaluation: the Trainer's stopping() turns true, the pass
+    # ends at the next batch (EvaluationStopped) instead of after the last one.
+    from amptrain.tasks.base import EvaluationStopped
+
+    data = tiny_classification(n=100)
+    model = _Watched().train()
+    asked = []
+
+    def stopping() -> bool:
+        asked.append(len(model.modes))
+        return len(model.modes) >= 2  # after two of the five batches
+
+    with pytest.raises(EvaluationStopped):
+        _evaluate(model, _windows(data, 20), stopping=stopping)
+    assert model.modes == [False, False] and model.training  # two batches, mode put back
+    assert asked == [0, 1, 2]
+    assert _evaluate(model, _windows(data, 20), stopping=lambda: False).samples == 100

@@ -8,6 +8,8 @@ from __future__ import annotations
 import logging
 import os
 import signal
+import subprocess
+import sys
 import threading
 import time
 from types import SimpleNamespace
@@ -140,3 +142,25 @@ def test_exit_codes_and_the_preempted_error():
     assert error.exit_code == 130
     assert "checkpoint runs/a/checkpoints/last.pt written; continue with --resume auto" \
         in str(error)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(120)
+def test_a_signal_during_a_long_evaluation_stops_the_run_without_finishing_it(tmp_path):
+    # Issue 48: 5,000 evaluation episodes (the bound is 10,000, of up to 10,000 steps
+    # each) were played to the end after SIGTERM, past a cluster's grace period. The
+    # environment signals its own run as the second evaluation episode starts.
+    pytest.importorskip("gymnasium")
+    from tests.commands.helpers import REPO
+
+    out = tmp_path / "run"
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
+    result = subprocess.run(
+        [sys.executable, "-m", "amptrain", "train", "--data",
+         "gym:tests.data.hostile_envs:SignalsInEval-v0", "--env-steps", "1024",
+         "--eval-episodes", "5000", "--out", str(out), "--no-progress", "--logger", "none"],
+        capture_output=True, text=True, env=env, timeout=110, cwd=tmp_path)
+    assert result.returncode == 143, result.stderr
+    assert "stopped by SIGTERM after step 16; checkpoint" in result.stderr
+    assert "val_return" not in (out / "metrics.jsonl").read_text()  # abandoned, not logged
+    assert (out / "checkpoints" / "last.pt").is_file()
