@@ -27,7 +27,7 @@ from ..data import DataBundle
 from ..precision.hardware.devices import resolve_device
 from ..common.errors import AmptrainWarning, UserError
 from ..common.forward import LossFn
-from ..precision import NonFiniteHalt
+from ..precision import NonFiniteHalt, Precision
 from ..precision.outcome import diagnosing
 from ..precision.hardware.advice import emulation_warning, range_safe_choice
 from ..precision.hardware.support import device_features, supported_precisions
@@ -150,6 +150,10 @@ def loss_name(task: Task | None, loss_id: int | None) -> str | None:
     return names.get(loss_id, f"loss {loss_id}")
 
 
+#: The precisions every diagnosis runs (``auto``: none asked for); ``--precision`` naming
+#: another (``plan:FILE``, ``fp8``, ``mxfp4``...) adds a run of it to the report.
+DIAGNOSED = ("auto", "32-true", "16-mixed", "bf16-mixed")
+
 #: The most steps per diagnosis run: overflow shows within tens of steps, and a mistyped
 #: count would run silently until killed.
 MAX_STEPS = 10_000
@@ -180,6 +184,11 @@ def diagnose(config: TrainConfig, steps: int = 20, *, data: DataBundle | None = 
         # run.config: with what the task decides (PPO's minibatch from its rollout).
         config, data, model, task = run.config, run.data, run.model, run.task
     initial = copy.deepcopy(model)
+    asked = config.precision.name
+    if asked not in DIAGNOSED:   # a wrong plan file or format fails before the runs
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", AmptrainWarning)
+            Precision(asked, device=resolve_device(config.device))
 
     def record_ranges(trainer: Trainer) -> RangeRecorder:
         assert trainer.model is not None  # attached after setup()
@@ -233,6 +242,12 @@ def diagnose(config: TrainConfig, steps: int = 20, *, data: DataBundle | None = 
         bf16_run, _ = run_steps(config, data, copy.deepcopy(initial), steps, "bf16-mixed",
                                 task=task, loss_fn=loss_fn)
 
+    # --precision (a plan, fp8, an MX format...): its own run next to the fixed ones.
+    asked_run = None
+    if asked not in DIAGNOSED:
+        asked_run, _ = run_steps(config, data, copy.deepcopy(initial), steps, asked,
+                                 task=task, loss_fn=loss_fn)
+
     for name, s in stats.items():
         island = _in_island(name, islands)
         casts = name in modules and _casts_inputs_to_half(modules[name])
@@ -263,7 +278,9 @@ def diagnose(config: TrainConfig, steps: int = 20, *, data: DataBundle | None = 
                              "loss": loss_name(task, first.loss_id)} if first else None),
         "runs": {"32-true": stats_run.to_json(), "16-mixed": fp16_run.to_json(),
                  "16-mixed-recommended": verified.to_json(),
-                 "bf16-mixed": bf16_run.to_json() if bf16_run else None},
+                 "bf16-mixed": bf16_run.to_json() if bf16_run else None,
+                 **({asked: asked_run.to_json()} if asked_run else {})},
+        "asked_precision": asked if asked_run else None,
         "recommendations": {
             "init_scale": scale["init_scale"],
             "min_scale": verify_options.get("min_scale"),

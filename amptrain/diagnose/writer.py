@@ -32,6 +32,9 @@ def summary_lines(report: dict[str, Any]) -> list[str]:
     else:
         lines.append(f"16-mixed: no non-finite values in {fp16['steps']} steps")
     lines += overflow_lines(recs)
+    asked = report.get("asked_precision")
+    if asked:
+        lines.append(_asked_line(asked, report["runs"][asked]))
     fp32 = report["runs"]["32-true"]
     if fp32["skipped_steps"]:
         lines.append(f"32-true itself had {fp32['skipped_steps']} non-finite steps of "
@@ -218,6 +221,19 @@ def _part_and_loss(first: dict[str, Any]) -> str:
                      if first.get("phase") == "backward"
                      else f"computing {loss} (loss_id {loss_id})")
     return (" " + ", ".join(words)) if words else ""
+
+
+def _asked_line(name: str, run: dict[str, Any]) -> str:
+    """The run of ``--precision`` (a plan, a low-bit format): clean, or where it broke."""
+    first = run["first_nonfinite"]
+    if run["halted"]:
+        return f"{name}: halted after {run['steps']} steps: {run['halted']}"
+    if first:
+        return (f"{name}: first non-finite in module '{first['module']}' ({first['phase']}) "
+                f"at step {first['step']}; {run['skipped_steps']} of {_steps(run)} skipped")
+    if run["skipped_steps"]:
+        return f"{name}: {run['skipped_steps']} of {_steps(run)} skipped"
+    return f"{name}: no non-finite values in {run['steps']} steps"
 
 
 def _steps(run: dict[str, Any]) -> str:

@@ -62,3 +62,31 @@ def test_an_own_loops_halt_names_the_module_and_the_library_entry_point():
     assert "amptrain diagnose`" not in message
     prec.teardown()
     assert not model._forward_pre_hooks  # the kept-inputs hook goes with teardown
+
+
+def test_a_precision_plan_is_diagnosed_beside_the_fixed_runs(tmp_path, capsys):
+    from collections import OrderedDict
+
+    from amptrain.common.errors import UserError
+
+    torch.manual_seed(0)
+    model = nn.Sequential(OrderedDict(inp=nn.Linear(8, 32), act=nn.Tanh(),
+                                      mid=nn.Linear(32, 32), out=nn.Linear(32, 3)))
+    plan = tmp_path / "plan.yaml"
+    plan.write_text("layers:\n  mid: mxfp4\n  out: bf16\n")
+    name = f"plan:{plan}"
+    report = amptrain.diagnose_model(model, _batches(), steps=3, device="cpu", batch_size=32,
+                                     scheduler="none", precision=name)
+    assert report["asked_precision"] == name
+    assert set(report["runs"]) == {"32-true", "16-mixed", "16-mixed-recommended",
+                                   "bf16-mixed", name}
+    run = report["runs"][name]
+    assert run["steps"] == 3 and run["skipped_steps"] == 0 and run["halted"] is None
+    assert f"{name}: no non-finite values in 3 steps" in capsys.readouterr().out
+    # a fixed run asked for adds nothing; a malformed plan is one line naming the format
+    assert amptrain.diagnose_model(model, _batches(), steps=1, device="cpu", batch_size=32,
+                                   precision="16-mixed", quiet=True)["asked_precision"] is None
+    plan.write_text("layers:\n  mid: mxfp5\n")
+    with pytest.raises(UserError, match="mxfp5"):
+        amptrain.diagnose_model(model, _batches(), steps=1, device="cpu", batch_size=32,
+                                precision=name, quiet=True)
