@@ -17,6 +17,11 @@ rungs can be compared on any device:
 * ``bytes_per_param``: their sum over the model's parameter count.
 * ``lowbit_flops_share``: the share of the plain Linear layers' matmul FLOPs (per token)
   that run in a low-bit format (0 outside the low-bit modes and precision plans).
+* ``est_matmul_speedup_h100`` / ``est_matmul_speedup_b200``: for a low-bit mode or plan,
+  the Linear GEMMs' bf16 time over their time in the run's formats at each GPU's published
+  dense peak rates -- an **estimate** (:mod:`amptrain.precision.hardware.peak_rates`: the
+  rest of the step not counted); None outside the low-bit modes and where the GPU has no
+  hardware for a format (MXFP4 on an H100).
 """
 from __future__ import annotations
 
@@ -27,11 +32,13 @@ from torch import nn
 
 from ..precision import Precision
 from ..precision.lowbit import lowbit_bytes
-from ..precision.precision_plan import lowbit_flops_share
+from ..precision.hardware.peak_rates import speed_estimates
+from ..precision.precision_plan import linear_flops, lowbit_flops_share
 
 #: The ladder's fields, in compare.json's order.
 LADDER_FIELDS = ("weights_bytes", "grad_bytes", "master_bytes", "optimizer_state_bytes",
-                 "bytes_per_param", "lowbit_flops_share")
+                 "bytes_per_param", "lowbit_flops_share", "est_matmul_speedup_h100",
+                 "est_matmul_speedup_b200")
 
 
 def inner_tensors(value: Any) -> list[torch.Tensor]:
@@ -76,7 +83,23 @@ def memory_ladder(model: nn.Module, optimizer: torch.optim.Optimizer,
     count = sum(p.numel() for p in model_params)
     lowbit = precision.float8_plan.convert if precision is not None \
         and precision.float8_plan is not None else []
+    estimates = _speed_estimates(model, precision, lowbit)
     return {"weights_bytes": weights, "grad_bytes": grads, "master_bytes": masters,
             "optimizer_state_bytes": state,
             "bytes_per_param": (weights + grads + masters + state) / count if count else None,
-            "lowbit_flops_share": lowbit_flops_share(model, lowbit)}
+            "lowbit_flops_share": lowbit_flops_share(model, lowbit),
+            "est_matmul_speedup_h100": estimates.get("H100"),
+            "est_matmul_speedup_b200": estimates.get("B200")}
+
+
+def _speed_estimates(model: nn.Module, precision: Precision | None,
+                     lowbit: list[str]) -> dict[str, float | None]:
+    """The peak-rate estimates for the low-bit layers in their formats (a plan's own per
+    layer; a low-bit mode's name for all of them); nothing without a low-bit layer."""
+    if precision is None or not lowbit:
+        return {}
+    plan = precision.mode.plan
+    formats = plan.formats if plan is not None else {}
+    chosen = {name: formats.get(name, precision.mode.name) for name in lowbit}
+    return {gpu: None if value is None else round(value, 3)
+            for gpu, value in speed_estimates(linear_flops(model), chosen).items()}

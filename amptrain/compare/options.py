@@ -25,6 +25,7 @@ log = logging.getLogger("amptrain")
 SUMMARY_FIELDS = ("precision", "samples_per_s", "speedup", "step_time_ms", "peak_mem_bytes",
                   "mem_ratio", "weights_bytes", "grad_bytes", "master_bytes",
                   "optimizer_state_bytes", "bytes_per_param", "lowbit_flops_share",
+                  "est_matmul_speedup_h100", "est_matmul_speedup_b200",
                   "val_acc_mean", "val_acc_std", "delta_acc_pp", "final_loss_mean",
                   "skipped_steps", "speedup_low", "speedup_high", "timing_reliable",
                   "timing_note", "verdict", "data_wait_frac")

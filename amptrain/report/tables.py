@@ -40,6 +40,8 @@ def recommendation(summary: list[dict[str, Any]], baseline: str, tolerance_pp: f
     sentence = _recommendation(summary, baseline, tolerance_pp, emulated)
     rung = memory_rung(summary, baseline, emulated)
     sentence = f"{sentence} {rung}" if rung else sentence
+    estimate = speed_estimate(summary)
+    sentence = f"{sentence} {estimate}" if estimate else sentence
     slow = [r["precision"] for r in summary if is_emulated(r["precision"], emulated)]
     if not slow:
         return sentence
@@ -47,6 +49,23 @@ def recommendation(summary: list[dict[str, Any]], baseline: str, tolerance_pp: f
     return (f"{sentence} {names} {'is' if len(slow) == 1 else 'are'} only emulated on this "
             f"device (no hardware for that format): {'its' if len(slow) == 1 else 'their'} "
             f"speed here says nothing about hardware that has it.")
+
+
+def speed_estimate(summary: list[dict[str, Any]]) -> str | None:
+    """The low-bit rows' estimated matmul speedups on named GPUs (compare.json's
+    ``est_matmul_speedup_*``: published dense peak rates, never measured), in one sentence;
+    None when no row runs a low-bit layer."""
+    parts = []
+    for row in summary:
+        gpus = [f"{value:.2f}x on {gpu.upper()}" for gpu in ("h100", "b200")
+                if (value := row.get(f"est_matmul_speedup_{gpu}")) is not None]
+        if row.get("lowbit_flops_share"):
+            parts.append(f"{row['precision']} {' and '.join(gpus) or 'no GPU listed'} "
+                         f"({100 * row['lowbit_flops_share']:.0f} % of the Linear FLOPs)")
+    if not parts:
+        return None
+    return ("Estimated Linear-matmul speedup over bf16 at published peak rates (an "
+            f"estimate, not measured; the rest of the step not counted): {'; '.join(parts)}.")
 
 
 def memory_rung(summary: list[dict[str, Any]], baseline: str,

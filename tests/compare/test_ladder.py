@@ -48,7 +48,8 @@ def test_each_rung_counts_exact_bytes(mode, rule, per_param):
     assert ladder == {"weights_bytes": weights, "grad_bytes": grads, "master_bytes": masters,
                       "optimizer_state_bytes": state + STEPS,
                       "bytes_per_param": (weights + grads + masters + state + STEPS) / N,
-                      "lowbit_flops_share": ladder["lowbit_flops_share"]}
+                      "lowbit_flops_share": ladder["lowbit_flops_share"],
+                      "est_matmul_speedup_h100": None, "est_matmul_speedup_b200": None}
     assert ladder["lowbit_flops_share"] in (0.0, None)   # no low-bit layer in these modes
     assert tuple(ladder) == LADDER_FIELDS
 
@@ -83,7 +84,8 @@ def test_a_study_reports_the_ladder_per_row(tmp_path):
     for row in rows.values():
         assert list(row) == SUMMARY_FIELDS
         assert all(row[k] > 0 for k in LADDER_FIELDS
-                   if k not in ("master_bytes", "lowbit_flops_share"))
+                   if k not in ("master_bytes", "lowbit_flops_share", "est_matmul_speedup_h100",
+                                "est_matmul_speedup_b200"))
     fp32, kahan, stochastic = rows.values()
     # The cnn's BatchNorm stays fp32: a few parameters are not halved (nor compensated).
     assert 0.5 * fp32["weights_bytes"] < kahan["weights_bytes"] < 0.55 * fp32["weights_bytes"]
@@ -127,3 +129,56 @@ def test_low_bit_rungs_count_the_weight_copy_and_its_scales(mode, copy_bytes):
     # the middle Linear's 128x128 of the 32x128 + 128x128 + 128x8 multiply-adds per token
     assert low["lowbit_flops_share"] == pytest.approx(128 * 128 / (32 * 128 + 128 * 128 + 128 * 8))
     assert base["lowbit_flops_share"] == 0.0
+
+
+def _lowbit_ladder(mode: str) -> dict:
+    import warnings
+
+    from amptrain.common.errors import AmptrainWarning
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(64, 128), nn.ReLU(), nn.Linear(128, 128), nn.ReLU(),
+                          nn.Linear(128, 8))
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", AmptrainWarning)
+        precision = Precision(mode, device="cpu")
+        model, optimizer = precision.setup(model, optimizer)
+    with precision.autocast():
+        loss = model(torch.randn(4, 64)).float().sum()
+    precision.backward(loss)
+    precision.step(optimizer)
+    return memory_ladder(model, optimizer, precision)
+
+
+def test_lowbit_rows_carry_peak_rate_estimates_per_gpu(tmp_path):
+    # the default rules convert the 128x128 layer: 16384 of 8192 + 16384 + 1024 FLOPs
+    share = 16384 / (8192 + 16384 + 1024)
+    fp8, mx = _lowbit_ladder("fp8"), _lowbit_ladder("mxfp4")
+    assert fp8["lowbit_flops_share"] == mx["lowbit_flops_share"] == pytest.approx(share)
+    # bf16 time over mixed time: (1 - share) / bf16 + share / format, both GPUs' rates
+    assert fp8["est_matmul_speedup_h100"] == round(1 / (1 - share + share * 989 / 1979), 3)
+    assert fp8["est_matmul_speedup_b200"] == round(1 / (1 - share + share / 2), 3)
+    assert mx["est_matmul_speedup_h100"] is None       # no MXFP4 hardware on an H100
+    assert mx["est_matmul_speedup_b200"] == round(1 / (1 - share + share / 4), 3)
+    # a plan: each layer in its own format
+    plan = tmp_path / "plan.yaml"
+    plan.write_text("layers:\n  '0': fp8\n  '2': mxfp4\n")
+    mixed = _lowbit_ladder(f"plan:{plan}")
+    first = 8192 / (8192 + 16384 + 1024)
+    assert mixed["est_matmul_speedup_b200"] == round(
+        1 / (1 - first - share + first / 2 + share / 4), 3)
+    assert mixed["est_matmul_speedup_h100"] is None
+
+
+def test_the_recommendation_says_the_estimates_as_estimates():
+    from amptrain.report.tables import speed_estimate
+
+    rows = [{"precision": "bf16-mixed", "lowbit_flops_share": 0.0},
+            {"precision": "mxfp4", "lowbit_flops_share": 0.64,
+             "est_matmul_speedup_h100": None, "est_matmul_speedup_b200": 1.923}]
+    line = speed_estimate(rows)
+    assert line is not None and "an estimate, not measured" in line
+    assert "mxfp4 1.92x on B200 (64 % of the Linear FLOPs)" in line
+    assert "bf16-mixed" not in line
+    assert speed_estimate(rows[:1]) is None
