@@ -5,7 +5,6 @@ and Lightning callbacks) and does the rest -- attach on sampled steps, read, wri
 from __future__ import annotations
 
 import dataclasses
-
 import warnings
 from collections.abc import Callable, Sequence
 from pathlib import Path
