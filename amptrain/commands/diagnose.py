@@ -14,7 +14,7 @@ HELP = "find which modules overflow or underflow in fp16 and what to do about it
 log = logging.getLogger("amptrain")
 
 #: Train options that make no sense for a fixed number of diagnosis steps.
-_NOT_FLAGS = {"precision", "epochs", "max_steps", "resume", "save_every", "keep_last",
+_NOT_FLAGS = {"epochs", "max_steps", "resume", "save_every", "keep_last",
               "eval_every", "log_every", "compile", "strategy"}
 
 

@@ -158,7 +158,9 @@ MAX_STEPS = 10_000
 def diagnose(config: TrainConfig, steps: int = 20, *, data: DataBundle | None = None,
              model: nn.Module | None = None, task: Task | None = None,
              loss_fn: LossFn | None = None) -> dict[str, Any]:
-    """Run the four diagnosis runs and build the report (a JSON-ready dict).
+    """Run the four diagnosis runs and build the report (a JSON-ready dict). A
+    ``config.precision`` other than auto and those four (``plan:FILE``, a low-bit format)
+    gets a fifth run from the same weights: ``report["runs"]["given"]``.
 
     ``config`` (a :class:`RunConfig`) names the model and data, built with
     :func:`~amptrain.workflows.runner.assemble` (with the task the model or data picks), unless
@@ -232,6 +234,13 @@ def diagnose(config: TrainConfig, steps: int = 20, *, data: DataBundle | None = 
     if supported["bf16-mixed"] or device.type == "cpu":
         bf16_run, _ = run_steps(config, data, copy.deepcopy(initial), steps, "bf16-mixed",
                                 task=task, loss_fn=loss_fn)
+    # --precision (a plan:FILE, a low-bit format): one more run from the same weights, so
+    # the user sees whether the precision they mean to train with holds these steps.
+    given = config.precision.name
+    given_run = None
+    if given not in ("auto", "32-true", "16-mixed", "bf16-mixed"):
+        given_run, _ = run_steps(config, data, copy.deepcopy(initial), steps, given,
+                                 task=task, loss_fn=loss_fn)
 
     for name, s in stats.items():
         island = _in_island(name, islands)
@@ -263,7 +272,8 @@ def diagnose(config: TrainConfig, steps: int = 20, *, data: DataBundle | None = 
                              "loss": loss_name(task, first.loss_id)} if first else None),
         "runs": {"32-true": stats_run.to_json(), "16-mixed": fp16_run.to_json(),
                  "16-mixed-recommended": verified.to_json(),
-                 "bf16-mixed": bf16_run.to_json() if bf16_run else None},
+                 "bf16-mixed": bf16_run.to_json() if bf16_run else None,
+                 **({"given": given_run.to_json()} if given_run else {})},
         "recommendations": {
             "init_scale": scale["init_scale"],
             "min_scale": verify_options.get("min_scale"),

@@ -38,6 +38,12 @@ def summary_lines(report: dict[str, Any]) -> list[str]:
                      f"{_steps(fp32)}: that is not a precision problem (lower --lr, "
                      f"--clip-grad-norm)")
     lines += finding_lines(report)
+    given = report["runs"].get("given")
+    if given:
+        lines.append(f"{given['precision']}: " + (
+            f"halted at step {given['steps']} ({given['halted']})" if given["halted"] else
+            f"{given['skipped_steps']} of {_steps(given)} skipped" if given["skipped_steps"]
+            else f"no non-finite values in {given['steps']} steps"))
     ls = recs["loss_scale"]
     lines.append(f"initial loss scale: {recs['init_scale']:g} -- {ls['reason']}")
     v = recs["verified"]
