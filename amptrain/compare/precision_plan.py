@@ -8,9 +8,9 @@ low-bit format while compare's verdict against the baseline stays ``ok``.
    :mod:`amptrain.precision.precision_plan`) trained as compare trains a row
    (:func:`~.runs.train_runs`: the seed's initial weights and data order, checked) and
    judged as compare judges it (:func:`~.summary.summarise`, the task's tolerance). First
-   all the layers; where that is not ok, a bisection of the ranking's prefixes finds the
-   longest one that is, then each later layer is tried on top of it (a layer the ranking
-   put too late still gets in).
+   all the layers; where that is not ok, the plan grows greedily along the ranking: each
+   layer in turn is tried on top of the ones accepted so far and kept where the verdict
+   stays ok (a refused layer does not end the search).
 3. **Budget**: ``--budget-steps`` (training steps over all the search's runs),
    ``--budget-time`` (seconds, read from an injectable clock) and ``--seeds`` per run. A
    run the budget cannot afford is not started: the plan is the best found so far, and the
@@ -169,23 +169,17 @@ def _same_start(base: list[dict[str, Any]], runs: list[dict[str, Any]]) -> bool:
 
 
 def search_along(ranking: list[LayerSensitivity], search: Search) -> list[str]:
-    """The largest accepted set found: all the layers; else the longest accepted prefix of
-    the ranking (bisected), then each later layer tried on top of it."""
+    """The largest accepted set found: all the layers; else grown greedily along the
+    ranking, each layer tried on top of those accepted so far and kept where the verdict
+    stays accepted (a layer refused does not stop the search: every later one is tried)."""
     names = [s.name for s in ranking]
     verdict = search.attempt(names)
     if verdict is None:
         return []
     if verdict:
         return names
-    good, bad = 0, len(names)   # prefix lengths known accepted / refused
-    while bad - good > 1:
-        middle = (good + bad) // 2
-        verdict = search.attempt(names[:middle])
-        if verdict is None:
-            return names[:good]
-        good, bad = (middle, bad) if verdict else (good, middle)
-    chosen = names[:good]
-    for name in names[bad:]:   # names[good] broke it; the rest may still fit
+    chosen: list[str] = []
+    for name in names:   # all of them on top is cached as refused: not trained twice
         verdict = search.attempt(chosen + [name])
         if verdict is None:
             break

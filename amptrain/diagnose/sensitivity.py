@@ -15,7 +15,8 @@ included), what the format would lose:
   precision.
 
 :attr:`LayerSensitivity.score` adds the three dimensionless numbers (loss change, lost
-share, noise power); the ranking puts the least sensitive layer first.
+share, noise power); the ranking puts the layer with the least score per matmul FLOP
+first (big, insensitive layers first: they buy the most FLOPs for the least risk).
 """
 from __future__ import annotations
 
@@ -60,6 +61,13 @@ class LayerSensitivity:
         """Loss change + lost share + relative noise power: higher is more sensitive."""
         noise = 0.0 if math.isinf(self.snr_db) else 10 ** (-self.snr_db / 10)
         return max(self.loss_delta or 0.0, 0.0) + self.flushed + self.saturated + noise
+
+    @property
+    def score_per_flop(self) -> float:
+        """:attr:`score` per matmul FLOP: the ranking's key. The plan maximises the FLOPs in
+        the format for a bounded loss of accuracy, a knapsack whose greedy order is cost
+        per gain: a big, insensitive layer comes before a small one equally sensitive."""
+        return self.score / self.flops if self.flops else math.inf
 
     def to_json(self) -> dict[str, Any]:
         """A JSON-ready dict (the score included; an infinite SNR as null)."""
@@ -194,6 +202,11 @@ def rank_layers(config: TrainConfig, data: DataBundle, model: nn.Module, fmt: st
     _, probe = run_steps(config, data, copy.deepcopy(model), steps, "32-true",
                          attach=lambda trainer: _Probe(trainer, layers, fmt), task=task,
                          loss_fn=loss_fn)
-    ranked = probe.read(flops)
-    order = {name: i for i, name in enumerate(layers)}
-    return sorted(ranked, key=lambda s: (s.score, order[s.name]))
+    return by_cost(probe.read(flops))
+
+
+def by_cost(ranked: list[LayerSensitivity]) -> list[LayerSensitivity]:
+    """``ranked`` by :attr:`~LayerSensitivity.score_per_flop`, least first (ties: the
+    model's order)."""
+    return [s for _, s in sorted(enumerate(ranked),
+                                 key=lambda item: (item[1].score_per_flop, item[0]))]

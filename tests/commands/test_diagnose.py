@@ -66,7 +66,8 @@ def test_diagnose_flags_leave_out_options_of_a_full_training_run():
     command.add_arguments(parser)
     args = parser.parse_args(["--steps", "3", "--keep-fp32", "head", "--init-scale", "8"])
     assert (args.steps, args.keep_fp32, args.init_scale) == (3, ["head"], 8.0)
-    for option in ("--precision", "--epochs", "--max-steps", "--resume"):
+    assert parser.parse_args(["--precision", "plan:p.yaml"]).precision == "plan:p.yaml"
+    for option in ("--epochs", "--max-steps", "--resume"):
         with pytest.raises(SystemExit):
             parser.parse_args([option, "1"])
     # Every command takes --no-progress (plain lines instead of bars, as train).

@@ -156,3 +156,21 @@ def test_env_says_which_formats_of_a_plan_are_native_here(planted, capsys):
                                       "formats": {"mxfp4": False, "fp8-rowwise": False}}
     assert cli.main(["env", "--precision", "bf16-mixed"]) == 2
     assert "env --precision takes a precision plan" in capsys.readouterr().err
+
+
+def test_diagnose_takes_a_plan_and_runs_it_from_the_same_weights(planted, capsys):
+    (planted / "p.yaml").write_text("a: mxfp4\nb: mxfp4\n")
+    code = cli.main(["diagnose", "--precision", "plan:p.yaml", "--steps", "2",
+                     "--batch-size", "16", "--model", "module:planted.build", "--data",
+                     "digits", "--device", "cpu", "--no-progress", "--out", "diag"])
+    assert code == 0
+    assert "plan:p.yaml: no non-finite values in 2 steps" in capsys.readouterr().out
+    runs = json.loads((planted / "diag" / "diagnose.json").read_text())["runs"]
+    given = runs["plan:p.yaml"]
+    assert given["precision"] == "plan:p.yaml" and given["steps"] == 2
+    # a bad plan stops before any run, naming the flag
+    (planted / "bad.yaml").write_text("nope: mxfp4\n")
+    assert cli.main(["diagnose", "--precision", "plan:bad.yaml", "--steps", "1",
+                     "--model", "module:planted.build", "--data", "digits",
+                     "--device", "cpu", "--out", "diag2"]) == 2
+    assert "no module 'nope'" in capsys.readouterr().err
