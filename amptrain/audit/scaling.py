@@ -50,7 +50,8 @@ class ScalerTraps:
         self.observer: Observer | None = None
         self.scaling = False        # an enabled scaler scaled a loss
         self.scaler_site = ""       # where it first did
-        self.scale = 0.0            # the scale of the iteration under way
+        self.scaler: Any = None     # the scaler that scaled the loss under way (its scale
+        #                             is read only where a finding needs it: no host read per step)
         self.pending = False        # a loss was scaled and update() not called yet
         self.unscaled: set[int] = set()
         self.stepped: set[int] = set()
@@ -78,6 +79,10 @@ class ScalerTraps:
             return
         observer.patch(dcp, "save", self._wrap_save)
 
+    def scale(self) -> float:
+        """The loss scale of the iteration under way (a host read: only for a finding)."""
+        return float(self.scaler.get_scale()) if self.scaler is not None else 0.0
+
     # -- GradScaler ---------------------------------------------------------------------
     def _wrap_scale(self, original: Any) -> Any:
         def scale(scaler: Any, outputs: Any) -> Any:
@@ -85,7 +90,7 @@ class ScalerTraps:
                 if not self.scaling:
                     self.scaling, self.scaler_site = True, user_location()
                 self.pending = True
-                self.scale = float(scaler.get_scale())
+                self.scaler = scaler
             return original(scaler, outputs)
         return scale
 
@@ -127,7 +132,7 @@ class ScalerTraps:
             if early:    # kept: the first measurement with a finite norm (step 1 may overflow)
                 site, measured = user_location(), float(norm)
                 if site not in self.clips or not math.isfinite(self.clips[site][1]):
-                    self.clips[site] = (float(max_norm), measured, self.scale)
+                    self.clips[site] = (float(max_norm), measured, self.scale())
             return norm
         return clip_grad_norm_
 
@@ -194,7 +199,7 @@ class ScalerTraps:
                    f"the weights are bfloat16 ({', '.join(sorted(self.half_params))})")
             report.add(Finding(
                 "scaler-with-bf16", "warning", at("GradScaler", self.scaler_site),
-                f"a GradScaler scales the loss (scale {self.scale:g}) but {why} and no fp16 "
+                f"a GradScaler scales the loss (scale {self.scale():g}) but {why} and no fp16 "
                 "autocast ran: bf16 has fp32's range, the scaler only costs time and can skip "
                 "steps",
                 "drop the GradScaler with bf16 (or autocast to float16 if fp16 was meant)"))
