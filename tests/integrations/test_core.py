@@ -11,6 +11,24 @@ from amptrain.integrations.core import DiagnoseOptions, DiagnoseSession, check_v
 from .models import Overflowing
 
 
+@pytest.fixture(autouse=True)
+def _detached(monkeypatch):
+    """Detach every session a test attached, last first: an attached session's audit keeps
+    torch's training functions wrapped (the HF and Lightning callbacks detach at the end
+    of training; these tests drive the session by hand)."""
+    attached: list[DiagnoseSession] = []
+    attach = DiagnoseSession.attach
+
+    def recording(self, *args, **kwargs):
+        attached.append(self)
+        return attach(self, *args, **kwargs)
+
+    monkeypatch.setattr(DiagnoseSession, "attach", recording)
+    yield
+    for session in reversed(attached):
+        session.detach()
+
+
 def _steps(session: DiagnoseSession, model, steps: int, scaler=None, start: int = 0) -> None:
     g = torch.Generator().manual_seed(0)
     x, y = torch.randn(8, 8, generator=g), torch.randint(0, 3, (8,), generator=g)
