@@ -39,7 +39,7 @@ from ..version import __version__
 from ..audit.findings import AuditReport
 from ..audit.library import make_observer
 from ..audit.observer import Observer
-from ..diagnose.ranges import FORMATS, FP16, SAMPLE_LIMIT, RangeRecorder, RangeStats, fractions
+from ..diagnose.ranges import FORMATS, FP16, SAMPLE_LIMIT, fractions
 from ..diagnose.recommend import (
     _bf16_verdict,
     _casts_inputs_to_half,
@@ -55,12 +55,11 @@ from ..diagnose.recommend import (
 from ..diagnose.writer import finding_lines, strict_json, write_reports
 from ..common.errors import UserError
 from ..precision.hardware.support import device_features, supported_precisions
-from ..precision.nonfinite import NonFiniteEvent, NonFiniteWatch
+from ..precision.nonfinite import NonFiniteEvent
 from ..config.train import numerics_period
 from ..numerics.session import NumericsSession
+from .sampled_hooks import GRADIENTS, GatedWatch, SampledRecorder
 
-#: Streams whose values a loss scale multiplies (recorded unscaled).
-_GRADIENTS = ("gradient", "param_gradient")
 #: GradScaler's default initial scale (recommend_loss_scale's fallback).
 DEFAULT_INIT_SCALE = 65536.0
 
@@ -72,59 +71,6 @@ def check_version(package: str, version: str, minimum: tuple[int, ...], what: st
         need = ".".join(map(str, minimum))
         raise UserError(f"{what} needs {package}>={need} (found {package} {version}): "
                         f"pip install -U '{package}>={need}'")
-
-
-class _SampledStats(RangeStats):
-    """Range statistics that only take values while ``active``; gradient values are
-    multiplied by ``grad_factor`` (1 / loss scale) first."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.active = False
-        self.grad_factor: torch.Tensor | None = None
-
-    def add_peak(self, key: Any, tensor: torch.Tensor) -> None:
-        if self.active:
-            super().add_peak(key, tensor)
-
-    def add(self, key: Any, tensor: torch.Tensor) -> None:
-        if not self.active:
-            return
-        if key[1] in _GRADIENTS and self.grad_factor is not None:
-            tensor = tensor.detach().float() * self.grad_factor
-        super().add(key, tensor)
-
-
-class _SampledRecorder(RangeRecorder):
-    """A :class:`RangeRecorder` whose hooks return at once unless its stats are active."""
-
-    def __init__(self, model: nn.Module) -> None:
-        super().__init__(model)
-        self.stats: _SampledStats = _SampledStats()
-
-    def _forward_hook(self, label: str) -> Any:
-        record = super()._forward_hook(label)
-
-        def hook(module: nn.Module, args: Any, output: Any) -> None:
-            if self.stats.active:
-                record(module, args, output)
-        return hook
-
-
-class _GatedWatch(NonFiniteWatch):
-    """A :class:`NonFiniteWatch` whose hooks return at once unless ``active``."""
-
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        self.active = False
-        super().__init__(*args, **kwargs)
-
-    def _forward_hook(self, label: str) -> Any:
-        watch = super()._forward_hook(label)
-
-        def hook(module: nn.Module, args: Any, output: Any) -> None:
-            if self.active:
-                watch(module, args, output)
-        return hook
 
 
 @dataclasses.dataclass
@@ -181,13 +127,13 @@ class DiagnoseSession:
         self.first: NonFiniteEvent | None = None
         self.history: list[dict[str, Any]] = []
         self.written: tuple[Path, Path] | None = None
-        self._watch: _GatedWatch | None = None
+        self._watch: GatedWatch | None = None
         self._flags: list[torch.Tensor] = []   # per-step "gradients non-finite", unread
         self._flag_steps: list[int] = []
         self._armed = False                    # a check fired: watch until a module is named
         self._flagged = False                  # this step's flag is queued
         self.first_bad_step: int | None = None
-        self._recorder: _SampledRecorder | None = None
+        self._recorder: SampledRecorder | None = None
         self._scaler: Any = None
         self._skipped: torch.Tensor | None = None
         self._last_scale: torch.Tensor | None = None
@@ -210,8 +156,8 @@ class DiagnoseSession:
                                            verbose=self.options.verbose and is_main)
         self._context = {"precision": precision, "trainer": trainer,
                          "out_dir": (self.options.out_dir or out_dir) if is_main else None}
-        self._watch = _GatedWatch(model, lambda: self.step, self._scale_tensor)
-        self._recorder = _SampledRecorder(model)
+        self._watch = GatedWatch(model, lambda: self.step, self._scale_tensor)
+        self._recorder = SampledRecorder(model)
         out = self._context["out_dir"]
         self._rank = torch.distributed.get_rank() if torch.distributed.is_available() \
             and torch.distributed.is_initialized() else 0
@@ -419,7 +365,7 @@ class DiagnoseSession:
                 reasons = [r for r in reasons if "bf16's range" not in r] or judged_reasons
             s["reasons"] = reasons
             s["risk"] = min(risk, 1e6)  # an inf output scores inf: kept finite for JSON
-            for kind in _GRADIENTS:
+            for kind in GRADIENTS:
                 if s[kind] is not None and scale["log2"] is not None:
                     s[kind]["fp16_at_recommended_scale"] = fractions(
                         s["_hist"][kind], FP16, scale["log2"])
