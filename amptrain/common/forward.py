@@ -107,3 +107,20 @@ def forward_batch(model: nn.Module | Callable[..., Any], batch: Any, loss_fn: Lo
                             "(a tensor) or an object with .loss")
         loss = loss_fn(logits, targets)
     return loss, logits, targets
+
+
+def fp32_window_loss(model: Any, window: Any, loss_fn: LossFn, device: torch.device) -> float:
+    """The mean loss of one data window's micro-batches through ``model`` in fp32: autocast
+    off, no gradient, and the RNG (CPU, and the device's on CUDA) as it was before -- a
+    measurement that must not move the run it measures. One host read per micro-batch."""
+    devices = [] if device.type != "cuda" else \
+        [device.index if device.index is not None else torch.cuda.current_device()]
+    total, samples = 0.0, 0
+    with torch.random.fork_rng(devices=devices), torch.no_grad(), \
+            torch.autocast(device.type, enabled=False):
+        for batch, n in zip(window.micro_batches, window.micro_samples):
+            loss, _, _ = forward_batch(model, batch, loss_fn)
+            total += float(loss.float().item()) * n
+            samples += n
+    return total / max(samples, 1)
+

@@ -16,7 +16,7 @@ import torch
 from ..config import RunConfig
 from ..common.errors import TrainingHalted
 from ..workflows.runner import assemble, run_training
-from ..common.forward import forward_batch
+from ..common.forward import fp32_window_loss
 from ..trainer import Trainer
 from .options import row_options
 from .summary import finite
@@ -93,16 +93,7 @@ def first_step_loss_fp32(trainer: Trainer, fp32_state: dict[str, torch.Tensor]) 
     def fp32_model(*args: Any, **kwargs: Any) -> Any:
         return torch.func.functional_call(model, state, args, kwargs)
 
-    total, samples = 0.0, 0
-    devices = [] if trainer.device.type != "cuda" else \
-        [trainer.device.index if trainer.device.index is not None else torch.cuda.current_device()]
-    with torch.random.fork_rng(devices=devices), torch.no_grad(), \
-            torch.autocast(trainer.device.type, enabled=False):
-        for batch, n in zip(window.micro_batches, window.micro_samples):
-            loss, _, _ = forward_batch(fp32_model, batch, loss_fn)
-            total += float(loss.float().item()) * n
-            samples += n
-    return total / max(samples, 1)
+    return fp32_window_loss(fp32_model, window, loss_fn, trainer.device)
 
 
 def train_runs(config: RunConfig, precisions: list[str], seeds: list[int], out: Path, *,

@@ -28,7 +28,7 @@ from typing import Any, Callable
 import torch
 from torch import nn
 
-from ..common.forward import LossFn, forward_batch
+from ..common.forward import LossFn, fp32_window_loss
 from ..config import TrainConfig
 from ..data import DataBundle
 from ..precision.fp8 import plan_float8
@@ -152,14 +152,7 @@ def loss_probe(trainer: Trainer, layers: list[str], recipe: Recipe) -> dict[str,
     modules = dict(model.named_modules())
 
     def loss() -> float:
-        total, samples = 0.0, 0
-        with torch.random.fork_rng(devices=[]), torch.no_grad(), \
-                torch.autocast(trainer.device.type, enabled=False):
-            for batch, n in zip(window.micro_batches, window.micro_samples):
-                value, _, _ = forward_batch(model, batch, loss_fn)
-                total += float(value.float().item()) * n
-                samples += n
-        return total / max(samples, 1)
+        return fp32_window_loss(model, window, loss_fn, trainer.device)
 
     was_training = model.training
     model.eval()   # dropout off: the change is the format's, not a new dropout draw
