@@ -22,10 +22,20 @@ os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", os.path.join(
     f"{os.environ.get('ATEN_CPU_CAPABILITY') or 'native'}"))
 
 
+#: Intra-op threads for every test and the processes tests start (AMPTRAIN_TEST_THREADS to
+#: change it). One: the suite's models are tiny, so a second thread gains nothing on a quiet
+#: 2-core machine (the gpt study of tests/tasks/test_lm.py: 2.8 s with one or two), while on a
+#: busy one each of OpenMP's barriers waits for a descheduled thread (the same study: 4.6 s
+#: with one thread, 12.7 s with two, beside two busy loops; in a loaded full run the slowest
+#: tests took 20-50x their quiet time).
+TEST_THREADS = int(os.environ.get("AMPTRAIN_TEST_THREADS", "1"))
+for _variable in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"):
+    os.environ[_variable] = str(TEST_THREADS)  # subprocesses inherit it
+
+
 @pytest.fixture(autouse=True)
 def _threads():
-    # Two cores on CI: keep intra-op threads from oversubscribing when pytest forks.
-    torch.set_num_threads(2)
+    torch.set_num_threads(TEST_THREADS)
     yield
 
 

@@ -10,6 +10,8 @@ from pathlib import Path
 import pytest
 import torch
 
+from tests.conftest import TEST_THREADS
+
 from amptrain.compare import CompareOptions, run_compare
 from amptrain.config import RunConfig
 from amptrain.trainer import Trainer
@@ -38,7 +40,7 @@ def small_config(out: Path, **overrides) -> RunConfig:
 @pytest.fixture(scope="package")
 def study(tmp_path_factory):
     """One real 3 precisions x 2 seeds study; a spy records what each training run saw."""
-    torch.set_num_threads(2)
+    torch.set_num_threads(TEST_THREADS)
     out = tmp_path_factory.mktemp("compare") / "study"
     seen: dict[tuple[str, int], dict] = {}
     trainers: dict[int, Trainer] = {}  # a run's TrainStep -> its Trainer

@@ -9,6 +9,8 @@ import numpy as np
 import pytest
 import torch
 
+from tests.conftest import TEST_THREADS
+
 
 @pytest.fixture(scope="session")
 def study(tmp_path_factory):
@@ -18,7 +20,7 @@ def study(tmp_path_factory):
     from amptrain.compare import CompareOptions, run_compare
     from amptrain.config import RunConfig, build_config
 
-    torch.set_num_threads(2)
+    torch.set_num_threads(TEST_THREADS)
     out = tmp_path_factory.mktemp("compare") / "study"
     # Flat option names, as on the command line (build_config maps them onto RunConfig).
     config = build_config(RunConfig, {"model": "cnn:8", "data": "digits", "device": "cpu",
