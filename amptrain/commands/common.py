@@ -14,7 +14,7 @@ from typing import Any
 
 from ..config import (RESOLVED_ONLY_KEYS, RunConfig, build_config, cli_flag, config_fields,
                       load_yaml)
-from ..config.options import is_default
+from ..common.options import is_default
 
 
 def add_config_flags(parser: argparse.ArgumentParser, cls: type = RunConfig,
@@ -54,7 +54,7 @@ def merged_values(args: argparse.Namespace, *classes: type) -> dict[str, Any]:
     the two meet. ``classes`` (default :class:`RunConfig`) say which flags are options.
 
     The keys of the result are exactly the options the user gave (flags are parsed with
-    their defaults suppressed): :func:`~amptrain.config.options.build_config` carries
+    their defaults suppressed): :func:`~amptrain.common.options.build_config` carries
     them on the config as ``config.given``. A YAML key no class knows is kept for the
     caller to refuse by name.
 

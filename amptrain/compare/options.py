@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 # (the precision layer is imported where a precision is resolved).
 from ..common.choices import WEIGHT_UPDATES
 from ..config import option
-from ..config.options import require_non_negative, require_positive
+from ..common.options import require_non_negative, require_positive
 from ..config.train import OPTIMIZERS
 from ..common.errors import UserError, flag
 from ..common.tolerance import SHARED_TOLERANCES, Tolerance, tolerance_for

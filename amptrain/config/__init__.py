@@ -1,10 +1,10 @@
 """Validated configuration, shared by the library, the command line and YAML files.
 
-Each option is declared once (:func:`~amptrain.config.options.option`); its flag, YAML key
+Each option is declared once (:func:`~amptrain.common.options.option`); its flag, YAML key
 and library keyword are generated from that declaration under one flat name, while code
 reads the nested sections (``config.batching.batch_size``).
 """
-from .options import (
+from ..common.options import (
                       build_config,
                       cli_flag,
                       coerce,

@@ -9,7 +9,7 @@ from typing import Any
 
 from ..common.choices import AUGMENTATIONS
 from ..common.errors import UserError, flag
-from .options import option, require_positive, section
+from ..common.options import option, require_positive, section
 from .train import TrainConfig
 
 #: Data that --augment applies to (images finished on the device).

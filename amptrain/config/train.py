@@ -6,13 +6,12 @@ import math
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
-from ..common.choices import (LOSSES, MX_SCALES, NVFP4_PARTS, PRECISION_NAMES, TASK_CHOICES,
-                              TASK_NAMES, WEIGHT_UPDATES, canonical_name)
+from ..common.choices import (LOSSES, TASK_CHOICES,
+                              TASK_NAMES)
 from ..common.errors import UserError, flag
-from ..common.scaler_settings import (SCALER_HELP, SCALER_SETTINGS, ScalerSettings,
-                                      check_scaler_settings)
 from ..loggers import parse_names as parse_logger_names
-from .options import (
+from ..precision.options import PrecisionConfig
+from ..common.options import (
     build_config,
     given_options,
     option,
@@ -55,62 +54,6 @@ def _positive_numbers(section_: object, *names: str) -> None:
         value = getattr(section_, name)
         if value is not None and not (math.isfinite(value) and value > 0):
             raise UserError(f"{flag(name)} must be a positive number (got {value})")
-
-
-def _scaler_option(name: str) -> Any:
-    return option(getattr(ScalerSettings, name), SCALER_HELP[name], group="precision")
-
-
-@dataclass
-class PrecisionConfig:
-    """The precision mode and its loss scaler (read by :meth:`Precision.from_config`)."""
-
-    name: str = option("auto", "precision mode (see `amptrain env`); auto picks the best the "
-                               "hardware supports; Lightning and Keras spellings and Apex's "
-                               "O0-O3 are taken too",
-                       group="precision", flat="precision", choices=PRECISION_NAMES,
-                       open_choices=True)
-    # The loss scaler's four settings: names, defaults, help and checks in scaler_settings.py.
-    init_scale: float = _scaler_option("init_scale")
-    growth_factor: float = _scaler_option("growth_factor")
-    backoff_factor: float = _scaler_option("backoff_factor")
-    growth_interval: int = _scaler_option("growth_interval")
-    min_scale: float = option(1.0, "loss-scale floor: reaching it stops training",
-                              group="precision")
-    keep_fp32: list[str] = option([], "glob of module names run in fp32 inside autocast "
-                                      "(repeatable, e.g. head or '*.norm*')", group="precision")
-    max_bad_steps: int = option(10, "consecutive non-finite steps (no loss scaler) before "
-                                    "training stops", group="precision")
-    weight_update: str = option("plain", "how updates land on half weights without masters "
-                                         "(bf16-true, 16-true): plain rounding, kahan "
-                                         "(compensation buffer) or stochastic rounding",
-                                group="precision", choices=WEIGHT_UPDATES)
-    lowbit_bf16_last: int = option(0, "low-bit precisions: keep the last N eligible Linear "
-                                      "layers in bf16 (the NVFP4 recipe keeps the final "
-                                      "blocks in higher precision)", group="precision")
-    mx_scale: str = option("floor", "MX precisions (mxfp8, mxfp4): how each block's e8m0 "
-                                    "scale is chosen: floor (OCP MX spec) or rceil "
-                                    "(NVIDIA's round-up, nothing saturates)",
-                           group="precision", choices=MX_SCALES)
-    nvfp4_without: str = option("none", "--precision nvfp4: leave one part of the training "
-                                        "recipe out, for an ablation: rht (Hadamard "
-                                        "transform), sr (stochastic rounding) or 2d (16x16 "
-                                        "weight blocks)", group="precision",
-                                choices=NVFP4_PARTS)
-
-    def __post_init__(self) -> None:
-        canonical_name(self.name)  # a mode, an alias or auto (open choices: checked here)
-        require_positive(self, "max_bad_steps")
-        require_non_negative(self, "lowbit_bf16_last")
-        require_choices(self)
-        if self.weight_update not in WEIGHT_UPDATES:
-            raise UserError(f"{flag('weight_update')} must be one of "
-                            f"{', '.join(WEIGHT_UPDATES)} (got {self.weight_update!r})")
-        check_scaler_settings({name: getattr(self, name) for name in SCALER_SETTINGS})
-        _positive_numbers(self, "min_scale")
-        if self.min_scale > self.init_scale:
-            raise UserError(f"{flag('min_scale')} ({self.min_scale}) must not exceed "
-                            f"{flag('init_scale')} ({self.init_scale})")
 
 
 class MicroBatchSplit(NamedTuple):
@@ -411,19 +354,21 @@ class TrainConfig:
 
     def with_options(self, **changes: Any) -> Any:
         """A copy with some options (flat names) changed, validated anew
-        (``config.with_options(out="runs/x", lr=0.1)``; see :func:`.options.with_options`)."""
+        (``config.with_options(out="runs/x", lr=0.1)``; see
+        :func:`amptrain.common.options.with_options`)."""
         return with_options(self, **changes)
 
     def with_given_options(self, **options: Any) -> Any:
         """A copy with ``options`` changed as the user's own choices (a library call's
-        keywords): they join :attr:`given` (see :func:`.options.with_given_options`)."""
+        keywords): they join :attr:`given` (see
+        :func:`amptrain.common.options.with_given_options`)."""
         return with_given_options(self, **options)
 
     @property
     def given(self) -> frozenset[str]:
         """The options the user gave (flat names): carried from the command line (flags
         and --config keys) or the library call (keywords), never guessed from the values
-        (see :func:`.options.given_options`)."""
+        (see :func:`amptrain.common.options.given_options`)."""
         return given_options(self)
     def __post_init__(self) -> None:
         require_non_negative(self, "seed")

@@ -12,7 +12,6 @@ import torch
 from torch import nn
 
 from ..common.errors import UserError, warn
-from ..common.scaler_settings import SCALER_SETTINGS, ScalerSettings
 from .emulation import EmulatedAutocast
 from .fp8 import Float8Selection
 from .hardware.advice import emulation_warning
@@ -20,7 +19,7 @@ from .hardware.support import autocast_mode, device_features, emulated_fast, one
 from .islands import (ForwardPatches, cpu_fp32_island_types, cpu_fp32_modules,
                       default_keep_fp32, install_forward_patches, match_modules)
 from .loss_scales import LossScales
-from .lowbit import check_lowbit_options, checked_lowbit, lowbit_warning, setup_lowbit
+from .lowbit import check_lowbit_options, lowbit_warning, setup_lowbit
 from .lowbit_training import StochasticSeeds
 from .master import check_no_shared_kept, modules_kept_fp32
 from .misuse import CallOrder, check_setup, checked_arguments, checked_state
@@ -31,7 +30,8 @@ from .pairs import Pairs
 from .policies import WeightPolicy, weight_policy
 from .precision_plan import (BASE_MODE, check_resumed_plan, plan_emulation_note,
                              setup_plan)
-from .resolve import PrecisionOptions, ResolvedPrecision, resolve_precision
+from .options import PrecisionConfig
+from .resolve import ResolvedPrecision, resolve_precision
 from .scaling import FoundInfAgreement
 from .state import FORMAT_VERSION, SECTION, migrate_state
 from .tf32 import set_tf32
@@ -48,50 +48,42 @@ class Precision:
             accepted) or ``auto``; or a decision already made
             (:class:`~amptrain.precision.resolve.ResolvedPrecision`), which is used as it is.
         device: where the model runs; default CUDA when available, else CPU.
-        init_scale: the dynamic loss scaler's first scale (fp16 modes only), as
-            ``torch.amp.GradScaler``'s (scaler_settings.py).
-        growth_factor: the scaler's growth factor, as ``GradScaler``'s.
-        backoff_factor: the scaler's backoff factor, as ``GradScaler``'s.
-        growth_interval: the scaler's growth interval, as ``GradScaler``'s.
-        min_scale: the loss-scale floor; reaching it stops training with advice.
-        keep_fp32: glob patterns (or one) of module names that run in fp32 inside autocast.
-        max_bad_steps: consecutive non-finite steps tolerated in modes without a scaler.
         fp8_skip_first_last: in the low-bit modes (fp8, MX, NVFP4), keep the model's first
             and last ``nn.Linear`` out of the format (the default; see :mod:`.lowbit`).
-        weight_update: ``plain``, ``kahan`` or ``stochastic`` (X-true modes; see weight_update.py).
         separate_loss_scales: one loss scale per ``backward(..., loss_id=)`` instead of one
             for all losses (fp16 modes; Apex's ``num_losses``; see :mod:`.loss_scales`).
-        lowbit_bf16_last: in the low-bit modes, keep the last N eligible Linear layers in
-            bf16 (the NVFP4 training recipe's final layers; see :mod:`.lowbit`).
-        mx_scale: the MX modes' e8m0 scale rule, ``floor`` (OCP spec) or ``rceil``.
-        nvfp4_without: ``nvfp4`` without one part of its recipe (``rht``, ``sr``, ``2d``;
-            an ablation) or ``none``.
+        config: the mode's settings as one :class:`~amptrain.precision.options.PrecisionConfig`
+            (a run's ``config.precision``); or give them as keywords instead.
+        **settings: any of :class:`~amptrain.precision.options.PrecisionConfig`'s settings by
+            name, with its defaults and checks: the loss scaler's ``init_scale``,
+            ``growth_factor``, ``backoff_factor`` and ``growth_interval`` (as
+            ``torch.amp.GradScaler``'s) and ``min_scale`` (the floor that stops training);
+            ``keep_fp32`` (module-name globs run in fp32 inside autocast); ``max_bad_steps``
+            (consecutive non-finite steps tolerated without a scaler); ``weight_update``
+            (``plain``, ``kahan`` or ``stochastic``, X-true modes); ``lowbit_bf16_last``,
+            ``mx_scale`` and ``nvfp4_without`` (the low-bit options).
     """
 
     def __init__(self, name: str | ResolvedPrecision = "32-true", *,
-                 device: str | torch.device | None = None,
-                 init_scale: float = ScalerSettings.init_scale,
-                 growth_factor: float = ScalerSettings.growth_factor,
-                 backoff_factor: float = ScalerSettings.backoff_factor,
-                 growth_interval: int = ScalerSettings.growth_interval,
-                 min_scale: float = 1.0, keep_fp32: Iterable[str] = (),
-                 max_bad_steps: int = 10, fp8_skip_first_last: bool = True,
-                 weight_update: str = "plain", separate_loss_scales: bool = False,
-                 lowbit_bf16_last: int = 0, mx_scale: str = "floor",
-                 nvfp4_without: str = "none") -> None:
-        device, keep_fp32 = checked_arguments(device, min_scale, keep_fp32, max_bad_steps,
-                                              fp8_skip_first_last, separate_loss_scales)
-        self.scaler_settings = ScalerSettings(init_scale=init_scale, growth_factor=growth_factor,
-                                              backoff_factor=backoff_factor,
-                                              growth_interval=growth_interval)
-        self.min_scale = min_scale
-        self.keep_fp32 = list(keep_fp32)
-        self.max_bad_steps = max_bad_steps
+                 device: str | torch.device | None = None, fp8_skip_first_last: bool = True,
+                 separate_loss_scales: bool = False, config: PrecisionConfig | None = None,
+                 **settings: Any) -> None:
+        if config is not None and settings:
+            raise UserError(f"Precision() takes config= or its settings as keywords, not both "
+                            f"(got config= and {', '.join(sorted(settings))}=)")
+        config = config if config is not None else PrecisionConfig.from_keywords(**settings)
+        device = checked_arguments(device, fp8_skip_first_last, separate_loss_scales)
+        self.config = config
+        self.scaler_settings = config.scaler_settings
+        self.min_scale = config.min_scale
+        self.keep_fp32 = list(config.keep_fp32)
+        self.max_bad_steps = config.max_bad_steps
         self.fp8_skip_first_last = fp8_skip_first_last
-        self.weight_update_rule = weight_update
+        self.weight_update_rule = config.weight_update
         self.separate_loss_scales = separate_loss_scales
-        self.lowbit_bf16_last, self.mx_scale, self.nvfp4_without = checked_lowbit(
-            lowbit_bf16_last, mx_scale, nvfp4_without)
+        self.lowbit_bf16_last = config.lowbit_bf16_last
+        self.mx_scale = config.mx_scale
+        self.nvfp4_without = config.nvfp4_without
         self.float8_plan: Float8Selection | None = None   # the low-bit layers of setup()
         self._seeds: list[StochasticSeeds] = []      # stochastic rounding, per setup()
         self.skipped_steps = 0          # all pairs together (each pair: skipped_steps_of)
@@ -110,16 +102,11 @@ class Precision:
         self._bind(resolve_precision(name, device))
 
     @classmethod
-    def from_config(cls, config: PrecisionOptions, *, device: str | torch.device | None = None,
+    def from_config(cls, config: PrecisionConfig, *, device: str | torch.device | None = None,
                     mode: ResolvedPrecision | None = None) -> Precision:
-        """The precision that a run's ``--precision`` and loss-scaler options describe;
-        ``mode``: the decision already made for ``config.name`` (the runner's), used as it is."""
-        return cls(mode if mode is not None else config.name, device=device,
-                   min_scale=config.min_scale, keep_fp32=config.keep_fp32,
-                   max_bad_steps=config.max_bad_steps, weight_update=config.weight_update,
-                   lowbit_bf16_last=config.lowbit_bf16_last, mx_scale=config.mx_scale,
-                   nvfp4_without=config.nvfp4_without,
-                   **{name: getattr(config, name) for name in SCALER_SETTINGS})
+        """The precision that a run's ``--precision`` and its options describe; ``mode``:
+        the decision already made for ``config.name`` (the runner's), used as it is."""
+        return cls(mode if mode is not None else config.name, device=device, config=config)
 
     # ------------------------------------------------------------------ mode
     def _bind(self, mode: ResolvedPrecision) -> None:

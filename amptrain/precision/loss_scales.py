@@ -23,7 +23,7 @@ from typing import Any
 import torch
 from torch.amp import GradScaler
 
-from ..common.scaler_settings import ScalerSettings
+from .options import ScalerSettings
 from .modes import ModeSpec
 from .policies import WeightPolicy
 from .scaling import DynamicLossScaler, FoundInfAgreement, NonFiniteGuard

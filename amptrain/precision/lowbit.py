@@ -42,8 +42,7 @@ from typing import Any, Callable
 import torch
 from torch import nn
 
-from ..common.choices import MX_SCALES, NVFP4_PARTS
-from ..common.errors import UserError, flag, warn
+from ..common.errors import flag, warn
 from .fp8 import Float8Selection, convert_linears, plan_float8
 from .islands import ForwardPatches
 from .lowbit_formats import FP8_BLOCK, MX_BLOCK, NVFP4_BLOCK
@@ -254,19 +253,6 @@ def install_blockwise_linears(patches: ForwardPatches, model: nn.Module,
                 return out if module.bias is None else out + module.bias.to(out.dtype)
             return forward
         patches.wrap(module, make_forward)
-
-
-def checked_lowbit(bf16_last: Any, mx_scale: Any, without: Any) -> tuple[int, str, str]:
-    """``Precision(lowbit_bf16_last=, mx_scale=, nvfp4_without=)`` checked (a whole number
-    >= 0; one of :data:`~amptrain.common.choices.MX_SCALES`; of ``NVFP4_PARTS``)."""
-    if isinstance(bf16_last, bool) or not isinstance(bf16_last, int) or bf16_last < 0:
-        raise UserError(f"lowbit_bf16_last must be an integer >= 0 (got {bf16_last!r})")
-    if mx_scale not in MX_SCALES:
-        raise UserError(f"mx_scale must be one of {', '.join(MX_SCALES)} (got {mx_scale!r})")
-    if without not in NVFP4_PARTS:
-        raise UserError(f"nvfp4_without must be one of {', '.join(NVFP4_PARTS)} (got "
-                        f"{without!r})")
-    return bf16_last, mx_scale, without
 
 
 def check_lowbit_options(spec: ModeSpec, bf16_last: int, mx_scale: str,

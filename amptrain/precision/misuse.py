@@ -15,7 +15,7 @@ refused with amptrain's own error instead of torch's assert or shape error.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from typing import Any
 
 import torch
@@ -25,38 +25,21 @@ from ..common.errors import UserError
 from .hardware.devices import resolve_device
 
 
-def checked_arguments(device: Any, min_scale: Any, keep_fp32: Any, max_bad_steps: Any,
-                      fp8_skip_first_last: Any, separate_loss_scales: Any
-                      ) -> tuple[torch.device | None, list[str]]:
-    """``Precision(...)``'s arguments checked: the device (None: auto) and the
-    ``keep_fp32`` patterns as a list (one string is one pattern, not its characters)."""
-
+def checked_arguments(device: Any, fp8_skip_first_last: Any, separate_loss_scales: Any
+                      ) -> torch.device | None:
+    """``Precision(...)``'s arguments beside its settings (which
+    :class:`~amptrain.precision.options.PrecisionConfig` checks), checked: the device as a
+    ``torch.device`` (None: auto) and the two switches."""
     switches = {"fp8_skip_first_last": fp8_skip_first_last,
                 "separate_loss_scales": separate_loss_scales}
-
     if device is not None and not isinstance(device, (str, torch.device)):
         raise UserError(f"device must be a name such as 'cpu' or 'cuda:0', or a torch.device "
                         f"(got {type(device).__name__})")
-    where = None if device is None else device if isinstance(device, torch.device) \
-        else resolve_device(device)
-    if isinstance(min_scale, bool) or not isinstance(min_scale, (int, float)) \
-            or not math.isfinite(min_scale) or min_scale < 0:
-        raise UserError(f"min_scale must be a finite number >= 0, the loss-scale floor "
-                        f"(got {min_scale!r})")
-    if isinstance(max_bad_steps, bool) or not isinstance(max_bad_steps, int) \
-            or max_bad_steps < 1:
-        raise UserError(f"max_bad_steps must be an integer >= 1 (got {max_bad_steps!r})")
     for name, value in switches.items():
         if not isinstance(value, bool):
             raise UserError(f"{name} is True or False (got {value!r})")
-    patterns = [keep_fp32] if isinstance(keep_fp32, str) else keep_fp32
-    if not isinstance(patterns, Iterable) or isinstance(patterns, (bytes, Mapping)):
-        raise UserError(f"keep_fp32 takes a pattern or a list of patterns (got "
-                        f"{type(keep_fp32).__name__})")
-    patterns = list(patterns)
-    if not all(isinstance(p, str) for p in patterns):
-        raise UserError(f"keep_fp32 takes module-name patterns as strings (got {patterns!r})")
-    return where, patterns
+    return None if device is None else device if isinstance(device, torch.device) \
+        else resolve_device(device)
 
 
 def check_loss_id(loss_id: object) -> None:

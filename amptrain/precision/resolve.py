@@ -12,7 +12,7 @@ that ``Precision``. Nothing resolves the name again. A library call
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -24,23 +24,6 @@ from .modes import MODES, ModeSpec
 
 if TYPE_CHECKING:
     from .precision_plan import PrecisionPlan
-
-
-class PrecisionOptions(Protocol):
-    """What :meth:`Precision.from_config` reads (``amptrain.config.PrecisionConfig`` is one)."""
-
-    name: str
-    init_scale: float
-    growth_factor: float
-    backoff_factor: float
-    growth_interval: int
-    min_scale: float
-    keep_fp32: list[str]
-    max_bad_steps: int
-    weight_update: str
-    lowbit_bf16_last: int
-    mx_scale: str
-    nvfp4_without: str
 
 
 @dataclass(frozen=True)

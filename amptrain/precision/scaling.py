@@ -16,7 +16,7 @@ import torch
 from torch.amp import GradScaler
 
 from ..common.errors import UserError
-from ..common.scaler_settings import ScalerSettings
+from .options import ScalerSettings
 
 #: Combines a rank's found-inf flag in place with every other rank's (an all-reduce with
 #: MAX), so that all ranks skip the same steps. Set by a distributed strategy.

@@ -13,7 +13,7 @@ from collections.abc import Iterable
 
 from ..config import TrainConfig
 from ..common.errors import flag
-from ..common.scaler_settings import SCALER_SETTINGS
+from ..precision.options import SCALER_SETTINGS
 
 log = logging.getLogger("amptrain")
 

@@ -7,7 +7,7 @@ import torch
 from amptrain.precision.loss_scales import LossScales
 from amptrain.precision.modes import MODES
 from amptrain.precision.policies import PlainWeights
-from amptrain.common.scaler_settings import ScalerSettings
+from amptrain.precision.options import ScalerSettings
 
 SETTINGS = ScalerSettings(init_scale=1024.0, growth_factor=2.0, backoff_factor=0.5,
                           growth_interval=1000)

@@ -12,13 +12,17 @@ from amptrain.precision import Precision
 
 # (id, Precision keywords, a fragment of the error)
 ARGUMENTS = [
-    ("min-scale-nan", dict(name="16-mixed", min_scale=math.nan), "min_scale must be a finite"),
-    ("min-scale-inf", dict(name="16-mixed", min_scale=math.inf), "min_scale must be a finite"),
-    ("min-scale-negative", dict(name="16-mixed", min_scale=-1.0), "min_scale must be a finite"),
-    ("min-scale-text", dict(name="16-mixed", min_scale="1"), "min_scale must be a finite"),
+    # The settings are PrecisionConfig's, checked as their flags are (precision/options.py).
+    ("min-scale-nan", dict(name="16-mixed", min_scale=math.nan),
+     "min_scale must be a positive number"),
+    ("min-scale-inf", dict(name="16-mixed", min_scale=math.inf),
+     "min_scale must be a positive number"),
+    ("min-scale-negative", dict(name="16-mixed", min_scale=-1.0),
+     "min_scale must be a positive number"),
+    ("min-scale-text", dict(name="16-mixed", min_scale="one"), "min_scale must be a number"),
     ("max-bad-steps-0", dict(max_bad_steps=0), "max_bad_steps must be an integer >= 1"),
-    ("max-bad-steps-float", dict(max_bad_steps=2.5), "max_bad_steps must be an integer >= 1"),
-    ("keep-fp32-numbers", dict(keep_fp32=[1, 2]), "keep_fp32 takes module-name patterns"),
+    ("max-bad-steps-float", dict(max_bad_steps=2.5), "max_bad_steps must be an integer"),
+    ("keep-fp32-numbers", dict(keep_fp32=[1, 2]), "keep_fp32 takes a pattern or a list"),
     ("keep-fp32-a-number", dict(keep_fp32=3), "keep_fp32 takes a pattern or a list"),
     ("device-unknown", dict(device="tpu9"), "device 'tpu9' is not a device"),
     ("device-a-number", dict(device=0.5), "device must be a name such as 'cpu'"),

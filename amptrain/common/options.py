@@ -18,7 +18,7 @@ from dataclasses import field
 from typing import Any, Iterable, Iterator
 
 
-from ..common.errors import UserError, bounded, flag
+from .errors import UserError, bounded, flag
 
 
 def option(default: Any = None, help: str = "", *, choices: Iterable[str] | None = None,
