@@ -320,7 +320,9 @@ class PpoTask(Task):
         """CleanRL's loop: for each update a rollout with the current policy, then
         ``update_epochs`` epochs of ``minibatches`` minibatch steps over it. The epochs are
         the run's data epochs of the rollout's slots (its seed decides the minibatches); a
-        resumed run goes on inside the update it stopped in, on a fresh rollout."""
+        resumed run goes on inside the update it stopped in, on a fresh rollout; so a
+        checkpoint is written at the end of an update, where a resume repeats the run
+        exactly, not after each of its epochs (4 times as many files, each a stall)."""
         s = self.settings
         per_epoch, epochs = s["minibatches"], s["update_epochs"]
         per_update = per_epoch * epochs
@@ -331,7 +333,8 @@ class PpoTask(Task):
             done = loop.step_number - update * per_update   # > 0 only in a resumed update
             for epoch in range(done // per_epoch, epochs):
                 start = done % per_epoch if epoch == done // per_epoch else 0
-                for window in loop.epoch(update * epochs + epoch, start):
+                for window in loop.epoch(update * epochs + epoch, start,
+                                         saves=epoch == epochs - 1):
                     loop.step(window)
 
     def training_step(self, ctx: StepContext) -> None:

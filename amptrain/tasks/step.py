@@ -109,9 +109,11 @@ class TrainLoop(Protocol):
         """The run's length is reached, or all ranks agreed to stop: return now."""
         ...
 
-    def epoch(self, index: int, start: int = 0) -> Iterator[Any]:
+    def epoch(self, index: int, start: int = 0, *, saves: bool = True) -> Iterator[Any]:
         """The windows of the training data's epoch ``index`` in the run's data order (its
-        seed and global batch), from window ``start``; none once :attr:`done`."""
+        seed and global batch), from window ``start``; none once :attr:`done`. ``saves``:
+        whether the epoch's end is a point to checkpoint at (as every epoch's end of a
+        supervised run; PPO's: the end of an update, where a resume repeats the run)."""
         ...
 
     def step(self, window: Any) -> None:

@@ -294,15 +294,16 @@ class Trainer(TrainerViews):
                         position.window_in_epoch)
         return position.step if position.window_in_epoch == 0 else None
 
-    def _end_of_epoch(self, windows: Any, fresh: int | None) -> bool:
+    def _end_of_epoch(self, windows: Any, fresh: int | None, *, saves: bool = True) -> bool:
         """After an epoch's windows ran out or the run stopped: True when the loop must
-        end although its length is not reached (a stream whose epoch gave nothing)."""
+        end although its length is not reached (a stream whose epoch gave nothing).
+        ``saves``: whether the epoch's end is a checkpoint point (a task's loop says)."""
         position = self.position
         # A stream (amptrain.trainer.streams) has no length: its epoch ends when it runs out.
         if position.window_in_epoch >= len(windows) or windows.ended:
             position.next_epoch()
             self._ready().steps.epoch_ended()  # a per-epoch schedule steps
-            self._epoch_ended()
+            self._epoch_ended(saves=saves)
             return position.step == fresh  # a whole epoch gave nothing: a stream read once
         return False
 
@@ -346,12 +347,13 @@ class Trainer(TrainerViews):
             self._save(background=True)
         self._agree_on_stop()
 
-    def _epoch_ended(self) -> None:
+    def _epoch_ended(self, *, saves: bool = True) -> None:
         if self._done():
             return  # the final evaluation and checkpoint follow right away
         if not self.config.logging.eval_every and self._has_val():
             self._evaluate_and_log()
-        if self.out is not None and not self._ready().checkpointer.saved_at(self.step):
+        if saves and self.out is not None \
+                and not self._ready().checkpointer.saved_at(self.step):
             self._save(background=True)
 
     def _has_val(self) -> bool:

@@ -42,7 +42,7 @@ class TaskLoop:
             return self._trainer.position.step >= self._bare_until
         return self._trainer._done()
 
-    def epoch(self, index: int, start: int = 0) -> Iterator[Any]:
+    def epoch(self, index: int, start: int = 0, *, saves: bool = True) -> Iterator[Any]:
         if self.done:
             return
         trainer, windows = self._trainer, self._parts.windows
@@ -59,7 +59,7 @@ class TaskLoop:
             yield window
             if self.done:
                 break
-        trainer._end_of_epoch(windows, fresh)
+        trainer._end_of_epoch(windows, fresh, saves=saves)
 
     def step(self, window: Any) -> None:
         trainer, train_step = self._trainer, self._parts.train_step

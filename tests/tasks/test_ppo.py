@@ -129,6 +129,16 @@ def test_resume_at_an_update_boundary_restores_the_state_and_repeats(tmp_path):
     assert not all(torch.equal(finals[0][k], saved["model"][k]) for k in finals[0])
 
 
+def test_checkpoints_are_written_at_the_end_of_each_update_not_of_each_epoch(tmp_path):
+    # minibatches=2 x update_epochs=2: an update is 4 steps, an epoch 2. A checkpoint at an
+    # epoch inside an update cannot be resumed bitwise (a fresh rollout) and costs a stall.
+    trainer, model, data, task = _run(tmp_path / "run", steps=12, keep_last=10)
+    trainer.fit(model, data.train, data.val, task=task)
+    saved = sorted(int(p.stem.split("-")[1])
+                   for p in (tmp_path / "run" / "checkpoints").glob("step-*.pt"))
+    assert saved == [4, 8, 12]
+
+
 def test_evaluation_plays_deterministic_episodes(tmp_path):
     trainer, model, data, task = _run(tmp_path / "run", steps=4)
     trainer.fit(model, data.train, data.val, task=task)
