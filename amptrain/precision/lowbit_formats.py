@@ -322,8 +322,9 @@ def round_e2m1_stochastic_(mag: torch.Tensor, generator: torch.Generator | None
     spacing = (mag.view(torch.int32) & _EXPONENT_MASK).clamp_(min=127 << 23) \
         .sub_(1 << 23).view(torch.float32)
     offsets = uniform_offsets(mag.shape, generator, mag.device)
-    # u = (k + 2^15 + 1/2) / 2^16 for the int16 k: k / 2^16 + (1/2 + 2^-17), exact in fp32
-    mag.div_(spacing).add_(offsets.float(), alpha=2.0 ** -SR_BITS)
+    # u = (k + 2^15 + 1/2) / 2^16 for the int16 k: k / 2^16 + (1/2 + 2^-17), exact in
+    # fp32 (the int16 k is converted on the fly, in the add's own pass)
+    mag.div_(spacing).add_(offsets, alpha=2.0 ** -SR_BITS)
     return mag.add_(0.5 + 2.0 ** -(SR_BITS + 1)).floor_().mul_(spacing)
 
 
