@@ -39,7 +39,8 @@ computation and against torchao where torchao runs on the CPU):
 * **2D blocks**: NVFP4's training recipe scales weights per 16 x 16 tile (the same tile
   whichever axis a GEMM reduces over, so forward and backward see one quantised weight).
 * **Stochastic rounding** of e2m1 (the NVFP4 recipe's gradients): up or down to the
-  neighbouring value with the probabilities that make the expectation exact.
+  neighbouring value with the probabilities that make the expectation exact (to
+  within 2^-17 of the spacing: 16 random bits per value).
 
 How one GEMM operand is quantised (:class:`~.lowbit_operand.Quantiser`) and the flush and
 saturation counts of ``diagnose`` live in :mod:`.lowbit_operand`; the differences from
