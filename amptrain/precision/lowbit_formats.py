@@ -39,7 +39,8 @@ computation and against torchao where torchao runs on the CPU):
 * **2D blocks**: NVFP4's training recipe scales weights per 16 x 16 tile (the same tile
   whichever axis a GEMM reduces over, so forward and backward see one quantised weight).
 * **Stochastic rounding** of e2m1 (the NVFP4 recipe's gradients): up or down to the
-  neighbouring value with the probabilities that make the expectation exact.
+  neighbouring value with the probabilities that make the expectation exact (to
+  within 2^-17 of the spacing: 16 random bits per value).
 
 How one GEMM operand is quantised (:class:`~.lowbit_operand.Quantiser`) and the flush and
 saturation counts of ``diagnose`` live in :mod:`.lowbit_operand`; the differences from
@@ -147,14 +148,22 @@ def qdq_rowwise(x: torch.Tensor, elem: str, dim: int) -> torch.Tensor:
 # ----------------------------------------------------------------------- blocks
 def _blocks(x: torch.Tensor, dim: int, block: int, square: bool = False
             ) -> tuple[torch.Tensor, Callable]:
-    """``x`` as rows of ``block`` values along ``dim`` (zero-padded to a whole block:
-    zeros change neither a block's amax nor a product), and how to undo it. ``square``:
-    rows of ``block x block`` values instead, the 2D blocks of a matrix (the same blocks
-    whichever axis the GEMM reduces over)."""
+    """``x`` as blocks of ``block`` values along ``dim`` (zero-padded to a whole block:
+    zeros change neither a block's amax nor a product), and how to undo it: rows
+    ``(n, block)`` for the last axis, ``(n, block, inner)`` for another (the block axis is
+    always axis 1: reduce over it). ``square``: rows of ``block x block`` values instead,
+    the 2D blocks of a matrix (the same blocks whichever axis the GEMM reduces over).
+
+    Blocks along an inner axis keep ``x``'s layout: a transposed copy to make the blocks
+    rows costs more than the whole quantisation, and torch reduces over a middle axis
+    with the inner one vectorised (its reduction over rows of 16 is the slow case)."""
     if square:
         return _squares(x, block)
+    dim = dim % x.dim()
+    if dim != x.dim() - 1:
+        return _inner_blocks(x, dim, block)
     # One pass to fp32 and to a contiguous layout (none for a contiguous fp32 row-major x).
-    moved = x.movedim(dim, -1).to(torch.float32, memory_format=torch.contiguous_format)
+    moved = x.to(torch.float32, memory_format=torch.contiguous_format)
     length = moved.shape[-1]
     pad = -length % block
     if pad:
@@ -164,9 +173,26 @@ def _blocks(x: torch.Tensor, dim: int, block: int, square: bool = False
 
     def restore(values: torch.Tensor) -> torch.Tensor:
         out = values.reshape(shape)
-        if pad:
-            out = out[..., :length]
-        return out.movedim(-1, dim)
+        return out[..., :length] if pad else out
+    return rows, restore
+
+
+def _inner_blocks(x: torch.Tensor, dim: int, block: int) -> tuple[torch.Tensor, Callable]:
+    """Blocks along ``dim``, not the last axis, as ``(n, block, inner)`` in ``x``'s own
+    (contiguous fp32) layout, and how to undo it."""
+    shape = x.shape
+    outer, length = shape[:dim].numel(), shape[dim]
+    flat = x.to(torch.float32, memory_format=torch.contiguous_format) \
+        .reshape(outer, length, -1)
+    pad = -length % block
+    if pad:
+        flat = torch.nn.functional.pad(flat, (0, 0, 0, pad))
+    inner = flat.shape[-1]
+    rows = flat.reshape(-1, block, inner)
+
+    def restore(values: torch.Tensor) -> torch.Tensor:
+        out = values.reshape(outer, length + pad, inner)
+        return (out[:, :length] if pad else out).reshape(shape)
     return rows, restore
 
 
@@ -237,8 +263,8 @@ def qdq_mx(x: torch.Tensor, elem: str, dim: int = -1, block: int = MX_BLOCK,
 def _pairwise_amax(rows: torch.Tensor) -> torch.Tensor:
     """Each row's largest value (NaN where the row holds one), by halving: torch's
     ``amax`` over rows of 16 runs 2.5x slower than this (and than over rows of 32)."""
-    if rows.shape[1] & (rows.shape[1] - 1):   # not a power of two: no halving
-        return rows.amax(dim=1, keepdim=True)
+    if rows.dim() > 2 or rows.shape[1] & (rows.shape[1] - 1):   # blocks along an inner
+        return rows.amax(dim=1, keepdim=True)       # axis (fast), or no halving possible
     while rows.shape[1] > 1:
         half = rows.shape[1] // 2
         rows = torch.maximum(rows[:, :half], rows[:, half:])
@@ -266,19 +292,41 @@ def nvfp4_block_scales(block_amax: torch.Tensor, tensor_scale: torch.Tensor) -> 
     return round_magnitude_(scaled, "e4m3")    # the e4m3 cast's values, without its cost
 
 
+#: Random bits per stochastic-rounding offset: four offsets from each 64-bit draw.
+SR_BITS = 16
+
+
+def uniform_offsets(shape: torch.Size, generator: torch.Generator | None,
+                    device: torch.device) -> torch.Tensor:
+    """Uniform offsets ``(k + 1/2) / 2^16`` in (0, 1), ``k`` from :data:`SR_BITS` random
+    bits, for stochastic rounding, as an int16 tensor ``k - 2^15`` of ``shape``: each
+    64-bit draw of ``generator`` gives four (torch's CPU generator costs per draw, and
+    ``torch.rand`` spends one 32-bit draw and a conversion on each float: 3.5x the time).
+    The half step makes the offsets symmetric, so the rounding is unbiased to within
+    2^-17 of the spacing (Blackwell's ``cvt.rs`` likewise rounds with a few random bits
+    per value, not a full-precision uniform)."""
+    count = shape.numel()
+    words = torch.empty((count + 3) // 4, dtype=torch.int64, device=device)
+    words.random_(-2 ** 63, None, generator=generator)   # the full 64-bit range
+    return words.view(torch.int16)[:count].view(shape)
+
+
 def round_e2m1_stochastic_(mag: torch.Tensor, generator: torch.Generator | None
                            ) -> torch.Tensor:
     """``mag`` (fp32, non-negative or NaN) rounded in place to e2m1 *stochastically*: up
     to the next e2m1 value with probability (distance from the one below) / spacing, so
     the rounded value's expectation is ``mag`` (unbiased, below saturation at 6). Computed
-    as ``floor(mag / spacing + u) * spacing`` for a uniform ``u`` in [0, 1), drawn from
-    ``generator`` only (never torch's global RNG)."""
+    as ``floor(mag / spacing + u) * spacing`` for a uniform ``u`` in (0, 1)
+    (:func:`uniform_offsets`), drawn from ``generator`` only (never torch's global RNG)."""
     mag.clamp_(max=E2M1_MAX)
     # spacing 2^(max(e, 0) - 1) for mag's fp32 exponent e: 0.5 below 2, 1 below 4, 2 above
     spacing = (mag.view(torch.int32) & _EXPONENT_MASK).clamp_(min=127 << 23) \
         .sub_(1 << 23).view(torch.float32)
-    draw = torch.rand(mag.shape, device=mag.device, generator=generator)
-    return mag.div_(spacing).add_(draw).floor_().mul_(spacing)
+    offsets = uniform_offsets(mag.shape, generator, mag.device)
+    # u = (k + 2^15 + 1/2) / 2^16 for the int16 k: k / 2^16 + (1/2 + 2^-17), exact in
+    # fp32 (the int16 k is converted on the fly, in the add's own pass)
+    mag.div_(spacing).add_(offsets, alpha=2.0 ** -SR_BITS)
+    return mag.add_(0.5 + 2.0 ** -(SR_BITS + 1)).floor_().mul_(spacing)
 
 
 def qdq_nvfp4(x: torch.Tensor, dim: int = -1, block: int = NVFP4_BLOCK, square: bool = False,

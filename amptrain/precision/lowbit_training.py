@@ -11,7 +11,7 @@ block's outliers over its 16 values before they are quantised to NVFP4's 16-valu
 blocks. The signs come from a fixed seed (:data:`RHT_SEED`), so every rank and every run
 uses the same ``M``, as Transformer Engine's fixed sign mask does.
 
-**Stochastic rounding (SR).** Each Linear's gradient quantisations draw their uniforms
+**Stochastic rounding (SR).** Each Linear's gradient quantisations draw their random bits
 from a generator seeded, per call, by the run's seed, the layer and how many times the
 layer has quantised gradients so far (:class:`StochasticSeeds`). Nothing is drawn from
 torch's global RNG (dropout and data order are unchanged by turning SR on), the draws are

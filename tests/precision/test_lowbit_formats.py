@@ -10,8 +10,9 @@ import pytest
 import torch
 
 from amptrain.precision.lowbit_formats import (E2M1_MAX, E4M3_MAX, E5M2_MAX, e8m0_exponent,
-                                               qdq_mx, qdq_nvfp4, qdq_rowwise,
-                                               qdq_tensorwise, round_e2m1, round_fp8)
+                                               qdq_fp8_blocks, qdq_mx, qdq_nvfp4,
+                                               qdq_rowwise, qdq_tensorwise, round_e2m1,
+                                               round_fp8)
 from amptrain.precision.lowbit_operand import Quantiser, flushed_and_saturated
 from amptrain.common.quiet import quiet_torchao
 
@@ -146,6 +147,25 @@ def test_mx_pads_a_partial_block_and_blocks_along_any_axis():
     assert torch.equal(qdq_mx(x, "e4m3", 0), qdq_mx(x.t().contiguous(), "e4m3", -1).t())
     padded = torch.cat([x, torch.zeros(24, 64)])           # 40 rows + zeros = 2 blocks
     assert torch.equal(qdq_mx(x, "e2m1", 0), qdq_mx(padded, "e2m1", 0)[:40])
+
+
+@pytest.mark.parametrize("quantise", [
+    lambda x, dim: qdq_mx(x, "e4m3", dim), lambda x, dim: qdq_mx(x, "e2m1", dim, mode="rceil"),
+    qdq_nvfp4, qdq_fp8_blocks], ids=["mxfp8", "mxfp4-rceil", "nvfp4", "fp8-blocks"])
+def test_blocks_along_an_inner_axis_are_the_last_axis_blocks_bit_for_bit(quantise):
+    """Blocks along an axis other than the last are quantised in the tensor's own layout
+    (no transposed copy): the same bits as moving that axis last, partial blocks, NaN,
+    inf, zeros and subnormals included (NaN compared as NaN: its payload may differ)."""
+    torch.manual_seed(4)
+    x = torch.randn(3, 150, 7) * torch.logspace(-30, 30, 7)
+    flat = x.view(-1)
+    flat[::97], flat[5::101], flat[7::89], flat[11::53] = math.nan, math.inf, 0.0, 1e-40
+    for dim in (0, 1):
+        ours = quantise(x, dim)
+        moved = quantise(x.movedim(dim, -1).contiguous(), -1).movedim(-1, dim)
+        assert torch.equal(ours.isnan(), moved.isnan())
+        assert torch.equal(ours.nan_to_num(0.0).view(torch.int32),
+                           moved.nan_to_num(0.0).view(torch.int32))
 
 
 def reference_nvfp4(x: torch.Tensor) -> torch.Tensor:
