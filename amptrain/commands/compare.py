@@ -66,10 +66,12 @@ def emulated_plans(rows: list[str], device: str) -> set[str]:
     """The precision-plan rows (``plan:FILE``) with a format that ``device`` only emulates."""
     # deferred: torch loads when the command runs, not for --help
     from ..common.choices import PLAN_PREFIX
+    from ..precision.hardware.devices import resolve_device
     from ..precision.precision_plan import native_formats
     from ..precision.resolve import resolve_precision
 
-    plans = [resolve_precision(row, device) for row in rows if row.startswith(PLAN_PREFIX)]
+    where = resolve_device(device)   # --device's value may be "auto"
+    plans = [resolve_precision(row, where) for row in rows if row.startswith(PLAN_PREFIX)]
     return {p.name for p in plans
             if p.plan is not None and not all(native_formats(p.plan, p.device).values())}
 

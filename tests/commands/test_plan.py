@@ -9,6 +9,7 @@ import pytest
 import yaml
 
 from amptrain import cli
+from amptrain.commands.compare import emulated_plans
 from amptrain.common.errors import AmptrainWarning, UserError
 from amptrain.compare.options import PlanOptions
 from amptrain.compare.precision_plan import run_plan
@@ -174,3 +175,12 @@ def test_diagnose_takes_a_plan_and_runs_it_from_the_same_weights(planted, capsys
                      "--model", "module:planted.build", "--data", "digits",
                      "--device", "cpu", "--out", "diag2"]) == 2
     assert "no module 'nope'" in capsys.readouterr().err
+
+
+def test_compare_marks_a_plan_row_emulated_under_device_auto(tmp_path):
+    # --device's default is "auto": the rows' device is resolved from it, not passed to
+    # torch as it is (compare crashed after its runs with torch's "device string: auto")
+    plan = tmp_path / "p.yaml"
+    plan.write_text("a: mxfp4\n")
+    rows = ["bf16-mixed", f"plan:{plan}"]
+    assert emulated_plans(rows, "auto") == emulated_plans(rows, "cpu") == {f"plan:{plan}"}
