@@ -166,9 +166,9 @@ class Trainer(TrainerViews):
                 try:
                     self.reporter.memory.start()
                     interval.start(position.step)
-                    if parts.task.owns_loop:  # PPO's updates: the task iterates (loop.py)
-                        parts.task.iterate(TaskLoop(self))
-                    while not self._done() and not parts.task.owns_loop:
+                    if parts.task.iteration.owns:  # PPO's updates: the task iterates (loop.py)
+                        parts.task.iteration.iterate(TaskLoop(self))
+                    while not self._done() and not parts.task.iteration.owns:
                         fresh = self._start_epoch(windows)
                         for window in interval.timed(windows.epoch(position.epoch,
                                                                    position.window_in_epoch)):

@@ -74,8 +74,8 @@ class Reporter:
         """The run's logger (metrics.jsonl, trackers, the bar); ``task``'s own fields shown."""
         self.logger = RunLogger(out, enabled=enabled, progress=progress, resumed_at=resumed_at,
                                 print_every=self.print_every, loggers=loggers, params=params,
-                                shown=task.shown_fields if task is not None else (),
-                                speeds=task.speed_units if task is not None else None)
+                                shown=task.logs.shown_fields if task is not None else (),
+                                speeds=task.logs.speed_units if task is not None else None)
 
     def record(self, trainer: Any, record: dict[str, Any]) -> None:
         """Log ``record`` and keep it; callbacks' ``on_log(trainer, record)`` see it."""
@@ -133,7 +133,7 @@ class Reporter:
                   "skipped_steps": precision.skipped_steps, **steps.skipped_records(),
                   "samples_per_s": window["samples_per_s"],
                   "data_wait_frac": window["data_wait_frac"], "peak_mem_bytes": self.memory.peak()}
-        record.update(task.throughput(record["samples_per_s"]))  # an LM's tokens_per_s
+        record.update(task.logs.throughput(record["samples_per_s"]))  # an LM's tokens_per_s
         return record
 
     @staticmethod
@@ -184,5 +184,5 @@ class Reporter:
             data_wait_frac=float(np.median(waits)) if waits else None,
             peak_mem_bytes=self.memory.peak(),
             out=str(out) if out else None, history=list(self.history),
-            learning_note=last_eval.task.learning_note(last_eval)
+            learning_note=last_eval.task.wording.learning_note(last_eval)
             if last_eval is not None and last_eval.task is not None else None)
