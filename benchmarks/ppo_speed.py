@@ -8,7 +8,7 @@ plus its minibatch epochs) of each lane, in a rotated order, timed with
 
 * ``amptrain``: a Trainer set up as ``amptrain train --data gym:CartPole-v1`` sets it up
   (the ppo task, the built-in actor-critic), run one update at a time by the task's own
-  loop (``PpoTask.iterate`` on a bare ``TaskLoop``: a rollout, then its minibatch steps),
+  loop (``PpoIteration.iterate`` on a bare ``TaskLoop``: a rollout, then its minibatch steps),
   as ``compare`` times it; the loop's own bookkeeping (console lines, evaluations,
   checkpoints) is not part of it.
 * ``reference`` and ``reference #2``: :func:`ppo_reference.iterate` (yields after each

@@ -139,6 +139,20 @@ class Task(ABC):
     #: What ``generate`` draws and which split ``eval`` fits it on.
     offers: Offers = Offers()
 
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        """A task's ``metrics`` may be a plain tuple (made a :class:`Metrics`); a member the
+        parts now own (``delta_unit = "rel"``, a ``report_text`` method ...) is refused, as
+        it would otherwise be silently ignored."""
+        super().__init_subclass__(**kwargs)
+        moved = sorted(name for name in vars(cls) if name in MOVED)
+        if moved:
+            raise TypeError(f"{cls.__name__} declares {', '.join(moved)}, which the task's "
+                            f"parts now own: declare {', '.join(MOVED[m] for m in moved)} "
+                            f"instead (see docs/tasks.md)")
+        metrics = vars(cls).get("metrics")
+        if isinstance(metrics, tuple) and not isinstance(metrics, Metrics):
+            cls.metrics = Metrics(*metrics)
+
     # ------------------------------------------------------- the core protocol
     @abstractmethod
     def loss(self, outputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
@@ -184,6 +198,27 @@ class Task(ABC):
     def close(self) -> None:  # noqa: B027  (optional hook)
         """Release what the task opened for a run (environments); called when it ends."""
 
+
+#: What the Task used to declare itself and the part that owns it now.
+MOVED = {
+    **{name: f"verdict = Verdict(...) ({name})" for name in (
+        "delta_unit", "tolerance_option", "seed_statistic", "default_tolerance_pp",
+        "default_tolerance_rel", "default_tolerance", "delta_field", "format_delta",
+        "format_tolerance", "judge", "difference")},
+    **{name: f"wording = Wording(...) ({name})" for name in (
+        "data_holds", "data_needs", "output_noun", "describe", "resume_mismatch",
+        "learning_note")},
+    **{name: f"a Reports subclass ({name})" for name in ("report", "report_text", "write_files")},
+    **{name: f"a DataChecks subclass ({name})" for name in ("check_data", "check_outputs",
+                                                            "fits")},
+    **{name: f"an Iteration subclass ({name})" for name in (
+        "owns_loop", "iterate", "timed_unit", "run_options", "batches_are_samples")},
+    **{name: f"a LogKeys subclass ({name})" for name in ("shown_fields", "speed_units",
+                                                         "throughput")},
+    **{name: f"a Diagnosis subclass ({name})" for name in ("loss_names", "loss_paths")},
+    **{name: f"offers = Offers(...) ({name})" for name in ("generates", "eval_learn_split")},
+    **{name: f"metrics.{name}" for name in ("primary", "metric")},
+}
 
 #: The core protocol's members (house figures and the docs count them).
 CORE = ("name", "metrics", "loss", "start_eval", "finish_eval", "learn_from", "state",

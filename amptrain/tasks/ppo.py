@@ -2,18 +2,19 @@
 environments (:mod:`amptrain.data.gym`), the recipe of CleanRL's single-file ``ppo.py``
 (discrete actions) and ``ppo_continuous_action.py`` (continuous actions).
 
-The task owns its loop (:meth:`PpoTask.iterate`), as CleanRL's reads: for each update it
-collects a rollout (``num_envs x rollout_steps`` transitions per process) with the policy
-under the precision's autocast and without gradients, computes advantages (GAE) and
-returns in fp32, then runs ``update_epochs`` epochs of ``minibatches`` steps over it. A
-step is one optimizer step, as everywhere in amptrain: one minibatch update through the
-step context (autocast, backward with loss scaling, clipping, the optimizer step). The
-minibatches come from the run's data order: the training split is the rollout's slot
-indices (data/gym.py), shuffled per epoch by the run's seed. Between steps the Trainer
+The task owns its loop (its iteration part, :class:`.ppo_parts.PpoIteration`), as CleanRL's
+reads: for each update it collects a rollout (``num_envs x rollout_steps`` transitions per
+process) with the policy under the precision's autocast and without gradients, computes
+advantages (GAE) and returns in fp32, then runs ``update_epochs`` epochs of ``minibatches``
+steps over it. A step is one optimizer step, as everywhere in amptrain: one minibatch update
+through the step context (autocast, backward with loss scaling, clipping, the optimizer
+step). The minibatches come from the run's data order: the training split is the rollout's
+slot indices (data/gym.py), shuffled per epoch by the run's seed. Between steps the Trainer
 logs, evaluates, checkpoints and stops as in any run (:mod:`amptrain.trainer.loop`).
 
 The run's length is ``--env-steps``: ``env_steps // (rollout x processes)`` updates
-(its iteration part's ``run_options``, :mod:`.ppo_parts`, sets ``--max-steps`` and the minibatch as ``--batch-size``).
+(its iteration part's ``run_options``, :mod:`.ppo_parts`, sets ``--max-steps`` and the
+minibatch as ``--batch-size``).
 Evaluation plays ``--eval-episodes`` deterministic episodes (the policy's most likely
 action, or the Gaussian's mean); ``val_return`` is their mean return (the primary metric,
 higher is better) and ``val_return_iqm`` their interquartile mean.
@@ -21,7 +22,6 @@ higher is better) and ``val_return_iqm`` their interquartile mean.
 from __future__ import annotations
 
 import logging
-import itertools
 from dataclasses import fields
 from typing import Any
 
@@ -223,24 +223,6 @@ class PpoTask(Task):
         assert rollout.returns is not None
         ctx.log("explained_variance",
                 explained_variance(rollout.values.flatten(), rollout.returns.flatten()), 1)
-
-    def iterate(self, loop: TrainLoop) -> None:
-        """CleanRL's loop: for each update a rollout with the current policy, then
-        ``update_epochs`` epochs of ``minibatches`` minibatch steps over it. The epochs are
-        the run's data epochs of the rollout's slots (its seed decides the minibatches); a
-        resumed run goes on inside the update it stopped in, on a fresh rollout."""
-        s = self.settings
-        per_epoch, epochs = s["minibatches"], s["update_epochs"]
-        per_update = per_epoch * epochs
-        for update in itertools.count(loop.step_number // per_update):
-            if loop.done:
-                return
-            self.collect(loop, update)
-            done = loop.step_number - update * per_update   # > 0 only in a resumed update
-            for epoch in range(done // per_epoch, epochs):
-                start = done % per_epoch if epoch == done // per_epoch else 0
-                for window in loop.epoch(update * epochs + epoch, start):
-                    loop.step(window)
 
     def training_step(self, ctx: StepContext) -> None:
         """One minibatch update on the rollout held (a step driven alone, without

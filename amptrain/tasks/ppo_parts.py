@@ -2,6 +2,7 @@
 logs, diagnose's value path, its checks and its report, each reading the task's state."""
 from __future__ import annotations
 
+import itertools
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
 
@@ -30,7 +31,7 @@ EVALUATIONS = 20
 
 class PpoIteration(Iteration):
     """The task drives the run: a rollout, then epochs of minibatch steps
-    (:meth:`PpoTask.iterate`); its batches are rollout slots, not samples."""
+    (:meth:`iterate`); its batches are rollout slots, not samples."""
 
     owns = True
     batches_are_samples = False
@@ -39,7 +40,23 @@ class PpoIteration(Iteration):
         self.task = task
 
     def iterate(self, loop: TrainLoop) -> None:
-        self.task.iterate(loop)
+        """CleanRL's loop: for each update a rollout with the current policy, then
+        ``update_epochs`` epochs of ``minibatches`` minibatch steps over it. The epochs are
+        the run's data epochs of the rollout's slots (its seed decides the minibatches); a
+        resumed run goes on inside the update it stopped in, on a fresh rollout."""
+        task = self.task
+        s = task.settings
+        per_epoch, epochs = s["minibatches"], s["update_epochs"]
+        per_update = per_epoch * epochs
+        for update in itertools.count(loop.step_number // per_update):
+            if loop.done:
+                return
+            task.collect(loop, update)
+            done = loop.step_number - update * per_update   # > 0 only in a resumed update
+            for epoch in range(done // per_epoch, epochs):
+                start = done % per_epoch if epoch == done // per_epoch else 0
+                for window in loop.epoch(update * epochs + epoch, start):
+                    loop.step(window)
 
     def timed_unit(self) -> int:
         """A whole update: its rollout and its ``minibatches x update_epochs`` steps."""

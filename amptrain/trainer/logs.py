@@ -39,7 +39,7 @@ def shown_key(key: str, task_fields: Iterable[str] = ()) -> bool:
     logged (``loss``, a GAN's ``d_loss``/``g_loss``: any ``*_loss``), the learning rate of
     a one-part run, every loss scale (``loss_scale``, ``loss_scale/<id>``), every
     evaluation metric (``val_*``) and the fields the task declares
-    (:attr:`LogKeys.shown_fields <amptrain.tasks.logkeys.LogKeys.shown_fields>`: PPO's episode return)."""
+    (:attr:`~amptrain.tasks.logkeys.LogKeys.shown_fields`: PPO's episode return)."""
     return (key in ("loss", "lr", "loss_scale") or key in task_fields
             or key.endswith("_loss") or key.startswith("loss_scale/") or key.startswith("val_"))
 

@@ -28,7 +28,8 @@ class FitResult:
     #: The median share of training time spent waiting for data (0: the input keeps up).
     data_wait_frac: float | None = None
     #: The task's line when the final metrics show the model learnt (next to) nothing
-    #: (a regression's R² near 0, a classifier at chance; :meth:`Wording.learning_note <amptrain.tasks.wording.Wording.learning_note>`).
+    #: (a regression's R² near 0, a classifier at chance; the task's
+    #: :meth:`~amptrain.tasks.wording.Wording.learning_note`).
     learning_note: str | None = None
 
     def nonfinite_metrics(self) -> list[str]:

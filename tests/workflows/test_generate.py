@@ -138,7 +138,7 @@ def test_generate_writes_a_gans_samples_and_grid(tmp_path):
 
 def test_generate_loads_the_run_without_a_trainer_and_asks_the_task(tmp_path, monkeypatch):
     """generate reads the run through saved_run's loader (no Trainer) and asks the task
-    what it generates (Task.generates): a GAN draws images, and refuses a prompt."""
+    what it generates (Task.offers.generates): a GAN draws images, and refuses a prompt."""
     from amptrain.workflows.generate import generate_images
     from amptrain.tasks import GanTask
     from amptrain.trainer import core
