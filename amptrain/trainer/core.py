@@ -144,7 +144,7 @@ class Trainer(TrainerViews):
                 resolved=self.resolved_config, optimizer=optimizer,
                 scheduler=scheduler, loss_fn=loss_fn, class_names=names, task=task,
                 training_step=training_step)
-            self._built.train_step.on_split = self._use_batch_plan  # after out-of-memory
+            self._built.train_step.on_split = self._use_split  # after out-of-memory
             self.resumed_finished = begin_run(
                 self._built, config=self.config, strategy=self.strategy, out=self.out,
                 precision=self.precision, reporter=self.reporter, position=self.position,
@@ -194,7 +194,8 @@ class Trainer(TrainerViews):
             self._teardown()
         self.reporter.emit(self, "on_fit_end")
         result = self.reporter.result(self.precision, steps=self.step, epochs=self.epoch,
-                                      last_eval=self.last_eval, out=self.out)
+                                      last_eval=self.last_eval, out=self.out,
+                                      task=self.task)
         bad = result.nonfinite_metrics()
         if bad:
             log.warning("training finished with non-finite %s: the model diverged (lower %s, "
@@ -357,7 +358,7 @@ class Trainer(TrainerViews):
     def _has_val(self) -> bool:
         return self._built is not None and self._built.evaluator.val_data is not None
 
-    def _use_batch_plan(self, split: MicroBatchSplit) -> None:
+    def _use_split(self, split: MicroBatchSplit) -> None:
         """The one place a smaller micro-batch takes effect (after out-of-memory)."""
         self.sizer.use(split)
         self._ready().windows.resize(split.micro_batch)  # later epochs are cut the new way
