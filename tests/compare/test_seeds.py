@@ -113,7 +113,8 @@ def test_paired_scores_need_the_same_seeds():
 
 def test_difference_in_the_tasks_unit():
     task = IqmRegression()  # relative change: (value - baseline) / |baseline|
-    delta, low, high = difference_interval([2.2] * 5, [2.0] * 5, task.verdict.difference, paired=True)
+    delta, low, high = difference_interval([2.2] * 5, [2.0] * 5, task.verdict.difference,
+                                           paired=True)
     assert (delta, low, high) == pytest.approx((0.1, 0.1, 0.1))
 
 

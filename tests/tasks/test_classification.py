@@ -30,7 +30,8 @@ def test_labels_that_are_not_class_indices(labels, names, fragment):
 def test_outputs_against_labels():
     logits = torch.zeros(4, 3)
     task = ClassificationTask([str(i) for i in range(3)])
-    task.checks.check_outputs(logits, torch.tensor([0, 1, 2, 2]), model_name=None, all_targets=None)
+    task.checks.check_outputs(logits, torch.tensor([0, 1, 2, 2]), model_name=None,
+                              all_targets=None)
     with pytest.raises(UserError, match="returns 3 outputs per sample, but the data has 10"):
         ClassificationTask([str(i) for i in range(10)]).checks.check_outputs(
             logits, torch.tensor([0, 1]), model_name="m", all_targets=None)
@@ -95,7 +96,8 @@ def test_every_task_words_its_data_and_outputs():
 
     for name, cls in TASKS.items():
         assert cls.wording.data_holds and cls.wording.data_needs and cls.wording.output_noun, name
-        assert name in cls.wording.data_needs or cls.wording.data_needs.startswith("language modelling")
+        needs = cls.wording.data_needs
+        assert name in needs or needs.startswith("language modelling")
     assert TASKS["classification"].wording.output_noun == "classes"
 
 

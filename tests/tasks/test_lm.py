@@ -72,7 +72,8 @@ def test_verdict_is_the_relative_change_of_perplexity():
     task = LanguageModelTask()
     assert judge(task, 3.03, 3.0, 0.02) == (pytest.approx(0.01), "ok")
     assert judge(task, 3.3, 3.0, 0.02)[1] == "worse"
-    assert delta_field(task) == "delta_perplexity_rel" and task.verdict.tolerance_option == "tolerance_rel"
+    assert delta_field(task) == "delta_perplexity_rel"
+    assert task.verdict.tolerance_option == "tolerance_rel"
 
 
 GPT = "gpt:layers=2,heads=2,width=64"
@@ -159,16 +160,17 @@ def test_compare_judges_perplexity_by_its_relative_change(tmp_path):
 def test_resume_mismatch_names_the_flag_of_the_block_size_or_the_tokenizer():
     from amptrain.tasks import LanguageModelTask, RegressionTask
 
-    said = LanguageModelTask.wording.resume_mismatch("input_shape", (64,), (32,), config={}, saved={},
-                                             path="c.pt")
+    said = LanguageModelTask.wording.resume_mismatch("input_shape", (64,), (32,), config={},
+                                                     saved={}, path="c.pt")
     assert said is not None and said.startswith("--seq-len 64 differs from checkpoint c.pt's 32")
-    said = LanguageModelTask.wording.resume_mismatch("num_classes", 300, 256, config={"tokenizer": "hf:t"},
-                                             saved={}, path="c.pt")
+    said = LanguageModelTask.wording.resume_mismatch("num_classes", 300, 256,
+                                                     config={"tokenizer": "hf:t"},
+                                                     saved={}, path="c.pt")
     assert said is not None and "--tokenizer hf:t gives a vocabulary of 300" in said \
         and "(--tokenizer byte)" in said
     # Other tasks leave the message to resume's generic one.
     assert RegressionTask.wording.resume_mismatch("num_classes", 2, 1, config={}, saved={},
-                                          path="c.pt") is None
+                                                  path="c.pt") is None
 
 
 class _PositionLM(torch.nn.Module):

@@ -99,7 +99,8 @@ def test_outputs_must_match_the_targets_per_sample():
     task = RegressionTask()
     with pytest.raises(UserError, match="returns 3 value\\(s\\) per sample, but the regression "
                                         "targets have 1"):
-        task.checks.check_outputs(torch.zeros(4, 3), torch.zeros(4), model_name="mlp", all_targets=None)
+        task.checks.check_outputs(torch.zeros(4, 3), torch.zeros(4), model_name="mlp",
+                                  all_targets=None)
     task.checks.check_outputs(torch.zeros(4, 1), torch.zeros(4), model_name=None, all_targets=None)
 
 
