@@ -54,20 +54,33 @@ def frames_to_optimizer_step(argv: list[str]) -> list[str]:
     return seen[0]
 
 
-def task_members() -> tuple[list[str], list[str]]:
-    """The Task protocol's public methods and attributes (tasks/base.py)."""
-    from amptrain.tasks.base import Task
-
+def members(cls: type, leave_out: tuple[str, ...] = ()) -> tuple[list[str], list[str]]:
+    """A class's own public methods and attributes (its annotated fields too)."""
     methods, attributes = [], []
-    for name, value in vars(Task).items():
-        if name.startswith("_"):
+    for name, value in vars(cls).items():
+        if name.startswith("_") or name in leave_out:
             continue
         (methods if inspect.isfunction(value) or isinstance(value, (property, staticmethod,
                                                                       classmethod))
          else attributes).append(name)
-    attributes += [n for n in getattr(Task, "__annotations__", {}) if not n.startswith("_")
-                   and n not in attributes and n not in methods]
+    attributes += [n for n in getattr(cls, "__annotations__", {}) if not n.startswith("_")
+                   and n not in attributes and n not in methods and n not in leave_out]
     return methods, attributes
+
+
+def task_members() -> tuple[list[str], list[str]]:
+    """The core Task protocol's public methods and attributes (tasks/base.py), without the
+    optional parts it declares (:func:`part_members`)."""
+    from amptrain.tasks.base import PARTS, Task
+
+    return members(Task, leave_out=tuple(PARTS))
+
+
+def part_members() -> dict[str, tuple[list[str], list[str]]]:
+    """Each optional part's public methods and attributes, by the Task attribute naming it."""
+    from amptrain.tasks.base import PARTS
+
+    return {name: members(kind) for name, kind in PARTS.items()}
 
 
 def in_function_imports() -> list[str]:
@@ -95,7 +108,13 @@ def main() -> None:
     for frame in frames:
         print(f"  {frame}")
     methods, attributes = task_members()
-    print(f"Task: {len(methods)} methods, {len(attributes)} attributes")
+    print(f"Task (core protocol): {len(methods)} methods, {len(attributes)} attributes "
+          f"({', '.join(attributes + methods)})")
+    parts = part_members()
+    print(f"Task parts: {len(parts)}")
+    for name, (part_methods, part_attributes) in parts.items():
+        print(f"  {name}: {len(part_methods)} methods, {len(part_attributes)} attributes "
+              f"({', '.join(part_attributes + part_methods)})")
     imports = in_function_imports()
     print(f"in-function imports of amptrain's own modules: {len(imports)}")
 

@@ -8,7 +8,7 @@ plus its minibatch epochs) of each lane, in a rotated order, timed with
 
 * ``amptrain``: a Trainer set up as ``amptrain train --data gym:CartPole-v1`` sets it up
   (the ppo task, the built-in actor-critic), run one update at a time by the task's own
-  loop (``PpoTask.iterate`` on a bare ``TaskLoop``: a rollout, then its minibatch steps),
+  loop (``PpoIteration.iterate`` on a bare ``TaskLoop``: a rollout, then its minibatch steps),
   as ``compare`` times it; the loop's own bookkeeping (console lines, evaluations,
   checkpoints) is not part of it.
 * ``reference`` and ``reference #2``: :func:`ppo_reference.iterate` (yields after each
@@ -69,7 +69,7 @@ class AmptrainPpo:
         self.trainer = Trainer(run.config)
         self.trainer.setup(run.model, run.data.train, task=run.task)
         task = self.trainer.task
-        self.unit = task.timed_unit()
+        self.unit = task.iteration.timed_unit()
         self.transitions = num_envs * rollout_steps
         self.clock = {"env": 0.0, "rollout": 0.0}
         # Instrumentation (measuring only): the vector environment's step, and the rollout.
@@ -85,7 +85,7 @@ class AmptrainPpo:
 
     def update(self) -> None:
         """One PPO update: the rollout and its minibatch steps."""
-        self.trainer.task.iterate(TaskLoop(self.trainer, bare_steps=self.unit))
+        self.trainer.task.iteration.iterate(TaskLoop(self.trainer, bare_steps=self.unit))
 
     def shares(self, total_s: float) -> dict[str, float]:
         env, rollout = self.clock["env"], self.clock["rollout"]

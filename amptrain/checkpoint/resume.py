@@ -175,7 +175,8 @@ def _check_same_task(state: dict[str, Any], config: dict[str, Any], run_info: di
     now = run_info.get("task") or config.get("task")
     current = _task_class(now)
     if current is not None and _task_class(then) is not None and now != then:
-        raise UserError(f"--data {config.get('data')} holds {current.data_holds} ({now}), but "
+        raise UserError(f"--data {config.get('data')} holds {current.wording.data_holds} "
+                        f"({now}), but "
                         f"checkpoint {path} trained a {then} model; resume on the data it was "
                         f"trained on (--data {(state.get('config') or {}).get('data')}) or "
                         f"start a new run with another --out")
@@ -185,11 +186,11 @@ def _inputs_differ(task: str, key: str, now: Any, then: Any, config: dict[str, A
                    saved: dict[str, Any], path: str | Path) -> str:
     """The message for a resume whose model facts differ, naming the flag that differs."""
     cls = _task_class(task)
-    own = cls.resume_mismatch(key, now, then, config=config, saved=saved, path=str(path)) \
+    own = cls.wording.resume_mismatch(key, now, then, config=config, saved=saved, path=str(path)) \
         if cls is not None else None
     if own is not None:
         return own
-    noun = cls.output_noun if cls is not None else "outputs"
+    noun = cls.wording.output_noun if cls is not None else "outputs"
     what = f"{now} {noun}" if key == "num_classes" \
         else f"inputs of shape {now}"
     was = f"{then} {noun}" if key == "num_classes" \

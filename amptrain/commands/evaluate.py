@@ -46,7 +46,7 @@ def run(args: argparse.Namespace) -> int:
                         if m.key in result.metrics)
     print(f"{metrics}  loss {result.loss:.4f} on {result.samples} samples "
           f"(checkpoint trained with {trained_with})")
-    readable, _ = result.task.report_text(result)
+    readable, _ = result.task.reports.report_text(result)
     reports = Path(args.out) / "eval"
     # The task's other files (a GAN's samples.png) after its two reports.
     others = sorted(p.name for p in reports.iterdir() if p.name not in (readable, "report.json")) \

@@ -48,7 +48,8 @@ def run(args: argparse.Namespace) -> int:
     metrics = "  ".join(f"val_{k} {number(v)}" for k, v in result.val_metrics.items()) \
         or "no validation metrics"
     speed = f", {result.samples_per_s:.0f} samples/s" if result.samples_per_s else ""
-    speed += f", {result.tokens_per_s:.0f} tokens/s" if result.tokens_per_s else ""
+    speed += "".join(f", {value:.0f} {result.speed_units.get(key, key)}"  # the task's speeds
+                     for key, value in result.speeds.items())
     if result.data_wait_frac is not None:
         speed += f", data wait {100 * result.data_wait_frac:.0f}%"
     print(f"done: {metrics}  val_loss {number(result.val_loss)}  after {result.steps} steps "

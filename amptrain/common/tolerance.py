@@ -25,15 +25,15 @@ class Tolerance:
 
 def tolerance_for(task: Any, given: float | None) -> Tolerance:
     """The tolerance of ``task``'s verdict: ``given`` (the value of the option the task
-    names, ``task.tolerance_option``, or None) when given, else the task's
+    names, ``task.verdict.tolerance_option``, or None) when given, else the task's
     ``default_<option>`` (a GAN's Fréchet distance varies far more between seeds than
     perplexity), else
     :data:`SHARED_TOLERANCES` (a value equal to it, such as ``--tolerance-pp``'s default,
     is reported as the shared default)."""
-    name = task.tolerance_option
+    name = task.verdict.tolerance_option
     if given is not None and given != SHARED_TOLERANCES[name]:
         return Tolerance(float(given), name, "given", f"{flag(name)} {given:g} as given")
-    own = task.default_tolerance()
+    own = task.verdict.default_tolerance
     if own is not None and given is None:
         return Tolerance(float(own), name, "task",
                          f"the {task.name} task's default {flag(name)} {own:g}: its metric "

@@ -100,7 +100,7 @@ class CompareOptions:
 def resolve_tolerance(options: CompareOptions, task: Any) -> Tolerance:
     """The tolerance of ``task``'s verdict for these options (see
     :func:`~amptrain.common.tolerance.tolerance_for`)."""
-    return tolerance_for(task, getattr(options, task.tolerance_option, None))
+    return tolerance_for(task, getattr(options, task.verdict.tolerance_option, None))
 
 
 def resolve_precisions(options: CompareOptions, device: torch.device,

@@ -15,7 +15,7 @@ from ..precision.hardware.devices import resolve_device
 from ..precision.hardware.probe import collect_env
 from ..common.errors import UserError
 from ..report import write_reports
-from ..tasks import Task
+from ..tasks import Task, delta_field
 from .options import CURVE_POINTS, CompareOptions, resolve_precisions, resolve_tolerance
 from .reliability import assess_timing, check_against_training, machine_load, usable_cores
 from .runs import train_runs
@@ -97,9 +97,10 @@ def _study(config: RunConfig, options: CompareOptions, *, command: str | None,
         "seed_method": {"bootstrap_reps": BOOTSTRAP_REPS, "bootstrap_seed": BOOTSTRAP_SEED,
                         "min_seeds": MIN_SEEDS},
         # What the reports label: the task and its primary metric.
-        "task": {"name": task.name, "metric": task.primary.key, "label": task.primary.label,
-                 "delta_field": task.delta_field,
-                 "tolerance": tolerance.value, "tolerance_option": task.tolerance_option,
+        "task": {"name": task.name, "metric": task.metrics.primary.key,
+                 "label": task.metrics.primary.label,
+                 "delta_field": delta_field(task),
+                 "tolerance": tolerance.value, "tolerance_option": task.verdict.tolerance_option,
                  "tolerance_source": tolerance.source, "tolerance_why": tolerance.why},
         "timing_load": timing_load,
         "memory_method": memory_method(device), "env": collect_env(),

@@ -36,7 +36,7 @@ from ..precision.hardware.devices import resolve_device
 from ..precision.lowbit import RECIPES
 from ..precision.precision_plan import KEPT, linear_flops, plan_format
 from ..precision.resolve import resolve_precision
-from ..tasks import Task
+from ..tasks import Task, delta_field
 from ..workflows.runner import assemble
 from .precision_plan_report import plan_yaml, write_outputs
 from .runs import train_runs
@@ -137,14 +137,14 @@ class Search:
         self.budget.spent_steps += sum(r.get("steps") or 0 for r in runs)
         row = summarise(self.baseline, [self.baseline, label], self.base_runs + runs, {},
                         self.tolerance.value, self.task)[1]
-        mean_field = f"val_{self.task.primary.key}_mean"
+        mean_field = f"val_{self.task.metrics.primary.key}_mean"
         accepted = row["verdict"] in ACCEPTED
         self.evidence.append({
             "candidate": index, "plan": str(path), "layers": list(layers),
             "lowbit_flops_share": round(self.share(layers), 4),
-            "metric": self.task.primary.key, "value": row[mean_field],
+            "metric": self.task.metrics.primary.key, "value": row[mean_field],
             "baseline_value": self.baseline_value(mean_field),
-            self.task.delta_field: row[self.task.delta_field], "verdict": row["verdict"],
+            delta_field(self.task): row[delta_field(self.task)], "verdict": row["verdict"],
             "same_start": _same_start(self.base_runs, runs)})
         self.verdicts[key] = accepted
         return accepted
@@ -216,7 +216,7 @@ def run_plan(config: RunConfig, options: PlanOptions, *,
                         f"run in it (plain nn.Linear, dimensions multiples of "
                         f"{RECIPES[fmt].dim_multiple})")
     task = run.task
-    tolerance = tolerance_for(task, getattr(options, task.tolerance_option))
+    tolerance = tolerance_for(task, getattr(options, task.verdict.tolerance_option))
     seeds = [config.seed + i for i in range(options.seeds)]
     search = Search(config.with_options(precision=baseline), out, fmt, baseline, seeds, task,
                     tolerance, budget, {s.name: s.flops for s in ranking})

@@ -11,6 +11,7 @@ import yaml
 from ..common import outdir
 from ..diagnose.sensitivity import LayerSensitivity
 from ..precision.hardware.peak_rates import ESTIMATE_LABEL, speed_estimates
+from ..tasks import delta_field
 
 if TYPE_CHECKING:
     from .precision_plan import Search
@@ -97,10 +98,10 @@ def write_outputs(out: Path, search: Search, ranking: list[LayerSensitivity],
     report = {
         "command": command, "format": search.fmt, "baseline": search.baseline,
         "seeds": search.seeds,
-        "task": {"name": task.name, "metric": task.primary.key,
-                 "delta_field": task.delta_field, "tolerance": search.tolerance.value,
+        "task": {"name": task.name, "metric": task.metrics.primary.key,
+                 "delta_field": delta_field(task), "tolerance": search.tolerance.value,
                  "tolerance_why": search.tolerance.why},
-        "baseline_value": search.baseline_value(f"val_{task.primary.key}_mean"),
+        "baseline_value": search.baseline_value(f"val_{task.metrics.primary.key}_mean"),
         "plan": {"file": str(plan_file), "layers": search.all_layers(chosen),
                  "layers_in_format": len(chosen), "lowbit_flops_share": share,
                  "verdict": verdict},

@@ -80,7 +80,7 @@ def first_step_loss_fp32(trainer: Trainer, fp32_state: dict[str, torch.Tensor]) 
     """
     windows, model, loss_fn = trainer.train_windows, trainer.model, trainer.loss_fn
     assert windows is not None and model is not None and loss_fn is not None, "set up first"
-    if trainer.task is not None and not trainer.task.batches_are_samples:
+    if trainer.task is not None and not trainer.task.iteration.batches_are_samples:
         return None  # rollout slots (ppo): no loss of a batch without the task's own step
     window = next(iter(windows.epoch(trainer.epoch, trainer.window_in_epoch)), None)
     if window is None:

@@ -45,8 +45,6 @@ MAX_REPS = 100_000
 BOOTSTRAP_SEED = 0
 #: The interval's coverage.
 CONFIDENCE = 0.95
-#: What a task's ``seed_statistic`` may say (amptrain.tasks.base.Task).
-SEED_STATISTICS = ("mean", "iqm")
 #: Fewer seeds than this per precision and the verdict is called weak (Agarwal et al.
 #: show few-run point estimates mislead; five is the issue's floor).
 MIN_SEEDS = 5
@@ -174,13 +172,10 @@ def seed_fields(task: Task) -> tuple[str, ...]:
     """The summary fields a task with ``seed_statistic = "iqm"`` adds, e.g. ``val_return_iqm``,
     ``val_return_iqm_low``, ..., ``delta_return_iqm_rel_high``, ``weak_verdict``,
     ``seed_note``; none for ``"mean"`` (compare's rows stay as they were)."""
-    statistic = task.seed_statistic   # declared on Task ("mean" by default)
-    if statistic not in SEED_STATISTICS:
-        raise ValueError(f"{type(task).__name__}.seed_statistic must be one of "
-                         f"{', '.join(SEED_STATISTICS)} (got {statistic!r})")
-    if statistic != "iqm":
+    # The task's verdict part declares it ("mean" by default; Verdict checks the value).
+    if task.verdict.seed_statistic != "iqm":
         return ()
-    return SeedFields(task.primary.key, task.delta_unit).names
+    return SeedFields(task.metrics.primary.key, task.verdict.unit).names
 
 
 def weak_note(seeds: int) -> str | None:
@@ -199,8 +194,8 @@ def judge_over_seeds(own: Mapping[int, float], base: Mapping[int, float], task: 
     ``own`` and ``base`` map seed -> final primary metric of the precision and of the
     baseline (runs that produced no value left out). Runs are paired when both hold the
     same seeds (compare gives seed ``s`` of every precision the same initial weights and
-    environment seeds). The mean change is ``task.difference`` of the two means."""
-    names = SeedFields(task.primary.key, task.delta_unit).names
+    environment seeds). The mean change is ``task.verdict.difference`` of the two means."""
+    names = SeedFields(task.metrics.primary.key, task.verdict.unit).names
     fields: dict[str, Any] = dict.fromkeys(names)
     fields["verdict"] = None
     if not own:
@@ -215,13 +210,13 @@ def judge_over_seeds(own: Mapping[int, float], base: Mapping[int, float], task: 
         return fields
     paired = set(own) == set(base)
     theirs = [base[s] for s in sorted(base)]
-    delta, d_low, d_high = difference_interval(mine, theirs, task.difference, paired=paired,
+    delta, d_low, d_high = difference_interval(mine, theirs, task.verdict.difference, paired=paired,
                                                reps=reps, seed=seed)
     fields.update(zip(names[3:6], (delta, d_low, d_high)))
-    mean_delta = task.difference(float(np.mean(mine)), float(np.mean(theirs)))
+    mean_delta = task.verdict.difference(float(np.mean(mine)), float(np.mean(theirs)))
     if np.isfinite(d_low) and np.isfinite(d_high):
         fields["verdict"] = seed_verdict(mean_delta, d_low, d_high, tolerance,
-                                         task.primary.higher_is_better)
+                                         task.metrics.primary.higher_is_better)
     else:  # no finite interval (a relative change from a baseline of 0): the mean's rule
-        fields["verdict"] = task.verdict(mean_delta, tolerance)
+        fields["verdict"] = task.verdict.call(mean_delta, tolerance, task.metrics.primary)
     return fields

@@ -5,7 +5,7 @@ import math
 import statistics
 from typing import Any
 
-from ..tasks import Task
+from ..tasks import Task, delta_field, judge
 from .ladder import LADDER_FIELDS
 from .options import SUMMARY_FIELDS
 from .seeds import judge_over_seeds, seed_fields
@@ -49,7 +49,7 @@ def summarise(baseline: str, precisions: list[str], runs: list[dict[str, Any]],
     ``speed[p]`` holds ``samples_per_s``, ``step_time_ms`` and ``peak_mem_bytes`` measured
     for precision ``p`` in this invocation; ratios are taken against ``speed[baseline]``.
     """
-    metric = f"val_{task.primary.key}"  # the runs' field of the primary metric
+    metric = f"val_{task.metrics.primary.key}"  # the runs' field of the primary metric
     mean_field, std_field, delta_field = metric_fields(task)
 
     def values(p: str) -> list[float]:
@@ -66,7 +66,7 @@ def summarise(baseline: str, precisions: list[str], runs: list[dict[str, Any]],
         mine = [r for r in runs if r["precision"] == p]
         own = values(p)
         mean = _mean(own)
-        delta, judged = task.judge(mean, base_mean, tolerance)
+        delta, judged = judge(task, mean, base_mean, tolerance)
         over_seeds: dict[str, Any] = {}
         if seed_fields(task):
             over_seeds = judge_over_seeds(by_seed(p), by_seed(baseline), task, tolerance)
@@ -112,8 +112,8 @@ def metric_fields(task: Task) -> tuple[str, str, str]:
     """The summary's fields of ``task``'s primary metric: (mean, std, delta), e.g.
     ``val_acc_mean``, ``val_acc_std``, ``delta_acc_pp`` (classification),
     ``val_perplexity_mean``, ..., ``delta_perplexity_rel`` (language models)."""
-    key = task.primary.key
-    return f"val_{key}_mean", f"val_{key}_std", task.delta_field
+    key = task.metrics.primary.key
+    return f"val_{key}_mean", f"val_{key}_std", delta_field(task)
 
 
 #: Where :data:`SUMMARY_FIELDS` (classification's names there) holds the metric fields.
@@ -127,7 +127,7 @@ def summary_fields(task: Task) -> tuple[str, ...]:
     named = dict(zip(_METRIC_FIELDS, metric_fields(task)))
     fields = tuple(named.get(k, k) for k in SUMMARY_FIELDS)
     # A task judged over seeds adds its seed statistics after the difference to the baseline.
-    after = fields.index(task.delta_field) + 1
+    after = fields.index(delta_field(task)) + 1
     return fields[:after] + seed_fields(task) + fields[after:]
 
 

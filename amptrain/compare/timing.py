@@ -69,11 +69,11 @@ class Contender:
         sync(device)
         started = clock.now()
         try:
-            if self.task is not None and self.task.owns_loop:
+            if self.task is not None and self.task.iteration.owns:
                 # The task's own iteration for one unit (PPO: a rollout and its update),
                 # without the loop's logs, evaluations and checkpoints.
                 loop = TaskLoop(self.trainer, bare_steps=self.unit)
-                self.task.iterate(loop)
+                self.task.iteration.iterate(loop)
                 window = loop.last_window
             else:
                 for _ in range(self.unit):
@@ -107,7 +107,7 @@ def build_contender(config: RunConfig, precision: str, needed_windows: int) -> C
         list(itertools.islice(epochs.epoch(0), 1))
     return Contender(precision, trainer, switches, itertools.cycle(windows[:needed_windows]),
                      total_steps=trainer.total_steps, task=trainer.task,
-                     unit=trainer.task.timed_unit() if trainer.task is not None else 1)
+                     unit=trainer.task.iteration.timed_unit() if trainer.task is not None else 1)
 
 
 def release(contender: Contender) -> None:

@@ -146,7 +146,7 @@ def loss_name(task: Task | None, loss_id: int | None) -> str | None:
     ``g_loss``), else ``loss`` for a one-loss task's ``loss_id`` 0."""
     if loss_id is None:
         return None
-    names = (task or Task).loss_names
+    names = (task or Task).diagnosis.loss_names
     return names.get(loss_id, f"loss {loss_id}")
 
 
@@ -213,7 +213,7 @@ def diagnose(config: TrainConfig, steps: int = 20, *, data: DataBundle | None = 
     unexplained = first is None and fp16_run.skipped_steps > 0
     overflow = run_scale_overflow(stats, list(config.precision.keep_fp32),
                                   config.precision.init_scale,
-                                  task.loss_paths() if task is not None else None
+                                  task.diagnosis.loss_paths() if task is not None else None
                                   ) if unexplained else []
 
     verify_options: dict[str, Any] = {"keep_fp32": islands, "init_scale": scale["init_scale"]}

@@ -144,7 +144,7 @@ def loss_probe(trainer: Trainer, layers: list[str], recipe: Recipe) -> dict[str,
     every layer where the task trains on no batches of samples."""
     model, windows, loss_fn = trainer.model, trainer.train_windows, trainer.loss_fn
     if model is None or windows is None or loss_fn is None or (
-            trainer.task is not None and not trainer.task.batches_are_samples):
+            trainer.task is not None and not trainer.task.iteration.batches_are_samples):
         return {name: None for name in layers}
     window = next(iter(windows.epoch(0, 0)), None)
     if window is None:

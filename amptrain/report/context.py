@@ -50,7 +50,8 @@ def _method_lines(study: Study) -> list[str]:
     d = study.details
     o = d.get("options", {})
     task = study.task
-    metric, tolerance = task.primary.label, task.format_tolerance(study.tolerance).lstrip("±")
+    metric = task.metrics.primary.label
+    tolerance = task.verdict.format_tolerance(study.tolerance).lstrip("±")
     timed = o.get("bench_steps") or o.get("timing_steps")
     order = "interleaved (round-robin, rotating order)" if o.get("interleave", True) else \
         "one precision after another"
@@ -67,7 +68,7 @@ def _method_lines(study: Study) -> list[str]:
         (f"{metric.capitalize()}: final validation {metric} of each run; mean and sample "
          f"standard deviation over seeds {', '.join(map(str, d.get('seeds', [])))}; verdict ok "
          f"when |Δ {metric}| ≤ {tolerance}"
-         f"{'' if task.delta_unit == 'pp' else ' of the baseline (relative change)'}."),
+         f"{'' if task.verdict.unit == 'pp' else ' of the baseline (relative change)'}."),
         *_seed_method(study),
         ("Every run of a seed starts from identical initial weights and sees the same data "
          "order (checked per run: see compare.json runs[].same_initial_weights, "
@@ -86,7 +87,7 @@ def _seed_method(study: Study) -> list[str]:
     # The study's own numbers (study.json), not today's defaults.
     method = study.details.get("seed_method") or {}
     reps, seed = method.get("bootstrap_reps", "?"), method.get("bootstrap_seed", "?")
-    metric = study.task.primary.label
+    metric = study.task.metrics.primary.label
     return [(f"Over seeds: the interquartile mean (IQM: the middle 50 % of the runs' final "
              f"{metric}, as rliable and scipy.stats.trim_mean(x, 0.25) define it) with a "
              f"stratified-bootstrap 95 % percentile interval ({reps} resamples of "

@@ -90,7 +90,7 @@ def _html_table(study: Study) -> str:
         delta = delta_of(row, study.task)
         if p != study.baseline and delta is not None and delta != 0:
             # Red when worse in the metric's direction (a lower perplexity is better).
-            worse = (delta < 0) == study.task.primary.higher_is_better
+            worse = (delta < 0) == study.task.metrics.primary.higher_is_better
             cells[3] = f'<span class="{"neg" if worse else "pos"}">{cells[3]}</span>'
         speed, _, spread = cells[5].partition(" (")
         if spread:  # the per-round spread under the speedup, not beside it
@@ -114,7 +114,8 @@ def _html_runs(study: Study) -> str:
     runs = study.compare.get("runs", [])
     if not runs:
         return ""
-    metric = "val acc" if study.task.primary.key == "acc" else f"val {study.task.primary.label}"
+    primary = study.task.metrics.primary
+    metric = "val acc" if primary.key == "acc" else f"val {primary.label}"
     head = "".join(f"<th>{c}</th>" for c in ("precision", "seed", metric, "val loss",
                                              "final loss", "skipped", "steps", "wall time",
                                              "same init")) + '<th class="path">directory</th>'
@@ -139,7 +140,7 @@ def _html_samples(study: Study) -> str:
     figures = []
     for p, run, path in grids:
         png = path.read_bytes()
-        caption = (f"{p}, seed {run['seed']}: val {study.task.primary.label} "
+        caption = (f"{p}, seed {run['seed']}: val {study.task.metrics.primary.label} "
                    f"{run_metric_cell(run, study.task)}")
         figures.append(f"<figure>{_img(png, f'generated samples, {p}')}"
                        f"<figcaption>{html.escape(caption)}</figcaption></figure>")
@@ -151,7 +152,7 @@ def _html_samples(study: Study) -> str:
 def render_html(study: Study) -> str:
     """report.html: one self-contained page (styles inline, plots as base64 PNGs)."""
     headline = recommendation(study.summary, study.baseline, study.tolerance, study.emulated)
-    metric = study.task.primary.label
+    metric = study.task.metrics.primary.label
     esc = html.escape
     speed_png = panel_row(study, ["throughput", "memory", "accuracy"])
     curves_png = panel_row(study, ["loss", "loss_scale"], widths=[2, 1])

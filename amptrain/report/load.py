@@ -14,7 +14,7 @@ from typing import Any
 
 from ..precision.hardware.advice import base_mode
 from ..precision.modes import as_given
-from ..tasks import TASKS, Task, task_of_summary
+from ..tasks import TASKS, Task, delta_field, task_of_summary
 from ..common.tolerance import tolerance_for
 
 #: Stable colours for the usual precisions; others take the next free one.
@@ -97,7 +97,7 @@ class Study:
 
     def _resolved(self) -> Any:
         options = self.details.get("options") or {}
-        return tolerance_for(self.task, options.get(self.task.tolerance_option))
+        return tolerance_for(self.task, options.get(self.task.verdict.tolerance_option))
 
     def colour(self, precision: str) -> str:
         if precision in _COLOURS:
@@ -115,11 +115,11 @@ def task_of(summary: list[dict[str, Any]] | dict[str, Any]) -> Task:
 def metric_cell(row: dict[str, Any], task: Task | None = None) -> str:
     """The primary metric of a summary row, mean ± std (``97.50 ± 0.20 %``, ``3.21 ± 0.01``)."""
     task = task or task_of(row)
-    key = task.primary.key
+    key = task.metrics.primary.key
     mean, std = row.get(f"val_{key}_mean"), row.get(f"val_{key}_std")
     if mean is None:
         return "n/a"
-    if task.primary.percent:
+    if task.metrics.primary.percent:
         return f"{mean * 100:.2f} ± {(std or 0) * 100:.2f} %"
     return f"{mean:.4g} ± {(std or 0):.2g}"
 
@@ -128,13 +128,13 @@ def run_metric_cell(run: dict[str, Any], task: Task) -> str:
     """One run's primary metric for the runs tables ("halted" for a run that stopped)."""
     if run.get("halted"):
         return "halted"
-    value = run.get(f"val_{task.primary.key}")
-    return "n/a" if value is None else task.primary.format(value)
+    value = run.get(f"val_{task.metrics.primary.key}")
+    return "n/a" if value is None else task.metrics.primary.format(value)
 
 
 def delta_of(row: dict[str, Any], task: Task | None = None) -> float | None:
     """A summary row's difference to the baseline on the primary metric."""
-    return row.get((task or task_of(row)).delta_field)
+    return row.get(delta_field(task or task_of(row)))
 
 
 # ------------------------------------------------------------------ loading

@@ -8,7 +8,7 @@ from .tables import markdown_table, recommendation, seed_warning, timing_warning
 
 def render_markdown(study: Study) -> str:
     """report.md: headline, table, plot, runs, method and hardware."""
-    metric = study.task.primary.label
+    metric = study.task.metrics.primary.label
     headline = recommendation(study.summary, study.baseline, study.tolerance, study.emulated)
     parts = [f"# {_title(study)}", "", f"**{headline}**", "",
              (f"Speedup, memory ratio and Δ {metric} are relative to `{study.baseline}` "
@@ -19,7 +19,7 @@ def render_markdown(study: Study) -> str:
              f"![loss curves, loss scale, throughput, memory and {metric}](compare.png)", ""]
     runs = study.compare.get("runs", [])
     if runs:
-        column = "val acc" if study.task.primary.key == "acc" else f"val {metric}"
+        column = "val acc" if study.task.metrics.primary.key == "acc" else f"val {metric}"
         parts += ["## Runs", "", (f"| precision | seed | {column} | val loss | final loss "
                                   "| skipped | steps | wall time | same init | directory |"),
                   "|---|---:|---:|---:|---:|---:|---:|---:|:---:|---|"]

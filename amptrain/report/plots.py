@@ -199,10 +199,10 @@ def plot_accuracy(ax: Any, study: Study) -> None:
     """The task's primary metric per precision (mean ± std over seeds, dots: seeds) against
     the baseline's tolerance band: accuracy in %, perplexity or RMSE as they are."""
     task = study.task
-    metric, key = task.primary, f"val_{task.primary.key}"
+    metric, key = task.metrics.primary, f"val_{task.metrics.primary.key}"
     scale = 100.0 if metric.percent else 1.0
     tolerance = study.tolerance
-    _style(ax, f"Val {metric.label} (band: {task.format_tolerance(tolerance)})")
+    _style(ax, f"Val {metric.label} (band: {task.verdict.format_tolerance(tolerance)})")
     rows = [r for r in study.summary if r.get(f"{key}_mean") is not None]
     if not rows:
         _no_data(ax, f"speed-only study: {metric.label} not measured")
@@ -211,7 +211,7 @@ def plot_accuracy(ax: Any, study: Study) -> None:
     if base and base.get(f"{key}_mean") is not None:
         centre = base[f"{key}_mean"] * scale
         # pp tolerances are absolute on the % axis; relative ones scale with the baseline.
-        half = tolerance if task.delta_unit == "pp" else abs(centre) * tolerance
+        half = tolerance if task.verdict.unit == "pp" else abs(centre) * tolerance
         ax.axhspan(centre - half, centre + half, color="#2e7d32", alpha=0.12, lw=0)
         ax.axhline(centre, color="#2e7d32", lw=1, alpha=0.6)
     names = study.precisions

@@ -18,7 +18,7 @@ def _delta(row: dict[str, Any], baseline: str) -> str:
         return "baseline"
     task = task_of(row)
     delta = delta_of(row, task)
-    return "n/a" if delta is None else task.format_delta(delta)
+    return "n/a" if delta is None else task.verdict.format_delta(delta)
 
 
 def is_emulated(precision: str, emulated: Collection[str]) -> bool:
@@ -88,21 +88,22 @@ def memory_rung(summary: list[dict[str, Any]], baseline: str,
     return (f"If memory-bound: {best['precision']} keeps {best['bytes_per_param']:.1f} bytes "
             f"of weights, gradients and optimizer state per parameter against "
             f"{base['bytes_per_param']:.1f} for {baseline}"
-            f"{f' with matching {task_of(summary).primary.label}' if trained else ''}"
+            f"{f' with matching {task_of(summary).metrics.primary.label}' if trained else ''}"
             f"{cost}.")
 
 
 def _recommendation(summary: list[dict[str, Any]], baseline: str, tolerance_pp: float,
                     emulated: Collection[str] = ()) -> str:
     task = task_of(summary)
-    metric = task.primary.label
-    trained = any(r.get(f"val_{task.primary.key}_mean") is not None for r in summary)
+    metric = task.metrics.primary.label
+    trained = any(r.get(f"val_{task.metrics.primary.key}_mean") is not None for r in summary)
     note = "" if trained else f" (speed only: {metric} not measured)"
     candidates = [r for r in summary if r["precision"] != baseline and r.get("speedup")
                   and (r["verdict"] in ("ok", "better") or not trained)]
     if not candidates:
         return (f"No precision matched {baseline}'s {metric} within "
-                f"{task.format_tolerance(tolerance_pp)} while being timed: keep {baseline}.")
+                f"{task.verdict.format_tolerance(tolerance_pp)} while being timed: keep "
+                f"{baseline}.")
     best = max(candidates, key=lambda r: r["speedup"])
     if best["speedup"] <= 1.0:
         if trained:
@@ -116,8 +117,8 @@ def _recommendation(summary: list[dict[str, Any]], baseline: str, tolerance_pp: 
     if not trained:
         return (f"{best['precision']} is the fastest: {best['speedup']:.2f}× {baseline}'s "
                 f"throughput{memory}{note}.")
-    delta = task.format_delta(delta_of(best, task))
-    accuracy = (f"{metric} within {task.format_tolerance(tolerance_pp)} ({delta})"
+    delta = task.verdict.format_delta(delta_of(best, task))
+    accuracy = (f"{metric} within {task.verdict.format_tolerance(tolerance_pp)} ({delta})"
                 if best["verdict"] == "ok" else f"{metric} {delta} better")
     return (f"{best['precision']} is {best['speedup']:.2f}× faster than {baseline}{memory}, "
             f"{accuracy}.")
@@ -163,8 +164,8 @@ def columns(summary: list[dict[str, Any]]) -> list[str]:
     """The table's header, its metric columns named for the summary's task (and, for a
     study judged over seeds, its IQM columns last)."""
     task = task_of(summary)
-    name = "acc" if task.primary.key == "acc" else task.primary.label
-    head = list(_COLUMNS) if task.primary.key == "acc" else \
+    name = "acc" if task.metrics.primary.key == "acc" else task.metrics.primary.label
+    head = list(_COLUMNS) if task.metrics.primary.key == "acc" else \
         [*_COLUMNS[:2], f"val {name} (mean ± std)", f"Δ {name}", *_COLUMNS[4:]]
     if summary and _iqm_fields(summary[0], task)[0] in summary[0]:
         head += [f"{name} IQM [95 % CI]", f"Δ {name} IQM [95 % CI]"]
@@ -173,8 +174,8 @@ def columns(summary: list[dict[str, Any]]) -> list[str]:
 
 def _iqm_fields(row: dict[str, Any], task: Any) -> tuple[str, str]:
     """The row's IQM field and its difference field (compare/seeds.py names them)."""
-    key = task.primary.key
-    return f"val_{key}_iqm", f"delta_{key}_iqm_{task.delta_unit}"
+    key = task.metrics.primary.key
+    return f"val_{key}_iqm", f"delta_{key}_iqm_{task.verdict.unit}"
 
 
 def _interval(value: float | None, low: float | None, high: float | None, show: Any) -> str:
@@ -192,11 +193,11 @@ def _iqm_cells(row: dict[str, Any], baseline: str) -> list[str]:
     if value not in row:
         return []
     own = _interval(row[value], row.get(f"{value}_low"), row.get(f"{value}_high"),
-                    task.primary.format)
+                    task.metrics.primary.format)
     if row["precision"] == baseline:
         return [own, "baseline"]
     return [own, _interval(row.get(delta), row.get(f"{delta}_low"), row.get(f"{delta}_high"),
-                           task.format_delta)]
+                           task.verdict.format_delta)]
 
 
 def _verdict(row: dict[str, Any], shown: str) -> str:

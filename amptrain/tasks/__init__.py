@@ -1,6 +1,7 @@
 """Tasks: what differs between kinds of learning problem (see :mod:`.base`).
 
-A new task is one module with a :class:`~amptrain.tasks.base.Task` subclass plus its line
+A new task is one module with a :class:`~amptrain.tasks.base.Task` subclass (the core
+protocol, plus the optional parts it differs in) plus its line
 in :data:`TASKS` (and its name in :data:`amptrain.common.choices.TASK_NAMES`, for the CLI).
 
 This module is also the one place that decides which task something is: a run's data and
@@ -17,7 +18,9 @@ import torch
 from ..common.choices import TASK_CHOICES, TASK_NAMES, check_table
 from ..common.errors import UserError, flag
 from ..data.protocol import columns_of
-from .base import EvalResult, EvalSums, Metric, Task, targets_of
+from .base import (CORE, PARTS, DataChecks, Diagnosis, EvalResult, EvalSums, Iteration, LogKeys,
+                   Metric, Metrics, Offers, Reports, Task, Verdict, Wording, delta_field, judge,
+                   targets_of)
 from .classification import ClassificationTask
 from .gan import GanTask
 from .lm import LanguageModelTask
@@ -48,7 +51,7 @@ def task_class(name: object) -> type[Task] | None:
 def output_noun(name: object) -> str:
     """What task ``name`` calls a model's output count ("classes"); "outputs" for a name
     no task has."""
-    return (task_class(name) or Task).output_noun
+    return (task_class(name) or Task).wording.output_noun
 
 
 def data_task(hint: str | None) -> str:
@@ -69,7 +72,7 @@ def task_of_summary(summary: list[dict[str, Any]] | dict[str, Any]) -> Task:
     row = summary if isinstance(summary, dict) else (summary[0] if summary else {})
     for cls in TASKS.values():
         task = cls()
-        if task.delta_field in row:
+        if delta_field(task) in row:
             return task
     # A summary without any task's field (an empty one, or one older than tasks, when
     # every study was of classifiers) is read as the default task's.
@@ -157,15 +160,18 @@ def decide_task(requested: str, *, data_hint: str | None, model_task: str | None
     kind = data_task(data_hint)
     by_model = model_task if requested == "auto" else None
     name = by_model or requested
-    if name != "auto" and not TASKS[name].fits(kind):
+    if name != "auto" and not TASKS[name].checks.fits(kind, name):
         chosen = f"--model {model} trains {name}, which" if by_model else f"--task {name}"
         raise UserError(f"{chosen} does not fit --data {data}, which holds "
-                        f"{TASKS[kind].data_holds}: {TASKS[name].data_needs} (or use "
+                        f"{TASKS[kind].wording.data_holds}: {TASKS[name].wording.data_needs} "
+                        f"(or use "
                         f"--task {kind})")
     return resolve_task(name, train_data, loss=loss, class_names=class_names, **facts)
 
 
-__all__ = ["DEFAULT_TASK", "LOSSES", "TASKS", "TASK_CHOICES", "ClassificationTask", "EvalResult",
-           "EvalSums", "GanTask", "LanguageModelTask", "Metric", "PpoTask", "RegressionTask",
-           "Task", "build_task", "data_task", "decide_task", "infer_task", "output_noun",
-           "resolve_task", "saved_task_name", "targets_of", "task_class", "task_of_summary"]
+__all__ = ["CORE", "DEFAULT_TASK", "LOSSES", "PARTS", "TASKS", "TASK_CHOICES", "ClassificationTask",
+           "DataChecks", "Diagnosis", "EvalResult", "EvalSums", "GanTask", "Iteration",
+           "LanguageModelTask", "LogKeys", "Metric", "Metrics", "Offers", "PpoTask",
+           "RegressionTask", "Reports", "Task", "Verdict", "Wording", "build_task", "data_task",
+           "decide_task", "delta_field", "infer_task", "judge", "output_noun", "resolve_task",
+           "saved_task_name", "targets_of", "task_class", "task_of_summary"]

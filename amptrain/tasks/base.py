@@ -1,5 +1,11 @@
-"""What a task is: the loss, how an evaluation pass is summed up, the metrics it reports,
-its primary metric with a direction, and how ``compare`` judges two precisions on it.
+"""What a task is: the core protocol a task needs in order to learn (:class:`Task`: its
+loss, its training step, how an evaluation pass is summed up into its metrics, what it
+learns from the data) and the optional parts it offers, each a typed, ready-made object
+declared as a class attribute (compare's :class:`~.verdict.Verdict`, its
+:class:`~.wording.Wording`, :class:`~.reports.Reports`, :class:`~.checks.DataChecks`,
+:class:`~.iteration.Iteration`, :class:`~.logkeys.LogKeys`, :class:`~.diagnosis.Diagnosis`
+and :class:`~.offers.Offers`). Nothing probes a task with getattr: a task that declares no
+part gets the default one.
 
 The Trainer, evaluation, compare and the logs read a :class:`Task`; none of them names a
 task's metric. A new task is one module defining a subclass plus a line in
@@ -10,9 +16,8 @@ from __future__ import annotations
 import json
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from pathlib import Path
-from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -21,25 +26,18 @@ from torch import nn
 from ..data.protocol import targets_of  # noqa: F401  (the tasks' import of it)
 from .step import supervised_step
 from ..common import outdir
+from .checks import DataChecks
+from .diagnosis import Diagnosis
+from .iteration import Iteration
+from .logkeys import LogKeys
+from .metrics import Metric, Metrics
+from .offers import Offers
+from .reports import Reports
+from .verdict import Verdict
+from .wording import Wording
 
 if TYPE_CHECKING:
-    from .step import StepContext, TrainLoop
-
-
-@dataclass(frozen=True)
-class Metric:
-    """A metric by the name records carry (``val_<key>``) and its direction."""
-
-    key: str                 # "acc" -> val_acc in metrics.jsonl, val/acc in TensorBoard
-    label: str               # "accuracy", for people
-    higher_is_better: bool
-    percent: bool = False    # shown x100 with a % sign (accuracy), else as a plain number
-
-    def format(self, value: float | None) -> str:
-        """The value as reports show it (``97.50 %``, ``3.214``)."""
-        if value is None:
-            return "-"
-        return f"{value * 100:.2f} %" if self.percent else f"{value:.4g}"
+    from .step import StepContext
 
 
 @dataclass
@@ -65,10 +63,11 @@ class EvalResult:
         # One writer for every file (a full disk is one line, no half-written report);
         # the command's claim on --out made sure nothing here is the user's.
         outdir.write_text(directory / "report.json",
-                          json.dumps(self.task.report(self), indent=2), replace=True)
-        name, text = self.task.report_text(self)
+                          json.dumps(self.task.reports.report(self), indent=2), replace=True)
+        reports = self.task.reports
+        name, text = reports.report_text(self)
         outdir.write_text(directory / name, text, replace=True)
-        self.task.write_files(self, directory)
+        reports.write_files(self, directory)
 
     def __getattr__(self, name: str) -> Any:
         # result.accuracy, result.rmse ...: the task's metrics by their long names too.
@@ -109,178 +108,52 @@ class EvalSums:
 class Task(ABC):
     """One kind of learning problem (see the module docstring).
 
-    A subclass implements three methods: :meth:`loss`, :meth:`start_eval` and
-    :meth:`finish_eval`. Everything else is a declared hook with a default, grouped below:
-    what the task is called and reports (``name``, ``metrics``), how compare judges it, its
-    wording in messages, what ``generate`` and ``diagnose`` may ask of it, the checks of data
-    and outputs, the reports, what it learns from the data, and the training step.
+    The core protocol is what a task needs in order to learn: its ``name`` and
+    ``metrics``, :meth:`loss`, :meth:`start_eval` and :meth:`finish_eval` (the three a
+    subclass must write), and :meth:`learn_from`/:meth:`state`, :meth:`models`,
+    :meth:`build_optimizers`, :meth:`training_step` and :meth:`close`, which have defaults.
+    Everything else is an optional part (class attributes below): a task declares only
+    the parts it differs in, and reads them as ``task.verdict``, ``task.wording`` ...
     """
 
-    # ------------------------------------------------------- identity and metrics
     #: The name ``--task`` takes and checkpoints keep (its line in ``tasks.TASKS``).
     name: str
-    #: Every metric the task reports, the primary one first.
-    metrics: tuple[Metric, ...]
+    #: Every metric the task reports, the primary one first (``metrics.primary``).
+    metrics: Metrics
 
-    # ------------------------------------------------------- compare's verdict
-    #: How compare's difference to the baseline is measured: "pp" (percentage points of
-    #: a fraction) or "rel" (relative change); it names compare's ``delta_*`` field.
-    delta_unit: str = "pp"
-    #: The compare option that holds the verdict's tolerance in that unit.
-    tolerance_option: str = "tolerance_pp"
-    #: How compare judges the runs over seeds: "mean" (the mean's difference against the
-    #: tolerance) or "iqm" (deep RL: the interquartile mean with a stratified-bootstrap
-    #: interval, and its difference to the baseline; see amptrain/compare/seeds.py).
-    seed_statistic: str = "mean"
-    #: The task's own default for that option when its metric varies more between seeds
-    #: than the shared default allows (the GAN's Fréchet distance); None: the shared one
-    #: (:func:`amptrain.common.tolerance.tolerance_for`).
-    default_tolerance_pp: float | None = None
-    default_tolerance_rel: float | None = None
+    # ------------------------------------------------ optional parts (ready-made defaults)
+    #: How compare judges two precisions on the primary metric.
+    verdict: Verdict = Verdict()
+    #: Its words in messages (data, outputs, resume, a model that learnt nothing).
+    wording: Wording = Wording()
+    #: eval/'s report files.
+    reports: Reports = Reports()
+    #: The checks of a run's data and model, and which data it trains on.
+    checks: DataChecks = DataChecks()
+    #: The run's iteration: the Trainer's epochs, or the task's own loop.
+    iteration: Iteration = Iteration()
+    #: The keys it logs and shows beside the losses (fields, speeds).
+    logs: LogKeys = LogKeys()
+    #: What ``diagnose`` may ask of it (its losses' names and model parts).
+    diagnosis: Diagnosis = Diagnosis()
+    #: What ``generate`` draws and which split ``eval`` fits it on.
+    offers: Offers = Offers()
 
-    # ------------------------------------------------------- wording
-    # Messages about data and checkpoints (the runner's, eval's and resume's errors) use
-    # these; no module outside tasks/ words a task itself.
-    #: What data of this task holds: "--data X, which holds class labels".
-    data_holds: str = "targets"
-    #: What the task needs when ``--task`` names it for data that does not fit.
-    data_needs: str = ""
-    #: What the model's output count is called: "10 classes", "256 vocabulary entries".
-    output_noun: str = "outputs"
-    #: Fields of its training records the console line shows beside the losses, the
-    #: learning rate and the validation metrics (PPO's ``episode_return``).
-    shown_fields: tuple[str, ...] = ()
-    #: Speed fields its records carry (:meth:`throughput`) and their units on the console
-    #: (an LM's ``{"tokens_per_s": "tokens/s"}``).
-    speed_units: Mapping[str, str] = MappingProxyType({})
-    #: Each loss's name by its ``loss_id`` (``diagnose`` names the loss that overflows).
-    loss_names: Mapping[int, str] = MappingProxyType({0: "loss"})
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        """A task's ``metrics`` may be a plain tuple (made a :class:`Metrics`); a member the
+        parts now own (``delta_unit = "rel"``, a ``report_text`` method ...) is refused, as
+        it would otherwise be silently ignored."""
+        super().__init_subclass__(**kwargs)
+        moved = sorted(name for name in vars(cls) if name in MOVED)
+        if moved:
+            raise TypeError(f"{cls.__name__} declares {', '.join(moved)}, which the task's "
+                            f"parts now own: declare {', '.join(MOVED[m] for m in moved)} "
+                            f"instead (see docs/tasks.md)")
+        metrics = vars(cls).get("metrics")
+        if isinstance(metrics, tuple) and not isinstance(metrics, Metrics):
+            cls.metrics = Metrics(*metrics)
 
-    # ------------------------------------------------------- capabilities
-    #: Whether a training batch is ``(inputs, targets)`` the model's loss is computed on
-    #: (False: PPO's batches are rollout slots its own step reads; compare's fp32 re-check
-    #: of the first batch's loss does not apply).
-    batches_are_samples: bool = True
-    #: What ``amptrain generate`` draws from a trained model of this task: "text" (a
-    #: language model's continuation), "images" (a generator's samples), or None.
-    generates: str | None = None
-    #: The split ``amptrain eval`` fits the task on (:meth:`learn_from`): "val" (the data it
-    #: evaluates) or "train" (a task that measures against the training split, as the
-    #: GAN's feature network).
-    eval_learn_split: str = "val"
-
-    def default_tolerance(self) -> float | None:
-        """The task's own default for :attr:`tolerance_option` (None: the shared one)."""
-        return self.default_tolerance_pp if self.tolerance_option == "tolerance_pp" \
-            else self.default_tolerance_rel
-
-    # ------------------------------------------------------- learnt from data
-    def learn_from(self, train_data: Any) -> None:  # noqa: B027  (optional hook)
-        """Learn what the task needs from the training data (once, before the first step):
-        regression's target statistics, the LM's tokens per sample. Statistics already
-        learnt (restored from a checkpoint) are kept, so ``eval`` may call it on other data
-        for that data's own facts (an LM's bytes per token). Nothing by default."""
-
-    def state(self) -> dict[str, Any]:
-        """What :meth:`learn_from` learnt, JSON-able, for checkpoints (``eval`` rebuilds the task
-        with ``build_task(name, **state)``)."""
-        return {}
-
-    def throughput(self, samples_per_s: float | None) -> dict[str, float]:
-        """Extra speed fields of a training record (an LM's ``tokens_per_s``)."""
-        return {}
-
-    @classmethod
-    def fits(cls, kind: str) -> bool:
-        """Whether this task trains on data that says it is for task ``kind`` (a run's
-        ``--task`` is checked against its ``--data`` with it)."""
-        return kind == cls.name
-
-    @classmethod
-    def resume_mismatch(cls, key: str, now: Any, then: Any, *, config: dict[str, Any],
-                        saved: dict[str, Any], path: str) -> str | None:
-        """The message for resuming checkpoint ``path`` whose model fact ``key``
-        (``num_classes`` or ``input_shape``) was ``then`` and is ``now``, in this task's
-        terms (an LM names --seq-len or --tokenizer); None: the generic message."""
-        return None
-
-    def run_options(self, config: Any, data: Any) -> dict[str, Any]:
-        """Options (flat names) this task sets for a run of ``config`` on ``data`` (a
-        ``DataBundle``): a task that makes its own samples (PPO's rollouts) sets the run's
-        length and batch from them. None by default."""
-        return {}
-
-    def loss_paths(self) -> dict[str, str]:
-        """Module-name globs of the model parts one of the task's losses trains alone, each
-        with what that loss is and what its size follows (diagnose names a gradient
-        overflow there by its loss). None by default."""
-        return {}
-
-    def timed_unit(self) -> int:
-        """Optimizer steps compare times as one unit: 1, or for a task that acts between
-        updates (PPO's rollouts) a whole update, so its acting is timed too."""
-        return 1
-
-    def describe(self) -> str:
-        """The task's words in the Trainer's first line ("" for classification, the
-        default task; else ``task <name>``)."""
-        return f"task {self.name}"
-
-    # ------------------------------------------------------- the training step
-    def models(self, model: nn.Module) -> dict[str, nn.Module]:
-        """The parts of ``model`` that train, each with its own optimizer, LR schedule,
-        clipping and skip counter, by name (the name ``Task.training_step`` passes to the
-        context). One part, ``"model"``, by default."""
-        return {"model": model}
-
-    def build_optimizers(self, parts: dict[str, nn.Module],
-                         build: Callable[[nn.Module], torch.optim.Optimizer]
-                         ) -> dict[str, torch.optim.Optimizer]:
-        """One optimizer per part; ``build(part)`` makes the run's configured one."""
-        return {name: build(part) for name, part in parts.items()}
-
-    #: Whether the task drives the run's iteration itself (:meth:`iterate`, PPO's updates);
-    #: False: the Trainer's epochs of the training data, one step per window.
-    owns_loop: bool = False
-
-    def iterate(self, loop: TrainLoop) -> None:
-        """The run's iteration, for a task that :attr:`owns_loop` (see
-        :class:`~.step.TrainLoop`); the Trainer calls it instead of its epochs."""
-        raise NotImplementedError(f"task {self.name} does not own its loop")
-
-    def training_step(self, ctx: StepContext) -> None:
-        """One optimizer step on ``ctx``'s micro-batches (see :mod:`.step`); by default the
-        supervised step with this task's loss."""
-
-        supervised_step(ctx, self.loss)
-
-    def metric(self, key: str) -> Metric:
-        """The metric called ``key``."""
-        for metric in self.metrics:
-            if metric.key == key:
-                return metric
-        raise KeyError(key)
-
-    @property
-    def delta_field(self) -> str:
-        """compare.json's name for the difference to the baseline (``delta_acc_pp``)."""
-        return f"delta_{self.primary.key}_{self.delta_unit}"
-
-    def format_delta(self, delta: float | None) -> str:
-        """A difference as reports show it (``+0.25 pp``, ``+1.3 %``)."""
-        if delta is None:
-            return "-"
-        return f"{delta:+.2f} pp" if self.delta_unit == "pp" else f"{delta * 100:+.2f} %"
-
-    def format_tolerance(self, tolerance: float) -> str:
-        """The tolerance as reports show it (``±0.5 pp``, ``±2 %``)."""
-        return f"±{tolerance:g} pp" if self.delta_unit == "pp" else f"±{tolerance * 100:g} %"
-
-    @property
-    def primary(self) -> Metric:
-        """The metric that ``compare`` judges and summaries show first."""
-        return self.metrics[0]
-
+    # ------------------------------------------------------- the core protocol
     @abstractmethod
     def loss(self, outputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         """The mean training loss of a batch."""
@@ -293,65 +166,79 @@ class Task(ABC):
     def finish_eval(self, sums: EvalSums, gather: Any, loss: float, samples: int) -> EvalResult:
         """The pass's result; ``gather(tensor)`` concatenates a tensor over all processes."""
 
-    # ------------------------------------------------------- checks (optional)
+    def learn_from(self, train_data: Any) -> None:  # noqa: B027  (optional hook)
+        """Learn what the task needs from the training data (once, before the first step):
+        regression's target statistics, the LM's tokens per sample. Statistics already
+        learnt (restored from a checkpoint) are kept, so ``eval`` may call it on other data
+        for that data's own facts (an LM's bytes per token). Nothing by default."""
+
+    def state(self) -> dict[str, Any]:
+        """What :meth:`learn_from` learnt, JSON-able, for checkpoints (``eval`` rebuilds the task
+        with ``build_task(name, **state)``)."""
+        return {}
+
+    def models(self, model: nn.Module) -> dict[str, nn.Module]:
+        """The parts of ``model`` that train, each with its own optimizer, LR schedule,
+        clipping and skip counter, by name (the name ``Task.training_step`` passes to the
+        context). One part, ``"model"``, by default."""
+        return {"model": model}
+
+    def build_optimizers(self, parts: dict[str, nn.Module],
+                         build: Callable[[nn.Module], torch.optim.Optimizer]
+                         ) -> dict[str, torch.optim.Optimizer]:
+        """One optimizer per part; ``build(part)`` makes the run's configured one."""
+        return {name: build(part) for name, part in parts.items()}
+
+    def training_step(self, ctx: StepContext) -> None:
+        """One optimizer step on ``ctx``'s micro-batches (see :mod:`.step`); by default the
+        supervised step with this task's loss."""
+
+        supervised_step(ctx, self.loss)
+
     def close(self) -> None:  # noqa: B027  (optional hook)
         """Release what the task opened for a run (environments); called when it ends."""
 
-    def check_data(self, data: Any, keyword: str) -> None:  # noqa: B027  (optional hook)
-        """Refuse data this task cannot train on (once, at set-up), naming ``keyword``.
-        Every built-in task refuses what it cannot learn from; the default takes any data."""
 
-    def check_outputs(self, outputs: torch.Tensor | None, targets: Any, *,  # noqa: B027
-                      model_name: str | None, all_targets: torch.Tensor | None) -> None:
-        """Refuse a model whose outputs do not fit the targets (once, before the first
-        loss). The default takes any outputs its :meth:`loss` accepts."""
+#: What the Task used to declare itself and the part that owns it now.
+MOVED = {
+    **{name: f"verdict = Verdict(...) ({name})" for name in (
+        "delta_unit", "tolerance_option", "seed_statistic", "default_tolerance_pp",
+        "default_tolerance_rel", "default_tolerance", "delta_field", "format_delta",
+        "format_tolerance", "judge", "difference")},
+    **{name: f"wording = Wording(...) ({name})" for name in (
+        "data_holds", "data_needs", "output_noun", "describe", "resume_mismatch",
+        "learning_note")},
+    **{name: f"a Reports subclass ({name})" for name in ("report", "report_text", "write_files")},
+    **{name: f"a DataChecks subclass ({name})" for name in ("check_data", "check_outputs",
+                                                            "fits")},
+    **{name: f"an Iteration subclass ({name})" for name in (
+        "owns_loop", "iterate", "timed_unit", "run_options", "batches_are_samples")},
+    **{name: f"a LogKeys subclass ({name})" for name in ("shown_fields", "speed_units",
+                                                         "throughput")},
+    **{name: f"a Diagnosis subclass ({name})" for name in ("loss_names", "loss_paths")},
+    **{name: f"offers = Offers(...) ({name})" for name in ("generates", "eval_learn_split")},
+    **{name: f"metrics.{name}" for name in ("primary", "metric")},
+}
 
-    # ------------------------------------------------------- eval/ reports
-    def report(self, result: EvalResult) -> dict[str, Any]:
-        """eval/report.json's content: by default the loss, the samples and the metrics."""
-        return {"loss": result.loss, "samples": result.samples, **result.metrics}
+#: The core protocol's members (house figures and the docs count them).
+CORE = ("name", "metrics", "loss", "start_eval", "finish_eval", "learn_from", "state",
+        "models", "build_optimizers", "training_step", "close")
+#: The optional parts' attribute names, each with its type.
+PARTS = {"verdict": Verdict, "wording": Wording, "reports": Reports, "checks": DataChecks,
+         "iteration": Iteration, "logs": LogKeys, "diagnosis": Diagnosis, "offers": Offers}
 
-    def report_text(self, result: EvalResult) -> tuple[str, str]:
-        """(file name, text) of the readable report in eval/: by default
-        ``<name>_report.txt`` with each metric as :meth:`Metric.format` shows it."""
-        lines = [f"{self.name} report ({result.samples} samples)", "",
-                 f"  loss  {result.loss:.4f}"]
-        lines += [f"  {metric.label}  {metric.format(result.metrics.get(metric.key))}"
-                  for metric in self.metrics]
-        return f"{self.name}_report.txt", "\n".join(lines + [""])
 
-    def learning_note(self, result: EvalResult) -> str | None:
-        """One line for the end of a run whose final validation metrics show the model
-        learnt (next to) nothing -- a regression's R² near 0, a classifier at chance --
-        in this task's terms; None when it learnt, or when the task cannot tell."""
-        return None
+def delta_field(task: Task) -> str:
+    """compare.json's name for ``task``'s difference to the baseline (``delta_acc_pp``)."""
+    return task.verdict.delta_field(task.metrics.primary)
 
-    def write_files(self, result: EvalResult, directory: Path) -> None:  # noqa: B027
-        """Further files of the evaluation's report in ``directory`` (the GAN's
-        samples.png), written after report.json. Nothing by default."""
 
-    def judge(self, value: float | None, baseline: float | None, tolerance: float
-              ) -> tuple[float | None, str | None]:
-        """(difference to the baseline, verdict ok/worse/better) on the primary metric."""
-        if value is None or baseline is None:
-            return None, None
-        delta = self.difference(value, baseline)
-        return delta, self.verdict(delta, tolerance)
+def judge(task: Task, value: float | None, baseline: float | None, tolerance: float
+          ) -> tuple[float | None, str | None]:
+    """(difference to the baseline, verdict ok/worse/better) on ``task``'s primary metric."""
+    return task.verdict.judge(value, baseline, tolerance, task.metrics.primary)
 
-    def verdict(self, delta: float | None, tolerance: float) -> str | None:
-        """``ok`` within the tolerance, else ``worse`` or ``better`` in the metric's
-        direction; None without a difference."""
-        if delta is None:
-            return None
-        if abs(delta) <= tolerance + 1e-9:
-            return "ok"
-        better = delta > 0 if self.primary.higher_is_better else delta < 0
-        return "better" if better else "worse"
 
-    def difference(self, value: float, baseline: float) -> float:
-        """How ``compare`` measures the distance to the baseline (tolerance units): the
-        relative change for "rel" tasks (0.02 = 2 % higher than the baseline)."""
-        if self.delta_unit == "rel":
-            return (value - baseline) / abs(baseline) if baseline else float("inf")
-        return value - baseline
-
+__all__ = ["CORE", "PARTS", "DataChecks", "Diagnosis", "EvalResult", "EvalSums",
+           "EvaluationStopped", "Iteration", "LogKeys", "Metric", "Metrics", "Offers",
+           "Reports", "Task", "Verdict", "Wording", "delta_field", "judge", "targets_of"]

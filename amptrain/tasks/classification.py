@@ -10,7 +10,8 @@ import torch
 from torch.nn import functional as F
 
 from ..common.errors import UserError, flag
-from .base import EvalResult, EvalSums, Metric, Task, targets_of
+from .base import (DataChecks, EvalResult, EvalSums, Metric, Metrics, Reports, Task, Wording,
+                   targets_of)
 
 log = logging.getLogger("amptrain")
 
@@ -30,25 +31,13 @@ class _Predictions(EvalSums):
             self.targets.append(targets.flatten())
 
 
-class ClassificationTask(Task):
-    """Integer class labels, logits out; accuracy is the primary metric."""
+class _LabelChecks(DataChecks):
+    """Class labels in range, a logit per class, and a word on unseen validation classes."""
 
-    name = "classification"
-    data_holds = "class labels"
-    data_needs = "classification needs class labels"
-    output_noun = "classes"
-    metrics = (Metric("acc", "accuracy", higher_is_better=True, percent=True),)
+    def __init__(self, class_names: list[str] | None = None) -> None:
+        self.class_names = class_names
+        self._train_classes: set[int] | None = None
 
-    def __init__(self, class_names: list[str] | None = None, **_: Any) -> None:
-        self.class_names = list(class_names) if class_names else None
-
-    def describe(self) -> str:
-        return ""  # the default task: the Trainer's first line says nothing of it
-
-    def loss(self, outputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-        return F.cross_entropy(outputs, targets)
-
-    # ------------------------------------------------------------------ checks
     def check_data(self, data: Any, keyword: str) -> None:
         labels = targets_of(data)
         if labels is not None:
@@ -66,7 +55,7 @@ class ClassificationTask(Task):
         if keyword == "train_data":
             self._train_classes = set(labels.unique().tolist())
             return
-        seen = getattr(self, "_train_classes", None)
+        seen = self._train_classes
         if keyword != "val_data" or seen is None:
             return
         unseen = sorted(set(labels.unique().tolist()) - seen)
@@ -113,24 +102,8 @@ class ClassificationTask(Task):
             raise UserError(f"label {bad} is outside the model's {width} outputs{which}: the "
                             f"model must return one logit per class (classes 0..{width - 1})")
 
-    # -------------------------------------------------------------- evaluation
-    def start_eval(self, device: torch.device) -> EvalSums:
-        return _Predictions(device)
-
-    def finish_eval(self, sums: EvalSums, gather: Any, loss: float, samples: int) -> EvalResult:
-        assert isinstance(sums, _Predictions)
-        nothing = torch.empty(0, dtype=torch.long, device=sums.device)
-        # Every rank joins the gathers, also one whose share of the data was empty.
-        pred = gather(torch.cat(sums.predictions) if sums.predictions else nothing)
-        target = gather(torch.cat(sums.targets) if sums.targets else nothing)
-        y_pred, y_true = pred.cpu().numpy(), target.cpu().numpy()
-        num_classes = len(self.class_names) if self.class_names else \
-            int(max(y_true.max(initial=0), y_pred.max(initial=0)) + 1)
-        names = class_names_for(num_classes, self.class_names)
-        accuracy = float((y_pred == y_true).mean()) if len(y_true) else 0.0
-        return EvalResult(loss=loss, samples=len(y_true), metrics={"acc": accuracy},
-                          details={"predictions": y_pred, "targets": y_true,
-                                   "class_names": names}, task=self)
+class _ChanceNote(Wording):
+    """Classification's words, and its note on a classifier at chance."""
 
     def learning_note(self, result: EvalResult) -> str | None:
         """At chance: the accuracy of always answering the most frequent validation class
@@ -149,6 +122,9 @@ class ClassificationTask(Task):
                 f"answering the most frequent class scores {majority:.1%}, {classes} classes); "
                 f"train longer ({flag('max_steps')} or {flag('epochs')}), raise {flag('lr')}, "
                 f"or check the labels")
+
+class _ClassificationReports(Reports):
+    """sklearn's classification report (and the confusion matrix in report.json)."""
 
     def report(self, result: EvalResult) -> dict[str, Any]:
         """sklearn's classification_report as a dict, plus the confusion matrix."""
@@ -175,10 +151,43 @@ class ClassificationTask(Task):
                                      target_names=d["class_names"], digits=4, zero_division=0)
         return "classification_report.txt", header + text
 
-    def difference(self, value: float, baseline: float) -> float:
-        """Percentage points of accuracy (the usual A/B rule's unit)."""
-        return (value - baseline) * 100.0
+class ClassificationTask(Task):
+    """Integer class labels, logits out; accuracy is the primary metric."""
 
+    name = "classification"
+    metrics = Metrics(Metric("acc", "accuracy", higher_is_better=True, percent=True))
+    # compare's verdict: the default, percentage points of accuracy (the A/B rule's unit).
+    wording = _ChanceNote(data_holds="class labels",
+                          data_needs="classification needs class labels",
+                          output_noun="classes", first_line="")  # the default task: unsaid
+    reports = _ClassificationReports()
+    checks = _LabelChecks()
+
+    def __init__(self, class_names: list[str] | None = None, **_: Any) -> None:
+        self.class_names = list(class_names) if class_names else None
+        self.checks = _LabelChecks(self.class_names)
+
+    def loss(self, outputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        return F.cross_entropy(outputs, targets)
+
+    # -------------------------------------------------------------- evaluation
+    def start_eval(self, device: torch.device) -> EvalSums:
+        return _Predictions(device)
+
+    def finish_eval(self, sums: EvalSums, gather: Any, loss: float, samples: int) -> EvalResult:
+        assert isinstance(sums, _Predictions)
+        nothing = torch.empty(0, dtype=torch.long, device=sums.device)
+        # Every rank joins the gathers, also one whose share of the data was empty.
+        pred = gather(torch.cat(sums.predictions) if sums.predictions else nothing)
+        target = gather(torch.cat(sums.targets) if sums.targets else nothing)
+        y_pred, y_true = pred.cpu().numpy(), target.cpu().numpy()
+        num_classes = len(self.class_names) if self.class_names else \
+            int(max(y_true.max(initial=0), y_pred.max(initial=0)) + 1)
+        names = class_names_for(num_classes, self.class_names)
+        accuracy = float((y_pred == y_true).mean()) if len(y_true) else 0.0
+        return EvalResult(loss=loss, samples=len(y_true), metrics={"acc": accuracy},
+                          details={"predictions": y_pred, "targets": y_true,
+                                   "class_names": names}, task=self)
 
 def check_labels(labels: torch.Tensor, keyword: str, class_names: list[str] | None) -> None:
     """Integer class indices in ``0..C-1`` (C = ``len(class_names)`` when given)."""

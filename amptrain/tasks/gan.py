@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
+from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -29,7 +30,8 @@ from torch.nn import functional as F
 
 from ..data.protocol import columns_of
 from ..common.errors import UserError, flag
-from .base import EvalResult, EvalSums, Metric, Task
+from .base import (DataChecks, Diagnosis, EvalResult, EvalSums, Metric, Metrics, Offers, Reports,
+                   Task, Verdict, Wording)
 from .frechet import (FEATURE_SEED, FEATURE_STEPS, FeatureSums, RealImages, features,
                       frechet_distance, images_of, train_feature_net)
 from .imagegrid import grid, to_uint8
@@ -94,18 +96,82 @@ class _FrechetSums(EvalSums):
             self.samples.append(fake[:GRID - kept].detach().float())
 
 
+class _ImageChecks(DataChecks):
+    """Images with class labels (digits, idx:, cifar10:, imagefolder:); the labels go
+    unused. ``check_data`` refuses what is not images."""
+
+    kinds = ("classification",)
+
+    def check_data(self, data: Any, keyword: str) -> None:
+        tensors = columns_of(data)
+        if tensors is not None:
+            shape = tuple(tensors[0].shape)
+            if len(shape) != 4 or shape[1] not in (1, 3):
+                raise UserError(f"{flag('task')} gan generates images: {keyword} must hold "
+                                f"grey or RGB images (N x 1|3 x H x W), not {shape}")
+
+    def check_outputs(self, outputs: torch.Tensor | None, targets: Any, *,
+                      model_name: str | None, all_targets: torch.Tensor | None) -> None:
+        if outputs is None:
+            return
+        if outputs.ndim != 1:
+            which = f" ({flag('model')} {model_name})" if model_name else ""
+            raise UserError(f"the model{which} returns shape {tuple(outputs.shape)} for a batch; "
+                            f"{flag('task')} gan needs a model whose forward is the "
+                            f"discriminator: one logit per image (e.g. {flag('model')} dcgan)")
+
+
+class _GanLosses(Diagnosis):
+    """Two losses by ``loss_id`` (diagnose names the loss that overflows)."""
+
+    loss_names = MappingProxyType({0: "d_loss", 1: "g_loss"})
+
+
+class _GanReports(Reports):
+    """The Fréchet distance, what its features are, and eval/samples.png."""
+
+    def __init__(self, task: GanTask) -> None:
+        self.task = task
+
+    def report(self, result: EvalResult) -> dict[str, Any]:
+        d, task = result.details, self.task
+        return {"fd": result.metrics["fd"], "loss": result.loss,
+                "loss_meaning": "discriminator BCE on real validation images",
+                "samples": result.samples, "real_images": d.get("real_images"),
+                "generated_images": d.get("generated_images"),
+                "fd_features": (f"{d.get('feature_dim')} pooled features of a SmallCNN "
+                                f"classifier trained on the real training split (seed "
+                                f"{task.feature_seed}, {task.feature_steps} Adam steps, fp32)"
+                                if d.get("features_trained", True) else
+                                f"{d.get('feature_dim')} pooled features of a SmallCNN at its "
+                                f"seeded initialisation (the data has fewer than two classes)"),
+                "fd_note": "not comparable to published FIDs (not Inception-v3 features)"}
+
+    def report_text(self, result: EvalResult) -> tuple[str, str]:
+        r = self.report(result)
+        lines = [f"GAN report ({r['real_images']} real and {r['generated_images']} generated "
+                 f"images)", "",
+                 f"  Fréchet distance  {r['fd']:.4f}",
+                 f"  D loss on real    {r['loss']:.4f}", "",
+                 f"  features: {r['fd_features']}", f"  {r['fd_note']}",
+                 "  samples: samples.png"]
+        return "gan_report.txt", "\n".join(lines + [""])
+
+    def write_files(self, result: EvalResult, directory: Path) -> None:
+        """eval/samples.png: a grid of the evaluation's first generated images."""
+
+        images = result.details.get("samples")
+        if images is None or not len(images):
+            return
+        low, high = self.task.value_range or (None, None)
+        save_grid(images, Path(directory) / "samples.png", low=low, high=high)
+
+
 class GanTask(Task):
     """Two parts, two losses; ``val_fd`` is the primary metric (lower is better)."""
 
     name = "gan"
-    metrics = (Metric("fd", "Fréchet distance", higher_is_better=False),)
-    delta_unit = "rel"
-    tolerance_option = "tolerance_rel"
-    loss_names = {0: "d_loss", 1: "g_loss"}  # by loss_id (diagnose names the loss that overflows)
-    data_holds = "images"
-    data_needs = "gan needs images (--data digits, idx:, cifar10: or imagefolder:)"
-    output_noun = "discriminator logits per image"
-    generates = "images"  # amptrain generate --samples N: the generator's images
+    metrics = Metrics(Metric("fd", "Fréchet distance", higher_is_better=False))
     #: compare's default --tolerance-rel for GANs. The FD of a GAN varies far more between
     #: seeds than a classifier's accuracy. Measured with tests/tasks/test_gan.py's loop
     #: (dcgan on digits, 32-true, batch 64, Adam 2e-4; one core of a Xeon with AMX): seeds
@@ -113,16 +179,17 @@ class GanTask(Task):
     #: 8.64/7.26/8.17 after 600: the same recipe differs by up to 19 % (max/min) between
     #: seeds. A precision is therefore "worse" only when its FD is more than 25 % above the
     #: baseline's; perplexity's 2 % would report seed noise as a verdict.
-    default_tolerance_rel = 0.25
-    #: ``amptrain eval`` fits this task on the data's training split (the feature network
-    #: and the value range are learnt from real training images, as in training).
-    eval_learn_split = "train"
-
-    @classmethod
-    def fits(cls, kind: str) -> bool:
-        """Images with class labels (digits, idx:, cifar10:, imagefolder:); the labels go
-        unused. ``check_data`` refuses what is not images."""
-        return kind == "classification"
+    verdict = Verdict(unit="rel", default_tolerance=0.25)
+    wording = Wording(data_holds="images",
+                      data_needs="gan needs images (--data digits, idx:, cifar10: or "
+                                 "imagefolder:)",
+                      output_noun="discriminator logits per image")
+    checks = _ImageChecks()
+    diagnosis = _GanLosses()
+    #: ``amptrain generate --samples N`` draws the generator's images; ``amptrain eval``
+    #: fits this task on the data's training split (the feature network and the value
+    #: range are learnt from real training images, as in training).
+    offers = Offers(generates="images", eval_learn_split="train")
 
     def __init__(self, value_range: list[list[float]] | None = None,
                  feature_seed: int = FEATURE_SEED, feature_steps: int = FEATURE_STEPS,
@@ -130,6 +197,7 @@ class GanTask(Task):
         self.value_range = value_range
         self.feature_seed = feature_seed
         self.feature_steps = feature_steps
+        self.reports = _GanReports(self)
         self._real: RealImages | None = None
         self._net: SmallCNN | None = None
         self._trained_features = False
@@ -219,25 +287,6 @@ class GanTask(Task):
         return F.binary_cross_entropy_with_logits(outputs.float(), torch.ones_like(outputs,
                                                                                    dtype=torch.float))
 
-    # ------------------------------------------------------------------ checks
-    def check_data(self, data: Any, keyword: str) -> None:
-        tensors = columns_of(data)
-        if tensors is not None:
-            shape = tuple(tensors[0].shape)
-            if len(shape) != 4 or shape[1] not in (1, 3):
-                raise UserError(f"{flag('task')} gan generates images: {keyword} must hold "
-                                f"grey or RGB images (N x 1|3 x H x W), not {shape}")
-
-    def check_outputs(self, outputs: torch.Tensor | None, targets: Any, *,
-                      model_name: str | None, all_targets: torch.Tensor | None) -> None:
-        if outputs is None:
-            return
-        if outputs.ndim != 1:
-            which = f" ({flag('model')} {model_name})" if model_name else ""
-            raise UserError(f"the model{which} returns shape {tuple(outputs.shape)} for a batch; "
-                            f"{flag('task')} gan needs a model whose forward is the "
-                            f"discriminator: one logit per image (e.g. {flag('model')} dcgan)")
-
     # -------------------------------------------------------------- evaluation
     def start_eval(self, device: torch.device) -> EvalSums:
         return _FrechetSums(self, device)
@@ -266,39 +315,6 @@ class GanTask(Task):
             return {}
         low, high = self.value_range or (None, None)
         return {"samples": grid(to_uint8(samples, low, high))}
-
-    def report(self, result: EvalResult) -> dict[str, Any]:
-        d = result.details
-        return {"fd": result.metrics["fd"], "loss": result.loss,
-                "loss_meaning": "discriminator BCE on real validation images",
-                "samples": result.samples, "real_images": d.get("real_images"),
-                "generated_images": d.get("generated_images"),
-                "fd_features": (f"{d.get('feature_dim')} pooled features of a SmallCNN "
-                                f"classifier trained on the real training split (seed "
-                                f"{self.feature_seed}, {self.feature_steps} Adam steps, fp32)"
-                                if d.get("features_trained", True) else
-                                f"{d.get('feature_dim')} pooled features of a SmallCNN at its "
-                                f"seeded initialisation (the data has fewer than two classes)"),
-                "fd_note": "not comparable to published FIDs (not Inception-v3 features)"}
-
-    def report_text(self, result: EvalResult) -> tuple[str, str]:
-        r = self.report(result)
-        lines = [f"GAN report ({r['real_images']} real and {r['generated_images']} generated "
-                 f"images)", "",
-                 f"  Fréchet distance  {r['fd']:.4f}",
-                 f"  D loss on real    {r['loss']:.4f}", "",
-                 f"  features: {r['fd_features']}", f"  {r['fd_note']}",
-                 "  samples: samples.png"]
-        return "gan_report.txt", "\n".join(lines + [""])
-
-    def write_files(self, result: EvalResult, directory: Path) -> None:
-        """eval/samples.png: a grid of the evaluation's first generated images."""
-
-        images = result.details.get("samples")
-        if images is None or not len(images):
-            return
-        low, high = self.value_range or (None, None)
-        save_grid(images, Path(directory) / "samples.png", low=low, high=high)
 
 
 __all__ = ["GanTask", "unwrap"]

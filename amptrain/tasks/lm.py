@@ -17,7 +17,8 @@ import torch
 from torch.nn import functional as F
 
 from ..common.errors import UserError, flag
-from .base import EvalResult, EvalSums, Metric, Task, targets_of
+from .base import (DataChecks, EvalResult, EvalSums, LogKeys, Metric, Metrics, Offers, Reports,
+                   Task, Verdict, Wording, targets_of)
 
 #: Perplexity is exp(loss); beyond this loss it overflows a float and reads as inf.
 _MAX_LOSS = 700.0
@@ -30,27 +31,10 @@ class _Nothing(EvalSums):
         return None
 
 
-class LanguageModelTask(Task):
-    """Next-token cross-entropy; perplexity is the primary metric."""
+class _LmWording(Wording):
+    """A language model's words; a resume mismatch names --seq-len or --tokenizer."""
 
-    name = "lm"
-    speed_units = MappingProxyType({"tokens_per_s": "tokens/s"})
-    metrics = (Metric("perplexity", "perplexity", higher_is_better=False),
-               Metric("bits_per_byte", "bits per byte", higher_is_better=False))
-    delta_unit = "rel"
-    tolerance_option = "tolerance_rel"
-    data_holds = "text for language modelling"
-    data_needs = "language modelling needs --data text:PATH"
-    output_noun = "vocabulary entries"
-    generates = "text"  # amptrain generate --prompt TEXT: a continuation
-
-    def __init__(self, bytes_per_token: float | None = None, seq_len: int | None = None,
-                 **_: Any) -> None:
-        self.bytes_per_token = bytes_per_token
-        self.seq_len = seq_len
-
-    @classmethod
-    def resume_mismatch(cls, key: str, now: Any, then: Any, *, config: dict[str, Any],
+    def resume_mismatch(self, key: str, now: Any, then: Any, *, config: dict[str, Any],
                         saved: dict[str, Any], path: str) -> str | None:
         if key == "input_shape":
             return (f"--seq-len {now[0]} differs from checkpoint {path}'s {then[0]}: its model "
@@ -59,28 +43,24 @@ class LanguageModelTask(Task):
                 f"tokens, but checkpoint {path} was trained with {then} (--tokenizer "
                 f"{saved.get('tokenizer') or 'byte'}); resume with that tokenizer")
 
-    def learn_from(self, train_data: Any) -> None:
-        targets = targets_of(train_data)
-        if targets is not None and targets.ndim == 2:
-            self.seq_len = int(targets.shape[1])
-        elif getattr(train_data, "seq_len", None):  # blocks read from disk (tokens:, text:)
-            self.seq_len = int(train_data.seq_len)
-        # A fact of the text, not something learnt: evaluation on another corpus uses its own.
-        self.bytes_per_token = getattr(train_data, "bytes_per_token", None) \
-            or self.bytes_per_token
 
-    def state(self) -> dict[str, Any]:
-        return {"bytes_per_token": self.bytes_per_token, "seq_len": self.seq_len}
+class _TokensLogged(LogKeys):
+    """Training records carry ``tokens_per_s`` (samples x the blocks' tokens)."""
+
+    speed_units = MappingProxyType({"tokens_per_s": "tokens/s"})
+
+    def __init__(self, task: LanguageModelTask) -> None:
+        self.task = task
 
     def throughput(self, samples_per_s: float | None) -> dict[str, float]:
-        if samples_per_s is None or not self.seq_len:
+        if samples_per_s is None or not self.task.seq_len:
             return {}
-        return {"tokens_per_s": samples_per_s * self.seq_len}
+        return {"tokens_per_s": samples_per_s * self.task.seq_len}
 
-    def loss(self, outputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-        return F.cross_entropy(outputs.flatten(0, -2), targets.flatten())
 
-    # ------------------------------------------------------------------ checks
+class _TokenChecks(DataChecks):
+    """Token blocks with next-token targets; logits per position over the vocabulary."""
+
     def check_data(self, data: Any, keyword: str) -> None:
         targets = targets_of(data)
         if targets is None:
@@ -107,6 +87,66 @@ class LanguageModelTask(Task):
             raise UserError(f"token id {int(bound.max())} is outside the model's "
                             f"{outputs.shape[-1]} vocabulary entries{which}")
 
+
+class _LmReports(Reports):
+    """The loss in nats per token, perplexity and bits per byte."""
+
+    def __init__(self, task: LanguageModelTask) -> None:
+        self.task = task
+
+    def report(self, result: EvalResult) -> dict[str, Any]:
+        tokens = result.samples * (self.task.seq_len or 0)
+        return {"loss": result.loss, "loss_unit": "nats per token", **result.metrics,
+                "samples": result.samples, "tokens": tokens, "seq_len": self.task.seq_len,
+                "bytes_per_token": self.task.bytes_per_token}
+
+    def report_text(self, result: EvalResult) -> tuple[str, str]:
+        m = result.metrics
+        seq_len = self.task.seq_len
+        lines = [f"language-model report ({result.samples} blocks of {seq_len} tokens)", "",
+                 f"  loss          {result.loss:.4f} nats/token",
+                 f"  perplexity    {m['perplexity']:.4f}"]
+        if "bits_per_byte" in m:
+            lines.append(f"  bits per byte {m['bits_per_byte']:.4f}")
+        return "lm_report.txt", "\n".join(lines + [""])
+
+
+class LanguageModelTask(Task):
+    """Next-token cross-entropy; perplexity is the primary metric."""
+
+    name = "lm"
+    metrics = Metrics(Metric("perplexity", "perplexity", higher_is_better=False),
+                      Metric("bits_per_byte", "bits per byte", higher_is_better=False))
+    verdict = Verdict(unit="rel")
+    wording = _LmWording(data_holds="text for language modelling",
+                         data_needs="language modelling needs --data text:PATH",
+                         output_noun="vocabulary entries")
+    checks = _TokenChecks()
+    offers = Offers(generates="text")  # amptrain generate --prompt TEXT: a continuation
+
+    def __init__(self, bytes_per_token: float | None = None, seq_len: int | None = None,
+                 **_: Any) -> None:
+        self.bytes_per_token = bytes_per_token
+        self.seq_len = seq_len
+        self.logs = _TokensLogged(self)
+        self.reports = _LmReports(self)
+
+    def learn_from(self, train_data: Any) -> None:
+        targets = targets_of(train_data)
+        if targets is not None and targets.ndim == 2:
+            self.seq_len = int(targets.shape[1])
+        elif getattr(train_data, "seq_len", None):  # blocks read from disk (tokens:, text:)
+            self.seq_len = int(train_data.seq_len)
+        # A fact of the text, not something learnt: evaluation on another corpus uses its own.
+        self.bytes_per_token = getattr(train_data, "bytes_per_token", None) \
+            or self.bytes_per_token
+
+    def state(self) -> dict[str, Any]:
+        return {"bytes_per_token": self.bytes_per_token, "seq_len": self.seq_len}
+
+    def loss(self, outputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        return F.cross_entropy(outputs.flatten(0, -2), targets.flatten())
+
     # -------------------------------------------------------------- evaluation
     def start_eval(self, device: torch.device) -> EvalSums:
         return _Nothing()
@@ -117,21 +157,6 @@ class LanguageModelTask(Task):
         if self.bytes_per_token:
             metrics["bits_per_byte"] = loss / math.log(2) / self.bytes_per_token
         return EvalResult(loss=loss, samples=samples, metrics=metrics, task=self)
-
-    def report(self, result: EvalResult) -> dict[str, Any]:
-        tokens = result.samples * (self.seq_len or 0)
-        return {"loss": result.loss, "loss_unit": "nats per token", **result.metrics,
-                "samples": result.samples, "tokens": tokens, "seq_len": self.seq_len,
-                "bytes_per_token": self.bytes_per_token}
-
-    def report_text(self, result: EvalResult) -> tuple[str, str]:
-        m = result.metrics
-        lines = [f"language-model report ({result.samples} blocks of {self.seq_len} tokens)", "",
-                 f"  loss          {result.loss:.4f} nats/token",
-                 f"  perplexity    {m['perplexity']:.4f}"]
-        if "bits_per_byte" in m:
-            lines.append(f"  bits per byte {m['bits_per_byte']:.4f}")
-        return "lm_report.txt", "\n".join(lines + [""])
 
 
 __all__ = ["LanguageModelTask"]

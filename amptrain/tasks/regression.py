@@ -17,7 +17,8 @@ from torch.nn import functional as F
 
 from ..common.choices import LOSSES
 from ..common.errors import UserError, flag
-from .base import EvalResult, EvalSums, Metric, Task, targets_of
+from .base import (DataChecks, EvalResult, EvalSums, Metric, Metrics, Reports, Task, Verdict,
+                   Wording, targets_of)
 
 
 #: Below this validation R² a run's end says the model has not learnt (0 is the R² of
@@ -39,19 +40,87 @@ class _Values(EvalSums):
             self.targets.append(target)
 
 
+class _FloatChecks(DataChecks):
+    """Finite float targets, one output per target value."""
+
+    def check_data(self, data: Any, keyword: str) -> None:
+        targets = targets_of(data)
+        if targets is None:
+            return
+        if not targets.is_floating_point():
+            raise UserError(f"{keyword}: the targets are integer class labels "
+                            f"({str(targets.dtype).replace('torch.', '')}); regression needs "
+                            f"float values: use {flag('task')} classification, or give float "
+                            f"targets")
+        if targets.ndim > 2:
+            raise UserError(f"{keyword}: regression targets must be one value or one row of "
+                            f"values per sample (got shape {tuple(targets.shape)})")
+        if targets.numel() and not bool(torch.isfinite(targets).all()):
+            raise UserError(f"{keyword}: the regression targets contain NaN or infinite "
+                            f"values; drop or fill those samples")
+
+    def check_outputs(self, outputs: torch.Tensor | None, targets: Any, *,
+                      model_name: str | None, all_targets: torch.Tensor | None) -> None:
+        if outputs is None or not isinstance(targets, torch.Tensor) or not len(targets):
+            return
+        per_sample = targets[0].numel()
+        width = outputs[0].numel() if outputs.ndim else 0
+        if width != per_sample:
+            which = f" ({flag('model')} {model_name})" if model_name else ""
+            raise UserError(f"the model{which} returns {width} value(s) per sample, but the "
+                            f"regression targets have {per_sample}: its last layer needs "
+                            f"{per_sample} output(s) (float targets are trained as "
+                            f"regression; class labels must be integers, or set "
+                            f"{flag('task')} classification)")
+
+
+class _R2Note(Wording):
+    """Regression's words, and its note on a model no better than the targets' mean."""
+
+    def learning_note(self, result: EvalResult) -> str | None:
+        r2 = result.metrics.get("r2")
+        if r2 is None or not math.isfinite(r2) or r2 >= R2_LEARNT:
+            return None
+        return (f"the model has not learnt: val R² {r2:.3f}, where predicting the targets' "
+                f"mean scores 0; train longer ({flag('max_steps')} or {flag('epochs')}), "
+                f"raise {flag('lr')}, or check that the inputs tell the targets")
+
+
+class _RegressionReports(Reports):
+    """The metrics in the data's units, the loss function and the target statistics."""
+
+    def __init__(self, task: RegressionTask) -> None:
+        self.task = task
+
+    def report(self, result: EvalResult) -> dict[str, Any]:
+        return {**result.metrics, "loss": result.loss, "loss_function": self.task.loss_name,
+                "samples": result.samples, "targets_per_sample": len(self.task.target_mean or [0]),
+                "target_mean": self.task.target_mean, "target_std": self.task.target_std}
+
+    def report_text(self, result: EvalResult) -> tuple[str, str]:
+        m = result.metrics
+        lines = [f"regression report ({result.samples} samples, "
+                 f"{len(self.task.target_mean or [0])} target(s) per sample; the data's units)", "",
+                 f"  RMSE  {m['rmse']:.6g}", f"  MSE   {m['mse']:.6g}",
+                 f"  MAE   {m['mae']:.6g}", f"  R2    {m['r2']:.6g}", "",
+                 f"training loss: {self.task.loss_name} on standardised targets "
+                 f"(validation loss {result.loss:.6g})", ""]
+        return "regression_report.txt", "\n".join(lines)
+
+
 class RegressionTask(Task):
     """Float targets, one output per target value; RMSE is the primary metric."""
 
     name = "regression"
-    data_holds = "regression targets"
-    data_needs = "regression needs float targets (npz with float y)"
-    output_noun = "target values per sample"
-    metrics = (Metric("rmse", "RMSE", higher_is_better=False),
-               Metric("mse", "MSE", higher_is_better=False),
-               Metric("mae", "MAE", higher_is_better=False),
-               Metric("r2", "R²", higher_is_better=True))
-    delta_unit = "rel"
-    tolerance_option = "tolerance_rel"
+    metrics = Metrics(Metric("rmse", "RMSE", higher_is_better=False),
+                      Metric("mse", "MSE", higher_is_better=False),
+                      Metric("mae", "MAE", higher_is_better=False),
+                      Metric("r2", "R²", higher_is_better=True))
+    verdict = Verdict(unit="rel")
+    wording = _R2Note(data_holds="regression targets",
+                      data_needs="regression needs float targets (npz with float y)",
+                      output_noun="target values per sample")
+    checks = _FloatChecks()
 
     def __init__(self, loss: str | None = None, target_mean: list[float] | None = None,
                  target_std: list[float] | None = None, **_: Any) -> None:
@@ -61,6 +130,7 @@ class RegressionTask(Task):
         self.loss_name = loss
         self.target_mean = list(target_mean) if target_mean is not None else None
         self.target_std = list(target_std) if target_std is not None else None
+        self.reports = _RegressionReports(self)
         self._stats: dict[torch.device, tuple[torch.Tensor, torch.Tensor]] = {}
 
     # ------------------------------------------------------------ standardising
@@ -102,37 +172,6 @@ class RegressionTask(Task):
             return F.huber_loss(prediction, target)
         return F.mse_loss(prediction, target)
 
-    # ------------------------------------------------------------------ checks
-    def check_data(self, data: Any, keyword: str) -> None:
-        targets = targets_of(data)
-        if targets is None:
-            return
-        if not targets.is_floating_point():
-            raise UserError(f"{keyword}: the targets are integer class labels "
-                            f"({str(targets.dtype).replace('torch.', '')}); regression needs "
-                            f"float values: use {flag('task')} classification, or give float "
-                            f"targets")
-        if targets.ndim > 2:
-            raise UserError(f"{keyword}: regression targets must be one value or one row of "
-                            f"values per sample (got shape {tuple(targets.shape)})")
-        if targets.numel() and not bool(torch.isfinite(targets).all()):
-            raise UserError(f"{keyword}: the regression targets contain NaN or infinite "
-                            f"values; drop or fill those samples")
-
-    def check_outputs(self, outputs: torch.Tensor | None, targets: Any, *,
-                      model_name: str | None, all_targets: torch.Tensor | None) -> None:
-        if outputs is None or not isinstance(targets, torch.Tensor) or not len(targets):
-            return
-        per_sample = targets[0].numel()
-        width = outputs[0].numel() if outputs.ndim else 0
-        if width != per_sample:
-            which = f" ({flag('model')} {model_name})" if model_name else ""
-            raise UserError(f"the model{which} returns {width} value(s) per sample, but the "
-                            f"regression targets have {per_sample}: its last layer needs "
-                            f"{per_sample} output(s) (float targets are trained as "
-                            f"regression; class labels must be integers, or set "
-                            f"{flag('task')} classification)")
-
     # -------------------------------------------------------------- evaluation
     def start_eval(self, device: torch.device) -> EvalSums:
         return _Values(self, device)
@@ -147,29 +186,6 @@ class RegressionTask(Task):
         metrics = regression_metrics(y_true, y_pred)
         return EvalResult(loss=loss, samples=len(y_true), metrics=metrics,
                           details={"predictions": y_pred, "targets": y_true}, task=self)
-
-    def learning_note(self, result: EvalResult) -> str | None:
-        r2 = result.metrics.get("r2")
-        if r2 is None or not math.isfinite(r2) or r2 >= R2_LEARNT:
-            return None
-        return (f"the model has not learnt: val R² {r2:.3f}, where predicting the targets' "
-                f"mean scores 0; train longer ({flag('max_steps')} or {flag('epochs')}), "
-                f"raise {flag('lr')}, or check that the inputs tell the targets")
-
-    def report(self, result: EvalResult) -> dict[str, Any]:
-        return {**result.metrics, "loss": result.loss, "loss_function": self.loss_name,
-                "samples": result.samples, "targets_per_sample": len(self.target_mean or [0]),
-                "target_mean": self.target_mean, "target_std": self.target_std}
-
-    def report_text(self, result: EvalResult) -> tuple[str, str]:
-        m = result.metrics
-        lines = [f"regression report ({result.samples} samples, "
-                 f"{len(self.target_mean or [0])} target(s) per sample; the data's units)", "",
-                 f"  RMSE  {m['rmse']:.6g}", f"  MSE   {m['mse']:.6g}",
-                 f"  MAE   {m['mae']:.6g}", f"  R2    {m['r2']:.6g}", "",
-                 f"training loss: {self.loss_name} on standardised targets "
-                 f"(validation loss {result.loss:.6g})", ""]
-        return "regression_report.txt", "\n".join(lines)
 
 
 def regression_metrics(y_true: Any, y_pred: Any) -> dict[str, float]:

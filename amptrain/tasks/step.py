@@ -79,8 +79,8 @@ class StepContext(Protocol):
 
 class TrainLoop(Protocol):
     """The Trainer's loop as a task that owns its iteration drives it
-    (:meth:`Task.iterate <amptrain.tasks.Task.iterate>`): PPO's "for each update, collect a
-    rollout, then epochs of minibatches" reads as CleanRL's loop does::
+    (:meth:`~amptrain.tasks.iteration.Iteration.iterate`): PPO's "for each update, collect
+    a rollout, then epochs of minibatches" reads as CleanRL's loop does::
 
         def iterate(self, loop):
             for update in itertools.count(loop.step_number // per_update):

@@ -68,7 +68,7 @@ def assemble_parts(model: nn.Module, train_data: Any, val_data: Any, *, config: 
     if loss_fn is None:  # a caller's own loss may take other targets
         for data, keyword in ((train_data, "train_data"), (val_data, "val_data")):
             if data is not None:
-                task.check_data(data, keyword)
+                task.checks.check_data(data, keyword)
     task.learn_from(train_data)
     if isinstance(train_data, Dataset) and hasattr(train_data, "__len__"):
         datacheck.check_batch_size(len(train_data), c.batching.batch_size)
@@ -176,7 +176,7 @@ def begin_run(parts: RunParts, *, config: TrainConfig, strategy: Strategy, out: 
         precision, device=strategy.device, world_size=strategy.world_size,
         run_length=parts.run_length, batch_size=c.batching.batch_size,
         micro=sizer.split.micro_batch, accumulate=sizer.split.accumulate,
-        task_words=parts.task.describe(), constant_lr=parts.constant_lr)
+        task_words=parts.task.wording.describe(parts.task.name), constant_lr=parts.constant_lr)
         + parts.schedule_words)
     lr_note = parts.lr_schedule.describe(c)
     if lr_note:

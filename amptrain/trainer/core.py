@@ -144,7 +144,7 @@ class Trainer(TrainerViews):
                 resolved=self.resolved_config, optimizer=optimizer,
                 scheduler=scheduler, loss_fn=loss_fn, class_names=names, task=task,
                 training_step=training_step)
-            self._built.train_step.on_split = self._use_batch_plan  # after out-of-memory
+            self._built.train_step.on_split = self._use_split  # after out-of-memory
             self.resumed_finished = begin_run(
                 self._built, config=self.config, strategy=self.strategy, out=self.out,
                 precision=self.precision, reporter=self.reporter, position=self.position,
@@ -166,9 +166,9 @@ class Trainer(TrainerViews):
                 try:
                     self.reporter.memory.start()
                     interval.start(position.step)
-                    if parts.task.owns_loop:  # PPO's updates: the task iterates (loop.py)
-                        parts.task.iterate(TaskLoop(self))
-                    while not self._done() and not parts.task.owns_loop:
+                    if parts.task.iteration.owns:  # PPO's updates: the task iterates (loop.py)
+                        parts.task.iteration.iterate(TaskLoop(self))
+                    while not self._done() and not parts.task.iteration.owns:
                         fresh = self._start_epoch(windows)
                         for window in interval.timed(windows.epoch(position.epoch,
                                                                    position.window_in_epoch)):
@@ -194,7 +194,8 @@ class Trainer(TrainerViews):
             self._teardown()
         self.reporter.emit(self, "on_fit_end")
         result = self.reporter.result(self.precision, steps=self.step, epochs=self.epoch,
-                                      last_eval=self.last_eval, out=self.out)
+                                      last_eval=self.last_eval, out=self.out,
+                                      task=self.task)
         bad = result.nonfinite_metrics()
         if bad:
             log.warning("training finished with non-finite %s: the model diverged (lower %s, "
@@ -359,7 +360,7 @@ class Trainer(TrainerViews):
     def _has_val(self) -> bool:
         return self._built is not None and self._built.evaluator.val_data is not None
 
-    def _use_batch_plan(self, split: MicroBatchSplit) -> None:
+    def _use_split(self, split: MicroBatchSplit) -> None:
         """The one place a smaller micro-batch takes effect (after out-of-memory)."""
         self.sizer.use(split)
         self._ready().windows.resize(split.micro_batch)  # later epochs are cut the new way

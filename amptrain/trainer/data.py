@@ -48,7 +48,7 @@ def output_check(train_data: Any, *, model: nn.Module, task: Task, loss_fn: Loss
     training sees exactly what it would have seen without it."""
     device = strategy.device
     sample = datacheck.first_samples(train_data, device) if strategy.world_size == 1 else None
-    check = functools.partial(task.check_outputs, model_name=model_name,
+    check = functools.partial(task.checks.check_outputs, model_name=model_name,
                               all_targets=protocol.targets_of(train_data) if sample else None)
     if sample is None:
         return check

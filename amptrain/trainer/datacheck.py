@@ -3,7 +3,7 @@ empty splits, NaN or empty inputs, a batch larger than the data.
 
 Otherwise these fail deep inside a loss function or, worse, train on garbage. What the
 targets must be (class labels, regression values) is the task's to check
-(:meth:`~amptrain.tasks.Task.check_data`, :meth:`~amptrain.tasks.Task.check_outputs`).
+(the task's ``checks`` part: :class:`~amptrain.tasks.checks.DataChecks`).
 Each check runs once, so a steady-state step pays nothing for them.
 """
 from __future__ import annotations

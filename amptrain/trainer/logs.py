@@ -39,7 +39,7 @@ def shown_key(key: str, task_fields: Iterable[str] = ()) -> bool:
     logged (``loss``, a GAN's ``d_loss``/``g_loss``: any ``*_loss``), the learning rate of
     a one-part run, every loss scale (``loss_scale``, ``loss_scale/<id>``), every
     evaluation metric (``val_*``) and the fields the task declares
-    (:attr:`Task.shown_fields <amptrain.tasks.Task.shown_fields>`: PPO's episode return)."""
+    (:attr:`~amptrain.tasks.logkeys.LogKeys.shown_fields`: PPO's episode return)."""
     return (key in ("loss", "lr", "loss_scale") or key in task_fields
             or key.endswith("_loss") or key.startswith("loss_scale/") or key.startswith("val_"))
 
@@ -86,7 +86,7 @@ class RunLogger:
                  params: dict[str, Any] | None = None, shown: Iterable[str] = (),
                  speeds: Mapping[str, str] | None = None) -> None:
         self.enabled = enabled
-        # The task's fields (Task.shown_fields, Task.speed_units): logs name no task's.
+        # The task's fields (its LogKeys part: shown_fields, speed_units): logs name no task's.
         self.shown, self.speeds = tuple(shown), dict(speeds or {})
         self.print_every = print_every
         self.stream = stream or sys.stderr

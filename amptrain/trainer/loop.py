@@ -1,6 +1,6 @@
 """The Trainer's loop as a task that owns its iteration drives it: :class:`TaskLoop`, the
-:class:`~amptrain.tasks.step.TrainLoop` handed to :meth:`Task.iterate
-<amptrain.tasks.Task.iterate>` (PPO's updates).
+:class:`~amptrain.tasks.step.TrainLoop` handed to :meth:`Iteration.iterate
+<amptrain.tasks.iteration.Iteration.iterate>` (PPO's updates).
 
 The task decides what happens between steps (a rollout) and which data epoch comes next;
 everything else stays the Trainer's: the data order and its windows, the step itself

@@ -74,8 +74,8 @@ class Reporter:
         """The run's logger (metrics.jsonl, trackers, the bar); ``task``'s own fields shown."""
         self.logger = RunLogger(out, enabled=enabled, progress=progress, resumed_at=resumed_at,
                                 print_every=self.print_every, loggers=loggers, params=params,
-                                shown=task.shown_fields if task is not None else (),
-                                speeds=task.speed_units if task is not None else None)
+                                shown=task.logs.shown_fields if task is not None else (),
+                                speeds=task.logs.speed_units if task is not None else None)
 
     def record(self, trainer: Any, record: dict[str, Any]) -> None:
         """Log ``record`` and keep it; callbacks' ``on_log(trainer, record)`` see it."""
@@ -133,7 +133,7 @@ class Reporter:
                   "skipped_steps": precision.skipped_steps, **steps.skipped_records(),
                   "samples_per_s": window["samples_per_s"],
                   "data_wait_frac": window["data_wait_frac"], "peak_mem_bytes": self.memory.peak()}
-        record.update(task.throughput(record["samples_per_s"]))  # an LM's tokens_per_s
+        record.update(task.logs.throughput(record["samples_per_s"]))  # the task's speeds
         return record
 
     @staticmethod
@@ -167,11 +167,13 @@ class Reporter:
                              halt.step)
 
     def result(self, precision: Precision, *, steps: int, epochs: int, last_eval: Any,
-               out: Path | None) -> FitResult:
-        """What ``fit`` returns, from the history."""
+               out: Path | None, task: Task | None) -> FitResult:
+        """What ``fit`` returns, from the history (with the medians of ``task``'s speeds)."""
         train = [r for r in self.history if "samples_per_s" in r]
         speeds = [r["samples_per_s"] for r in train if r.get("samples_per_s")]
-        tokens = [r["tokens_per_s"] for r in train if r.get("tokens_per_s")]
+        units = dict(task.logs.speed_units) if task is not None else {}
+        medians = {key: float(np.median(values)) for key in units
+                   if (values := [r[key] for r in train if r.get(key)])}
         waits = [r["data_wait_frac"] for r in train if r.get("data_wait_frac") is not None]
         return FitResult(
             precision=precision.name, steps=steps, epochs_completed=epochs,
@@ -180,9 +182,9 @@ class Reporter:
             val_metrics=dict(last_eval.metrics) if last_eval else {},
             skipped_steps=precision.skipped_steps,
             samples_per_s=float(np.median(speeds)) if speeds else None,
-            tokens_per_s=float(np.median(tokens)) if tokens else None,
+            speeds=medians, speed_units={key: units[key] for key in medians},
             data_wait_frac=float(np.median(waits)) if waits else None,
             peak_mem_bytes=self.memory.peak(),
             out=str(out) if out else None, history=list(self.history),
-            learning_note=last_eval.task.learning_note(last_eval)
+            learning_note=last_eval.task.wording.learning_note(last_eval)
             if last_eval is not None and last_eval.task is not None else None)

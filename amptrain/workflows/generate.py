@@ -111,14 +111,14 @@ def generate_text(checkpoint_path: str, prompt: str, sampling: Sampling | None =
 
 def _check_generates(saved: SavedRun, wanted: str, checkpoint_path: str) -> None:
     """Refuse a checkpoint whose task cannot generate ``wanted`` ("text" or "images"),
-    saying what it can generate instead (the task declares it: ``Task.generates``)."""
+    saying what it can generate instead (the task declares it: ``task.offers.generates``)."""
     task = saved.task()
-    if task.generates == wanted:
+    if task.offers.generates == wanted:
         return
     if wanted == "images":
         raise UserError(f"--samples draws images from a GAN; --checkpoint {checkpoint_path} "
                         f"holds a {task.name} model")
-    if task.generates == "images":
+    if task.offers.generates == "images":
         raise UserError(f"--checkpoint {checkpoint_path} holds a GAN: generate images with "
                         f"--samples N --out DIR")
     raise UserError(f"--checkpoint {checkpoint_path} holds a {task.name} model; generate "

@@ -112,7 +112,7 @@ def assemble(config: RunConfig) -> Assembled:
     runs are the same)."""
     data = build_run_data(config)
     task = decide_task(config, data)
-    decided = task.run_options(config, data)
+    decided = task.iteration.run_options(config, data)
     if decided:
         config = config.with_options(**decided)
     return Assembled(data, task, build_run_model(config, data), config)
@@ -214,7 +214,7 @@ def run_evaluation(*, checkpoint_path: str, data: str | None, precision: str, ou
     # Facts of this data (an LM's bytes per token); learnt ones are kept. A task that
     # measures against the training split (a GAN's feature network) is fitted on that
     # split of the data, as in training.
-    task.learn_from(bundle.train if task.eval_learn_split == "train" else bundle.val)
+    task.learn_from(bundle.train if task.offers.eval_learn_split == "train" else bundle.val)
     evaluator = Evaluator(loaded.config, loaded.strategy, loaded.precision, task, task.loss)
     result = evaluator.evaluate(loaded.model, bundle.val, logger=RunLogger(None, enabled=False),
                                 write_dir=Path(out) / "eval")

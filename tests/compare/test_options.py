@@ -79,7 +79,7 @@ def test_tolerance_is_the_given_one_else_the_tasks_else_the_shared_default():
 
     assert CompareOptions().tolerance_rel is None  # the task decides unless given
     gan = resolve_tolerance(CompareOptions(), GanTask())
-    assert (gan.value, gan.option, gan.source) == (GanTask.default_tolerance_rel,
+    assert (gan.value, gan.option, gan.source) == (GanTask.verdict.default_tolerance,
                                                    "tolerance_rel", "task")
     assert "gan task's default" in gan.why and "seeds" in gan.why
     lm = resolve_tolerance(CompareOptions(), LanguageModelTask())

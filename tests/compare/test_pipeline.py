@@ -16,7 +16,12 @@ from amptrain.common.errors import UserError
 from amptrain.tasks import ClassificationTask, GanTask
 from tests.compare.conftest import PRECISIONS, SEEDS, SUMMARY_FIELDS, small_config
 
-verdict = ClassificationTask().verdict
+_accuracy = ClassificationTask.metrics.primary
+
+
+def verdict(delta, tolerance):
+    """classification's verdict on a difference in accuracy points."""
+    return ClassificationTask.verdict.call(delta, tolerance, _accuracy)
 
 
 def test_compare_json_has_exactly_the_documented_fields(study):
@@ -114,13 +119,14 @@ def test_a_gan_is_judged_by_val_fd_with_the_tasks_tolerance_and_shows_its_grids(
     assert list(rows) == ["32-true", "bf16-mixed"]
     for row in rows.values():
         assert row["val_fd_mean"] > 0 and "val_acc_mean" not in row
-        assert row["verdict"] == task.verdict(row["delta_fd_rel"],
-                                              GanTask.default_tolerance_rel)
+        assert row["verdict"] == task.verdict.call(row["delta_fd_rel"],
+                                                   GanTask.verdict.default_tolerance,
+                                                   task.metrics.primary)
     for run in result["runs"]:
         assert run["val_fd"] > 0 and run["same_initial_weights"] is True
     details = json.loads((out / "study.json").read_text())["task"]
     assert (details["name"], details["tolerance"], details["tolerance_source"]) == \
-        ("gan", GanTask.default_tolerance_rel, "task")
+        ("gan", GanTask.verdict.default_tolerance, "task")
     assert re.search(r"tolerance: the gan task's default \S*tolerance.rel 0\.25: its metric "
                      r"varies", (out / "report.md").read_text())
     page = (out / "report.html").read_text()

@@ -16,19 +16,19 @@ from amptrain.compare.seeds import (
     seed_fields,
     seed_verdict,
 )
-from amptrain.tasks import ClassificationTask, RegressionTask
+from amptrain.tasks import ClassificationTask, RegressionTask, Verdict
 
 
 class IqmClassification(ClassificationTask):
     """Classification judged over seeds (the test's stand-in for an RL task)."""
 
-    seed_statistic = "iqm"
+    verdict = Verdict(seed_statistic="iqm")
 
 
 class IqmRegression(RegressionTask):
     """A lower-is-better metric in relative change, judged over seeds."""
 
-    seed_statistic = "iqm"
+    verdict = Verdict(unit="rel", seed_statistic="iqm")
 
 
 # ------------------------------------------------------------------- the IQM
@@ -113,7 +113,8 @@ def test_paired_scores_need_the_same_seeds():
 
 def test_difference_in_the_tasks_unit():
     task = IqmRegression()  # relative change: (value - baseline) / |baseline|
-    delta, low, high = difference_interval([2.2] * 5, [2.0] * 5, task.difference, paired=True)
+    delta, low, high = difference_interval([2.2] * 5, [2.0] * 5, task.verdict.difference,
+                                           paired=True)
     assert (delta, low, high) == pytest.approx((0.1, 0.1, 0.1))
 
 
@@ -192,8 +193,5 @@ def test_a_baseline_of_zero_has_no_finite_relative_interval():
 
 
 def test_an_unknown_seed_statistic_is_a_programming_error():
-    class Median(ClassificationTask):
-        seed_statistic = "median"
-
-    with pytest.raises(ValueError, match="seed_statistic must be one of mean, iqm"):
-        seed_fields(Median())
+    with pytest.raises(ValueError, match="seed_statistic must be one of"):
+        Verdict(seed_statistic="median")

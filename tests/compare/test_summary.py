@@ -9,10 +9,15 @@ import pytest
 
 from amptrain.compare import summarise
 from amptrain.compare.summary import finite
-from amptrain.tasks import ClassificationTask
+from amptrain.tasks import ClassificationTask, Verdict
 from tests.compare.conftest import SUMMARY_FIELDS
 
-verdict = ClassificationTask().verdict
+_accuracy = ClassificationTask.metrics.primary
+
+
+def verdict(delta, tolerance):
+    """classification's verdict on a difference in accuracy points."""
+    return ClassificationTask.verdict.call(delta, tolerance, _accuracy)
 
 
 def test_speedups_and_ratios_are_against_the_baseline_of_the_same_invocation(study):
@@ -97,7 +102,7 @@ def test_input_bound_precisions_are_named_with_the_remedy():
 class IqmClassification(ClassificationTask):
     """Classification judged over seeds: the hook a deep-RL task declares."""
 
-    seed_statistic = "iqm"
+    verdict = Verdict(seed_statistic="iqm")
 
 
 def _seeded_runs(values: dict[str, list[float | None]]) -> list[dict]:

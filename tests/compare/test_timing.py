@@ -182,7 +182,7 @@ def test_a_ppo_contender_times_whole_updates_with_their_rollouts():
                                     no_progress=True, logger="none")
     contender = build_contender(config, "32-true", needed_windows=3)
     task = contender.task
-    assert contender.unit == task.timed_unit() == 4
+    assert contender.unit == task.iteration.timed_unit() == 4
     collected = []
     collect = task.collect
     task.collect = lambda ctx, update=0: (collected.append(update), collect(ctx, update))[1]

@@ -106,7 +106,7 @@ def test_an_environment_without_a_time_limit_is_cut_and_said_so(monkeypatch, cap
         result = trainer.evaluate()
     assert result.details["episodes_cut"] == 2 and result.details["lengths"] == [30.0, 30.0]
     assert "2 of 2 evaluation episodes were cut at 30 steps" in caplog.text
-    assert task.report(result)["episodes_cut"] == 2
+    assert task.reports.report(result)["episodes_cut"] == 2
 
 
 # ------------------------------------------------------------------ hangs (async)

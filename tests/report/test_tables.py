@@ -131,10 +131,10 @@ def test_a_memory_bound_run_is_pointed_at_the_smallest_rung_that_matched(summary
 def test_rows_judged_over_seeds_show_the_iqm_intervals_and_a_weak_verdict():
     from amptrain.compare import summarise
     from amptrain.report.tables import columns, seed_warning
-    from amptrain.tasks import RegressionTask
+    from amptrain.tasks import RegressionTask, Verdict
 
     class IqmRegression(RegressionTask):
-        seed_statistic = "iqm"
+        verdict = Verdict(unit="rel", seed_statistic="iqm")
 
     # RMSE of three seeds per precision: lower is better, relative change.
     runs = [{"precision": p, "seed": s, "val_rmse": v, "final_loss": 0.1, "skipped_steps": 0,

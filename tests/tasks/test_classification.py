@@ -11,6 +11,7 @@ import torch
 from amptrain.data import TensorData
 from amptrain.common.errors import UserError
 from amptrain.tasks import ClassificationTask, build_task
+from amptrain.tasks import judge
 
 X = torch.randn(20, 4)
 Y = torch.arange(20) % 3
@@ -23,24 +24,25 @@ Y = torch.arange(20) % 3
 ])
 def test_labels_that_are_not_class_indices(labels, names, fragment):
     with pytest.raises(UserError, match=fragment):
-        ClassificationTask(names).check_data(TensorData(X, labels), "train_data")
+        ClassificationTask(names).checks.check_data(TensorData(X, labels), "train_data")
 
 
 def test_outputs_against_labels():
     logits = torch.zeros(4, 3)
     task = ClassificationTask([str(i) for i in range(3)])
-    task.check_outputs(logits, torch.tensor([0, 1, 2, 2]), model_name=None, all_targets=None)
+    task.checks.check_outputs(logits, torch.tensor([0, 1, 2, 2]), model_name=None,
+                              all_targets=None)
     with pytest.raises(UserError, match="returns 3 outputs per sample, but the data has 10"):
-        ClassificationTask([str(i) for i in range(10)]).check_outputs(
+        ClassificationTask([str(i) for i in range(10)]).checks.check_outputs(
             logits, torch.tensor([0, 1]), model_name="m", all_targets=None)
     with pytest.raises(UserError, match="label 5 is outside the model's 3 outputs"):
-        ClassificationTask().check_outputs(logits, torch.tensor([0, 1]), model_name=None,
+        ClassificationTask().checks.check_outputs(logits, torch.tensor([0, 1]), model_name=None,
                                            all_targets=torch.tensor([0, 5]))
     with pytest.raises(UserError, match="one row of class logits per sample"):
-        ClassificationTask().check_outputs(torch.zeros(4), torch.tensor([0, 1, 0, 1]),
+        ClassificationTask().checks.check_outputs(torch.zeros(4), torch.tensor([0, 1, 0, 1]),
                                            model_name=None, all_targets=None)
     # Class probabilities (same shape as the logits) are valid cross-entropy targets.
-    ClassificationTask().check_outputs(logits, torch.full((4, 3), 1 / 3), model_name=None,
+    ClassificationTask().checks.check_outputs(logits, torch.full((4, 3), 1 / 3), model_name=None,
                                        all_targets=None)
 
 
@@ -60,10 +62,10 @@ def test_evaluation_sums_accuracy_and_reports(tmp_path):
 
 def test_verdict_in_percentage_points():
     task = build_task("classification")
-    assert task.judge(0.962, 0.965, tolerance=0.5) == (pytest.approx(-0.3), "ok")
-    assert task.judge(0.95, 0.965, tolerance=0.5) == (pytest.approx(-1.5), "worse")
-    assert task.judge(0.975, 0.965, tolerance=0.5)[1] == "better"
-    assert task.judge(None, 0.965, tolerance=0.5) == (None, None)
+    assert judge(task, 0.962, 0.965, tolerance=0.5) == (pytest.approx(-0.3), "ok")
+    assert judge(task, 0.95, 0.965, tolerance=0.5) == (pytest.approx(-1.5), "worse")
+    assert judge(task, 0.975, 0.965, tolerance=0.5)[1] == "better"
+    assert judge(task, None, 0.965, tolerance=0.5) == (None, None)
     with pytest.raises(UserError, match="unknown task 'vision'"):
         build_task("vision")
 
@@ -93,9 +95,10 @@ def test_every_task_words_its_data_and_outputs():
     from amptrain.tasks import TASKS
 
     for name, cls in TASKS.items():
-        assert cls.data_holds and cls.data_needs and cls.output_noun, name
-        assert name in cls.data_needs or cls.data_needs.startswith("language modelling")
-    assert TASKS["classification"].output_noun == "classes"
+        assert cls.wording.data_holds and cls.wording.data_needs and cls.wording.output_noun, name
+        needs = cls.wording.data_needs
+        assert name in needs or needs.startswith("language modelling")
+    assert TASKS["classification"].wording.output_noun == "classes"
 
 
 # ------------------------------------------------ the end-of-run line (learning_note)
@@ -122,4 +125,4 @@ def test_chance_is_the_most_frequent_class(accuracy, said):
     targets = np.array([0] * 6 + [1] * 2 + [2] * 2)  # always "a": 60 %
     result = EvalResult(loss=1.0, samples=10, metrics={"acc": accuracy}, task=task,
                         details={"targets": targets, "class_names": ["a", "b", "c"]})
-    assert (task.learning_note(result) is not None) is said
+    assert (task.wording.learning_note(result) is not None) is said

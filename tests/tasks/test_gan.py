@@ -22,6 +22,7 @@ from amptrain.models import ModelInputs, build_model
 from amptrain.tasks import GanTask, build_task
 from amptrain.tasks.frechet import FeatureSums, frechet_distance
 from amptrain.trainer.evaluation import evaluate
+from amptrain.tasks import delta_field, judge
 
 CPU = torch.device("cpu")
 
@@ -183,11 +184,11 @@ def test_models_refuses_a_model_without_generator_and_discriminator():
 def test_checks_name_the_flag_for_data_and_outputs_that_are_not_images():
     task = GanTask()
     with pytest.raises(UserError, match="task gan generates images: train_data"):
-        task.check_data(TensorData(torch.randn(4, 10), torch.zeros(4)), "train_data")
-    task.check_data(TensorData(torch.randn(4, 3, 8, 8), torch.zeros(4)), "train_data")
+        task.checks.check_data(TensorData(torch.randn(4, 10), torch.zeros(4)), "train_data")
+    task.checks.check_data(TensorData(torch.randn(4, 3, 8, 8), torch.zeros(4)), "train_data")
     with pytest.raises(UserError, match=r"model cnn\) returns shape \(4, 10\).*one logit"):
-        task.check_outputs(torch.randn(4, 10), None, model_name="cnn", all_targets=None)
-    task.check_outputs(torch.randn(4), None, model_name="dcgan", all_targets=None)
+        task.checks.check_outputs(torch.randn(4, 10), None, model_name="cnn", all_targets=None)
+    task.checks.check_outputs(torch.randn(4), None, model_name="dcgan", all_targets=None)
     with pytest.raises(UserError, match="batches of images"):
         task.training_step(HandContext(*_pair()[2:], [(torch.randn(4, 10), torch.zeros(4))]))
 
@@ -198,10 +199,10 @@ def test_state_round_trips_and_the_metric_is_judged_relatively():
     assert task.value_range == [[-1.0], [3.0]]
     again = build_task("gan", class_names=None, **json.loads(json.dumps(task.state())))
     assert isinstance(again, GanTask) and again.value_range == task.value_range
-    assert task.primary.key == "fd" and not task.primary.higher_is_better
-    assert task.delta_field == "delta_fd_rel"
-    assert task.judge(11.0, 10.0, GanTask.default_tolerance_rel)[1] == "ok"
-    assert task.judge(14.0, 10.0, GanTask.default_tolerance_rel)[1] == "worse"
+    assert task.metrics.primary.key == "fd" and not task.metrics.primary.higher_is_better
+    assert delta_field(task) == "delta_fd_rel"
+    assert judge(task, 11.0, 10.0, GanTask.verdict.default_tolerance)[1] == "ok"
+    assert judge(task, 14.0, 10.0, GanTask.verdict.default_tolerance)[1] == "worse"
     with pytest.raises(UserError, match="call task.learn_from"):
         GanTask().feature_net(CPU)
 
@@ -272,7 +273,7 @@ def test_an_evaluation_of_one_class_data_uses_the_untrained_features():
     again = _evaluate(model, data, task, Precision("32-true", device="cpu"))
     assert not first.details["features_trained"]
     assert first.metrics["fd"] == again.metrics["fd"] > 0  # same latents every evaluation
-    assert "seeded initialisation" in task.report(first)["fd_features"]
+    assert "seeded initialisation" in task.reports.report(first)["fd_features"]
 
 
 @pytest.mark.parametrize("cpu", ["avx2", "avx512-bf16"])

@@ -10,6 +10,7 @@ from amptrain.common.errors import UserError
 from amptrain.tasks import (DEFAULT_TASK, TASKS, ClassificationTask, GanTask,
                             LanguageModelTask, RegressionTask, Task, data_task, decide_task,
                             output_noun, saved_task_name, task_class, task_of_summary)
+from amptrain.tasks import delta_field
 
 
 def test_data_that_says_nothing_and_old_checkpoints_are_the_default_tasks():
@@ -26,12 +27,12 @@ def test_task_class_and_output_noun_word_known_and_unknown_names():
     assert task_class(None) is None and task_class(3) is None
     assert output_noun("classification") == "classes"
     assert output_noun("regression") == "target values per sample"
-    assert output_noun("nope") == output_noun(None) == Task.output_noun == "outputs"
+    assert output_noun("nope") == output_noun(None) == Task.wording.output_noun == "outputs"
 
 
 @pytest.mark.parametrize("cls", list(TASKS.values()), ids=list(TASKS))
 def test_a_summary_row_tells_its_task_by_the_delta_field(cls):
-    row = {"precision": "bf16-mixed", cls().delta_field: 0.1}
+    row = {"precision": "bf16-mixed", delta_field(cls()): 0.1}
     assert type(task_of_summary(row)) is cls
     assert type(task_of_summary([row, {}])) is cls  # a summary: its first row
 

@@ -16,6 +16,7 @@ from amptrain.data import TensorData, TokenBlocks
 from amptrain.common.errors import Preempted, UserError
 from amptrain.workflows.runner import run_training
 from amptrain.tasks import LanguageModelTask, infer_task
+from amptrain.tasks import delta_field, judge
 
 
 def write_corpus(path, repeats: int = 60, seed: int = 0):
@@ -36,9 +37,9 @@ def test_perplexity_and_bits_per_byte_follow_the_loss():
     two_bytes = LanguageModelTask(bytes_per_token=2.0)
     assert two_bytes.finish_eval(None, None, math.log(4.0), 1).metrics["bits_per_byte"] == \
         pytest.approx(1.0)
-    report = task.report(result)
+    report = task.reports.report(result)
     assert report["tokens"] == 80 and report["loss_unit"] == "nats per token"
-    assert task.throughput(100.0) == {"tokens_per_s": 800.0}
+    assert task.logs.throughput(100.0) == {"tokens_per_s": 800.0}
 
 
 def test_loss_is_the_mean_cross_entropy_per_token():
@@ -58,20 +59,21 @@ def test_fit_reads_the_block_length_and_the_bytes_per_token():
 def test_checks_name_the_option():
     task = LanguageModelTask()
     with pytest.raises(UserError, match="task lm needs token sequences"):
-        task.check_data(TensorData(torch.zeros(4, 3), torch.zeros(4).long()), "train_data")
+        task.checks.check_data(TensorData(torch.zeros(4, 3), torch.zeros(4).long()), "train_data")
     with pytest.raises(UserError, match="language model must return logits"):
-        task.check_outputs(torch.zeros(2, 5), torch.zeros(2, 5).long(), model_name="mlp",
+        task.checks.check_outputs(torch.zeros(2, 5), torch.zeros(2, 5).long(), model_name="mlp",
                            all_targets=None)
     with pytest.raises(UserError, match="token id 9 is outside the model's 4 vocabulary"):
-        task.check_outputs(torch.zeros(1, 2, 4), torch.tensor([[1, 9]]), model_name=None,
+        task.checks.check_outputs(torch.zeros(1, 2, 4), torch.tensor([[1, 9]]), model_name=None,
                            all_targets=None)
 
 
 def test_verdict_is_the_relative_change_of_perplexity():
     task = LanguageModelTask()
-    assert task.judge(3.03, 3.0, 0.02) == (pytest.approx(0.01), "ok")
-    assert task.judge(3.3, 3.0, 0.02)[1] == "worse"
-    assert task.delta_field == "delta_perplexity_rel" and task.tolerance_option == "tolerance_rel"
+    assert judge(task, 3.03, 3.0, 0.02) == (pytest.approx(0.01), "ok")
+    assert judge(task, 3.3, 3.0, 0.02)[1] == "worse"
+    assert delta_field(task) == "delta_perplexity_rel"
+    assert task.verdict.tolerance_option == "tolerance_rel"
 
 
 GPT = "gpt:layers=2,heads=2,width=64"
@@ -158,16 +160,17 @@ def test_compare_judges_perplexity_by_its_relative_change(tmp_path):
 def test_resume_mismatch_names_the_flag_of_the_block_size_or_the_tokenizer():
     from amptrain.tasks import LanguageModelTask, RegressionTask
 
-    said = LanguageModelTask.resume_mismatch("input_shape", (64,), (32,), config={}, saved={},
-                                             path="c.pt")
+    said = LanguageModelTask.wording.resume_mismatch("input_shape", (64,), (32,), config={},
+                                                     saved={}, path="c.pt")
     assert said is not None and said.startswith("--seq-len 64 differs from checkpoint c.pt's 32")
-    said = LanguageModelTask.resume_mismatch("num_classes", 300, 256, config={"tokenizer": "hf:t"},
-                                             saved={}, path="c.pt")
+    said = LanguageModelTask.wording.resume_mismatch("num_classes", 300, 256,
+                                                     config={"tokenizer": "hf:t"},
+                                                     saved={}, path="c.pt")
     assert said is not None and "--tokenizer hf:t gives a vocabulary of 300" in said \
         and "(--tokenizer byte)" in said
     # Other tasks leave the message to resume's generic one.
-    assert RegressionTask.resume_mismatch("num_classes", 2, 1, config={}, saved={},
-                                          path="c.pt") is None
+    assert RegressionTask.wording.resume_mismatch("num_classes", 2, 1, config={}, saved={},
+                                                  path="c.pt") is None
 
 
 class _PositionLM(torch.nn.Module):

@@ -12,6 +12,7 @@ from amptrain.data import TensorData
 from amptrain.common.errors import UserError
 from amptrain.tasks import EvalResult, RegressionTask, build_task, infer_task, resolve_task
 from amptrain.trainer import Trainer
+from amptrain.tasks import delta_field, judge
 
 NOISE = 0.5
 
@@ -91,15 +92,16 @@ def test_reports_written_by_evaluation(tmp_path):
 ])
 def test_bad_targets_name_the_option(targets, fragment):
     with pytest.raises(UserError, match=fragment):
-        RegressionTask().check_data(TensorData(torch.zeros(30, 5), targets), "train_data")
+        RegressionTask().checks.check_data(TensorData(torch.zeros(30, 5), targets), "train_data")
 
 
 def test_outputs_must_match_the_targets_per_sample():
     task = RegressionTask()
     with pytest.raises(UserError, match="returns 3 value\\(s\\) per sample, but the regression "
                                         "targets have 1"):
-        task.check_outputs(torch.zeros(4, 3), torch.zeros(4), model_name="mlp", all_targets=None)
-    task.check_outputs(torch.zeros(4, 1), torch.zeros(4), model_name=None, all_targets=None)
+        task.checks.check_outputs(torch.zeros(4, 3), torch.zeros(4), model_name="mlp",
+                                  all_targets=None)
+    task.checks.check_outputs(torch.zeros(4, 1), torch.zeros(4), model_name=None, all_targets=None)
 
 
 def test_task_auto_and_loss_only_for_regression():
@@ -112,11 +114,11 @@ def test_task_auto_and_loss_only_for_regression():
 
 def test_verdict_is_the_relative_change_of_rmse():
     task = RegressionTask()
-    delta, verdict = task.judge(1.01, 1.0, 0.02)
+    delta, verdict = judge(task, 1.01, 1.0, 0.02)
     assert delta == pytest.approx(0.01) and verdict == "ok"
-    assert task.judge(1.05, 1.0, 0.02)[1] == "worse"  # a higher RMSE is worse
-    assert task.judge(0.9, 1.0, 0.02)[1] == "better"
-    assert task.delta_field == "delta_rmse_rel" and task.format_delta(0.0123) == "+1.23 %"
+    assert judge(task, 1.05, 1.0, 0.02)[1] == "worse"  # a higher RMSE is worse
+    assert judge(task, 0.9, 1.0, 0.02)[1] == "better"
+    assert delta_field(task) == "delta_rmse_rel" and task.verdict.format_delta(0.0123) == "+1.23 %"
 
 
 # ------------------------------------------------ the end-of-run line (learning_note)
@@ -137,4 +139,4 @@ def test_an_untrained_regression_ends_with_a_line_saying_so():
 def test_the_line_comes_only_for_r2_near_zero_or_below(r2, said):
     task = RegressionTask(target_mean=[0.0], target_std=[1.0])
     result = EvalResult(loss=1.0, samples=10, metrics={"rmse": 1.0, "r2": r2}, task=task)
-    assert (task.learning_note(result) is not None) is said
+    assert (task.wording.learning_note(result) is not None) is said

@@ -1,6 +1,8 @@
 """Issue 43 item 2: a new task is one file. A toy task written to a file of its own (mean
-absolute error on float targets), loaded from it, trains through the Trainer, evaluates
-and is judged by compare's verdict, with nothing of amptrain edited."""
+absolute error on float targets), loaded from it, trains through the Trainer, evaluates,
+writes its report and is judged by compare's verdict, with nothing of amptrain edited. It
+declares the core protocol and one part, its verdict (a relative change); every other
+part is the ready-made default."""
 from __future__ import annotations
 
 import importlib.util
@@ -10,13 +12,14 @@ import torch
 from torch import nn
 
 from amptrain.trainer import Trainer
+from amptrain.tasks import delta_field, judge
 
 TOY = textwrap.dedent('''
     """A toy task: predict a float target, judged by the mean absolute error."""
     import torch
     from torch.nn import functional as F
 
-    from amptrain.tasks import EvalResult, EvalSums, Metric, Task
+    from amptrain.tasks import EvalResult, EvalSums, Metric, Metrics, Task, Verdict
 
 
     class _Errors(EvalSums):
@@ -31,9 +34,8 @@ TOY = textwrap.dedent('''
 
     class MeanAbsoluteError(Task):
         name = "mae"
-        metrics = (Metric("mae", "mean absolute error", higher_is_better=False),)
-        delta_unit = "rel"
-        tolerance_option = "tolerance_rel"
+        metrics = Metrics(Metric("mae", "mean absolute error", higher_is_better=False))
+        verdict = Verdict(unit="rel")  # the one part it differs in: a relative change
 
         def loss(self, outputs, targets):
             return F.l1_loss(outputs.reshape(-1), targets.reshape(-1).float())
@@ -64,11 +66,18 @@ def test_a_task_in_one_file_trains_evaluates_and_is_judged(tmp_path):
     task = toy.MeanAbsoluteError()
     before = Trainer(max_steps=1, batch_size=32, no_progress=True, logger="none")
     before.prepare(model, task=task)
-    untrained = before.evaluate(data=data).metrics["mae"]
+    first = before.evaluate(data=data)
+    untrained = first.metrics["mae"]
     result = Trainer(epochs=8, batch_size=32, lr=0.05, no_progress=True, logger="none",
                      scheduler="none").fit(model, data, data, task=task)
     trained = result.val_metrics["mae"]
     assert trained < 0.5 * untrained            # it learnt, measured by its own metric
     # compare's verdict on the task's own terms: a relative change, lower is better.
-    assert task.judge(trained, untrained, 0.02)[1] == "better"
-    assert task.delta_field == "delta_mae_rel" and task.format_delta(-0.5) == "-50.00 %"
+    assert judge(task, trained, untrained, 0.02)[1] == "better"
+    assert delta_field(task) == "delta_mae_rel" and task.verdict.format_delta(-0.5) == "-50.00 %"
+    assert task.verdict.tolerance_option == "tolerance_rel"
+    # The default parts: its words, its report, the Trainer's epochs.
+    assert task.wording.describe(task.name) == "task mae" and not task.iteration.owns
+    first.write(tmp_path / "eval")
+    assert sorted(p.name for p in (tmp_path / "eval").iterdir()) == ["mae_report.txt",
+                                                                      "report.json"]

@@ -27,7 +27,7 @@ def test_a_new_plan_takes_effect_in_one_place(tmp_path, capsys):
     capsys.readouterr()
     trainer.sizer.oom_events.append({"step": 1, "micro_batch_size": [32, 8],
                                        "accumulate": [1, 4], "message": "out of memory: 32 -> 8"})
-    trainer._use_batch_plan(MicroBatchSplit(8, 4))
+    trainer._use_split(MicroBatchSplit(8, 4))
     assert (trainer.micro_batch_size, trainer.accumulate) == (8, 4)
     # Later epochs are cut the new way: same global batches, smaller micro-batches.
     window = next(trainer.train_windows.epoch(1))
@@ -36,7 +36,7 @@ def test_a_new_plan_takes_effect_in_one_place(tmp_path, capsys):
     assert (resolved["micro_batch_size"], resolved["accumulate"]) == (8, 4)
     assert resolved["oom_events"] == [{"step": 1, "micro_batch_size": [32, 8],
                                        "accumulate": [1, 4]}]
-    trainer._use_batch_plan(MicroBatchSplit(8, 4))  # an event is told once
+    trainer._use_split(MicroBatchSplit(8, 4))  # an event is told once
     assert capsys.readouterr().err.count("amptrain: out of memory: 32 -> 8") == 1
 
 
@@ -52,5 +52,5 @@ def test_the_split_is_decided_once_at_set_up_and_every_step_reads_it():
     assert decided == MicroBatchSplit(8, 4) and trainer.accumulate == 4
     trainer.fit(tiny_mlp(), tiny_classification(n=200))
     assert trainer.sizer.split == decided  # no step derived another
-    trainer._use_batch_plan(MicroBatchSplit.of(4, 32))  # after out-of-memory: re-derived
+    trainer._use_split(MicroBatchSplit.of(4, 32))  # after out-of-memory: re-derived
     assert (trainer.micro_batch_size, trainer.accumulate) == (4, 8)

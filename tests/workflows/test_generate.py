@@ -138,9 +138,9 @@ def test_generate_writes_a_gans_samples_and_grid(tmp_path):
 
 def test_generate_loads_the_run_without_a_trainer_and_asks_the_task(tmp_path, monkeypatch):
     """generate reads the run through saved_run's loader (no Trainer) and asks the task
-    what it generates (Task.generates): a GAN draws images, and refuses a prompt."""
+    what it generates (Task.offers.generates): a GAN draws images, and refuses a prompt."""
     from amptrain.workflows.generate import generate_images
-    from amptrain.tasks import GanTask
+    from amptrain.tasks import GanTask, Offers
     from amptrain.trainer import core
 
     def refuse(*args, **kwargs):
@@ -153,7 +153,7 @@ def test_generate_loads_the_run_without_a_trainer_and_asks_the_task(tmp_path, mo
     with pytest.raises(UserError, match="holds a GAN: generate images with --samples N"):
         generate_text(path, "x", device="cpu")
     # What the refusal says follows the task's declaration, not its name.
-    monkeypatch.setattr(GanTask, "generates", None)
+    monkeypatch.setattr(GanTask, "offers", Offers(generates=None, eval_learn_split="train"))
     with pytest.raises(UserError, match="holds a gan model; generate needs a language model"):
         generate_text(path, "x", device="cpu")
     with pytest.raises(UserError, match="--samples draws images from a GAN; --checkpoint .* "
