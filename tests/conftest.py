@@ -23,11 +23,12 @@ os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", os.path.join(
 
 
 #: Intra-op threads for every test and the processes tests start (AMPTRAIN_TEST_THREADS to
-#: change it). One: the suite's models are tiny, so a second thread gains nothing on a quiet
-#: 2-core machine (the gpt study of tests/tasks/test_lm.py: 2.8 s with one or two), while on a
-#: busy one each of OpenMP's barriers waits for a descheduled thread (the same study: 4.6 s
-#: with one thread, 12.7 s with two, beside two busy loops; in a loaded full run the slowest
-#: tests took 20-50x their quiet time).
+#: change it). One: the suite's models are tiny, so a second thread gains little on a quiet
+#: 2-core machine (the gpt study of tests/tasks/test_lm.py: 2.8 s with one or two; the GAN,
+#: compare and examples tests 119 s against 105 s), while on a busy one each of OpenMP's
+#: barriers waits for a descheduled thread (the gpt study: 4.6 s with one thread, 12.7 s
+#: with two, beside two busy loops; in a loaded full run the slowest tests took 20-50x
+#: their quiet time). docs/development.md has the suite's times.
 TEST_THREADS = int(os.environ.get("AMPTRAIN_TEST_THREADS", "1"))
 for _variable in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"):
     os.environ[_variable] = str(TEST_THREADS)  # subprocesses inherit it
