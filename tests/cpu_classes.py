@@ -28,7 +28,7 @@ CPU_CLASSES = {
 
 def fake_cpu(monkeypatch: pytest.MonkeyPatch, name: str) -> dict[str, bool | None]:
     """Make amptrain see a CPU of class ``name`` (a key of :data:`CPU_CLASSES`)."""
-    import amptrain.precision.core
+    import amptrain.precision.islands
     from amptrain.precision.hardware import advice, probe, support
 
     extra, kernels = CPU_CLASSES[name]
@@ -38,6 +38,6 @@ def fake_cpu(monkeypatch: pytest.MonkeyPatch, name: str) -> dict[str, bool | Non
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     monkeypatch.setattr(support, "cpu_flags", lambda path=None: dict(flags))
     monkeypatch.setattr(probe, "cpu_flags", lambda path=None: dict(flags))
-    for module in (support, advice, amptrain.precision.core):
+    for module in (support, advice, amptrain.precision.islands):
         monkeypatch.setattr(module, "onednn_has_bf16_kernels", lambda: kernels)
     return flags

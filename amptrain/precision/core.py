@@ -15,9 +15,9 @@ from ..common.errors import UserError, warn
 from .emulation import EmulatedAutocast
 from .fp8 import Float8Selection
 from .hardware.advice import emulation_warning
-from .hardware.support import autocast_mode, device_features, emulated_fast, onednn_has_bf16_kernels
-from .islands import (ForwardPatches, cpu_fp32_island_types, cpu_fp32_modules,
-                      default_keep_fp32, install_forward_patches, match_modules)
+from .hardware.support import autocast_mode, device_features, emulated_fast
+from .islands import (ForwardPatches, cpu_fp32_layers, default_keep_fp32,
+                      install_forward_patches, match_modules)
 from .loss_scales import LossScales
 from .lowbit import check_lowbit_options, lowbit_warning, setup_lowbit
 from .lowbit_training import StochasticSeeds
@@ -26,6 +26,7 @@ from .misuse import CallOrder, check_setup, checked_arguments, checked_state
 from .modes import MODES, ModeSpec
 from .halt import LastForward
 from .outcome import NonFiniteHalt, SkipCounter, StepOutcome
+from .views import PrecisionViews
 from .pairs import Pairs
 from .policies import WeightPolicy, weight_policy
 from .precision_plan import (BASE_MODE, check_resumed_plan, plan_emulation_note,
@@ -35,12 +36,12 @@ from .resolve import ResolvedPrecision, resolve_precision
 from .scaling import FoundInfAgreement
 from .state import FORMAT_VERSION, SECTION, migrate_state
 from .tf32 import set_tf32
-from .weight_update import WeightUpdate, check_rule, fused_is_exact, raise_adam_eps
+from .weight_update import check_rule, fused_is_exact, raise_adam_eps
 
 log = logging.getLogger("amptrain")
 
 
-class Precision:
+class Precision(PrecisionViews):
     """One precision mode: autocast, loss scaling, master weights and fp32 islands.
 
     Args:
@@ -167,7 +168,8 @@ class Precision:
         note = self.emulation_note() if optimizer is not None else None
         if note:  # training, not evaluation: a library user sees it too (warnings.warn)
             warn(note)
-        fp32_on_cpu = self._cpu_fp32_layers(model, islands.values())
+        fp32_on_cpu = cpu_fp32_layers(model, self.spec.compute_dtype, self.device,
+                                      islands.values(), self.name)
         if self.spec.lowbit:
             self.float8_plan, seeds = setup_lowbit(
                 model, self._patches, self.spec, self.device, list(islands),
@@ -205,19 +207,6 @@ class Precision:
                             f"set up before on {self.device.type}; one Precision serves "
                             "one device")
         self._bind(resolve_precision(self.given, param.device))
-
-    def _cpu_fp32_layers(self, model: nn.Module, islands: Iterable[nn.Module]
-                         ) -> list[nn.Module]:
-        """Layers whose CPU half kernels are missing or differ from CUDA's, to run in fp32
-        (islands.py): norms and RNNs under fp16, RNNs under bf16 on AVX2; none on a GPU."""
-        if self.device.type != "cpu":
-            return []
-        kinds = cpu_fp32_island_types(self.spec.compute_dtype, onednn_has_bf16_kernels())
-        layers = cpu_fp32_modules(model, kinds, skip=islands)
-        if layers and self.spec.compute_dtype != torch.float16:
-            warn(f"{self.name}: oneDNN has no bf16 kernels on this CPU; {len(layers)} "
-                 f"recurrent layer(s) run as fp32 islands")
-        return layers
 
     def _weight_policy(self, model: nn.Module, optimizer: torch.optim.Optimizer | None,
                        kept_fp32: list[nn.Module]) -> WeightPolicy:
@@ -405,46 +394,6 @@ class Precision:
         counter.check(scale=scale, min_scale=self.min_scale, max_bad_steps=self.max_bad_steps,
                       step=step, device=self.device)
         return False
-
-    def skipped_steps_of(self, optimizer: torch.optim.Optimizer) -> int:
-        """Skipped (confirmed) steps of one optimizer (``skipped_steps``: of all)."""
-        return self._pairs.of(optimizer).skips.skipped
-
-    # --------------------------------------------------------------- state
-    @property
-    def loss_scale(self) -> float | None:
-        """The current (first) loss scale (reads the device), or None without a scaler."""
-        scale = self._scales.scale_tensor
-        return None if scale is None else float(scale.item())
-
-    @property
-    def loss_scale_tensor(self) -> torch.Tensor | None:
-        """The current (first) loss scale on the device (no sync), or None without a scaler."""
-        return self._scales.scale_tensor
-
-    def loss_scales(self) -> dict[int, float]:
-        """Every loss scale by loss id (``{0: scale}`` when shared; ``{}`` without scaling)."""
-        return self._scales.scales()
-
-    def policy_of(self, optimizer: torch.optim.Optimizer | None = None) -> WeightPolicy:
-        """How ``optimizer``'s steps reach its model's weights (:mod:`.policies`)."""
-        return self._pairs.of(optimizer).policy
-
-    @property
-    def weight_update(self) -> WeightUpdate | None:
-        """The first pair's ``kahan``/``stochastic`` rule (None without one)."""
-        return self._pairs[0].policy.rule if len(self._pairs) else None
-
-    def has_weight_rule(self) -> bool:
-        """True when a ``kahan``/``stochastic`` rule acts on some pair's updates."""
-        return any(pair.policy.rule is not None for pair in self._pairs)
-
-    def weight_rule_buffers(self) -> list[torch.Tensor]:
-        """What the pairs' weight policies keep between steps (kahan's compensations)."""
-        return [b for pair in self._pairs for b in pair.policy.buffers()]
-
-    def weight_rule_nbytes(self) -> int:  # what compare's memory ladder counts
-        return sum(b.numel() * b.element_size() for b in self.weight_rule_buffers())
 
     # ------------------------------------------------------------ checkpoint
     #: The checkpoint section and its layout (a :class:`~amptrain.checkpoint.stateful.Stateful`).

@@ -26,7 +26,8 @@ from torch import nn
 from torch.nn import functional as F
 
 from ..common import nested
-from ..common.errors import UserError
+from ..common.errors import UserError, warn
+from .hardware.support import onednn_has_bf16_kernels
 
 
 #: A model may name the modules it wants in fp32 by default in this attribute (a list of
@@ -220,6 +221,23 @@ def cpu_fp32_modules(model: nn.Module, types: tuple[type[nn.Module], ...],
             found.append(module)
             covered.update(id(m) for m in module.modules())
     return found
+
+
+def cpu_fp32_layers(model: nn.Module, compute_dtype: torch.dtype | None,
+                    device: torch.device, islands: Iterable[nn.Module],
+                    mode: str) -> list[nn.Module]:
+    """Layers whose CPU half kernels are missing or differ from CUDA's, to run in fp32:
+    norms and RNNs under fp16, RNNs under bf16 without oneDNN's bf16 kernels (AVX2); none
+    on a GPU. ``islands``: the keep_fp32 modules (already fp32); ``mode`` names the
+    precision in the warning about recurrent layers."""
+    if device.type != "cpu":
+        return []
+    kinds = cpu_fp32_island_types(compute_dtype, onednn_has_bf16_kernels())
+    layers = cpu_fp32_modules(model, kinds, skip=islands)
+    if layers and compute_dtype != torch.float16:
+        warn(f"{mode}: oneDNN has no bf16 kernels on this CPU; {len(layers)} "
+             f"recurrent layer(s) run as fp32 islands")
+    return layers
 
 
 def install_cpu_fp32_islands(patches: ForwardPatches, modules: Iterable[nn.Module],
