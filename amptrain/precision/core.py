@@ -74,17 +74,9 @@ class Precision(PrecisionViews):
                             f"(got config= and {', '.join(sorted(settings))}=)")
         config = config if config is not None else PrecisionConfig.from_keywords(**settings)
         device = checked_arguments(device, fp8_skip_first_last, separate_loss_scales)
-        self.config = config
-        self.scaler_settings = config.scaler_settings
-        self.min_scale = config.min_scale
-        self.keep_fp32 = list(config.keep_fp32)
-        self.max_bad_steps = config.max_bad_steps
+        self.config = config   # the settings, read through the views (views.py)
         self.fp8_skip_first_last = fp8_skip_first_last
-        self.weight_update_rule = config.weight_update
         self.separate_loss_scales = separate_loss_scales
-        self.lowbit_bf16_last = config.lowbit_bf16_last
-        self.mx_scale = config.mx_scale
-        self.nvfp4_without = config.nvfp4_without
         self.float8_plan: Float8Selection | None = None   # the low-bit layers of setup()
         self._seeds: list[StochasticSeeds] = []      # stochastic rounding, per setup()
         self.skipped_steps = 0          # all pairs together (each pair: skipped_steps_of)

@@ -11,16 +11,41 @@ import torch
 
 if TYPE_CHECKING:
     from .loss_scales import LossScales
+    from .options import PrecisionConfig, ScalerSettings
     from .pairs import Pairs
     from .policies import WeightPolicy
     from .weight_update import WeightUpdate
 
 
 class PrecisionViews:
-    """Read-only views of a precision's loss scales and model/optimizer pairs."""
+    """Read-only views of a precision's settings, loss scales and model/optimizer pairs."""
 
+    config: PrecisionConfig
     _scales: LossScales
     _pairs: Pairs
+
+    # ------------------------------------------- the settings (PrecisionConfig's, by name)
+    @property
+    def scaler_settings(self) -> ScalerSettings:
+        """The loss scaler's four settings (``torch.amp.GradScaler``'s)."""
+        return self.config.scaler_settings
+
+    min_scale = property(lambda self: self.config.min_scale,
+                         doc="The loss-scale floor: reaching it stops training.")
+    keep_fp32 = property(lambda self: self.config.keep_fp32,
+                         doc="Module-name globs run in fp32 inside autocast.")
+    max_bad_steps = property(lambda self: self.config.max_bad_steps,
+                             doc="Consecutive non-finite steps tolerated without a scaler.")
+    weight_update_rule = property(lambda self: self.config.weight_update,
+                                  doc="plain, kahan or stochastic (X-true modes).")
+    lowbit_bf16_last = property(lambda self: self.config.lowbit_bf16_last,
+                                doc="Low-bit modes: the last N eligible Linears kept in bf16.")
+    mx_scale = property(lambda self: self.config.mx_scale,
+                        doc="The MX modes' e8m0 scale rule: floor or rceil.")
+    nvfp4_without = property(lambda self: self.config.nvfp4_without,
+                             doc="nvfp4 without one part of its recipe (an ablation), or none.")
+
+    # ------------------------------------------- loss scales, skips, weight rules
 
     def skipped_steps_of(self, optimizer: torch.optim.Optimizer) -> int:
         """Skipped (confirmed) steps of one optimizer (``skipped_steps``: of all)."""
