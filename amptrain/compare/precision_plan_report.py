@@ -57,9 +57,10 @@ def markdown(report: dict[str, Any]) -> str:
               "|---|---|---|---|---|---|---|"]
     total = sum(r["flops"] for r in report["ranking"]) or 1
     for r in report["ranking"]:
+        out = " (stands out: ranked last)" if r.get("loss_outlier") else ""
         lines.append(f"| {r['name']} | {_pct(r['flops'] / total)} | {_pct(r['flushed'])} | "
                      f"{_pct(r['saturated'])} | {_num(r['snr_db'])} | "
-                     f"{_num(r['loss_delta'])} | {_num(r['score'])} |")
+                     f"{_num(r['loss_delta'])}{out} | {_num(r['score'])} |")
     delta = task["delta_field"]
     lines += ["", f"## Search ({len(report['search'])} candidate runs, baseline "
               f"{task['metric']} {_num(report['baseline_value'])})", "",

@@ -73,6 +73,9 @@ def test_the_plan_keeps_the_planted_sensitive_layer_and_only_it_out(planted, cap
     report = json.loads((planted / "out" / "plan.json").read_text())
     assert report["ranking"][-1]["name"] == "sensitive"   # ranked the most sensitive
     assert report["ranking"][-1]["flushed"] > 0.9
+    # its loss probe stands out of the others' (about 20x their median) and plan.md says so
+    assert [r["loss_outlier"] for r in report["ranking"]] == [False, False, False, True]
+    assert "(stands out: ranked last)" in (planted / "out" / "plan.md").read_text()
     # every layer in mxfp4 was tried and refused; the plan's own set was run and accepted
     first = report["search"][0]
     assert len(first["layers"]) == 4 and first["verdict"] == "worse"
