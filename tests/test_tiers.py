@@ -27,11 +27,11 @@ TIERS: tuple[tuple[str, ...], ...] = (
     ("numerics",),                # sampled per-layer telemetry, the first non-finite traced
     ("distributed",),             # strategies: none, DDP, FSDP2, DP
     ("checkpoint",),              # files, sections, resume
+    ("config",),                  # the run's config, composed of its owners' sections
     ("tasks",),                   # losses, steps, metrics, verdicts
     ("data",),                    # data sources
     ("models",),                  # built-in and external models
     ("audit",),                   # the audit of a loop for precision traps
-    ("config",),                  # validated option dataclasses
     ("precision",),               # the precision layer and hardware knowledge
     ("loggers",),                 # experiment trackers
     ("common", "version.py"),     # the ground floor

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from ..common.errors import UserError
-from ..config.yaml_files import load_yaml
+from ..common.yaml_files import load_yaml
 from .findings import AuditReport, Finding
 
 CONFIG, NUMERICS = "config.yaml", "numerics.jsonl"

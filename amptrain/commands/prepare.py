@@ -13,6 +13,7 @@ from pathlib import Path
 
 from ..common import outdir
 from ..common.errors import UserError
+from ..data.text_options import check_tokenizer
 
 HELP = "tokenize a text corpus once into token shards for --data tokens:DIR"
 
@@ -55,9 +56,7 @@ def run(args: argparse.Namespace) -> int:
     if not 0.0 < args.val_fraction < 1.0:
         raise UserError(f"--val-fraction must be between 0 and 1 (got {args.val_fraction})")
     workers = _workers(args.workers, default_workers())
-    if args.tokenizer is not None and args.tokenizer != "byte" \
-            and not str(args.tokenizer).startswith("hf:"):
-        raise UserError(f"--tokenizer must be byte or hf:DIR (got {args.tokenizer!r})")
+    check_tokenizer(args.tokenizer)
     tokenizer = text_encoder("", args.tokenizer) if args.tokenizer else None
     if tokenizer is None:
         # deferred: torch loads when the command runs, not for --help

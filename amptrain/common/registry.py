@@ -3,8 +3,9 @@ the tokenizers models bring: a dict from name to factory, filled by ``@register(
 read by a ``name:argument`` spec."""
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import Generic, TypeVar
+import importlib
+from collections.abc import Callable, Iterator
+from typing import Any, Generic, TypeVar
 
 from .errors import UserError
 
@@ -12,11 +13,62 @@ F = TypeVar("F", bound=Callable)
 
 
 class Registry(dict[str, F], Generic[F]):
-    """Factories by name; ``option`` names the flag in errors (``--model``)."""
+    """Factories by name; ``option`` names the flag in errors (``--model``).
 
-    def __init__(self, option: str) -> None:
+    ``builtins``: the modules (absolute names) that register the built-in factories when
+    imported. They are imported on the registry's first read, not with the package, so a
+    package's face stays light (``amptrain --help`` imports no torch): reading the names,
+    a factory or a spec imports them first.
+    """
+
+    def __init__(self, option: str, builtins: tuple[str, ...] = ()) -> None:
         super().__init__()
         self.option = option
+        self._builtins = builtins
+
+    def _load(self) -> None:
+        if self._builtins:
+            # Cleared first: a built-in module that reads the registry while it registers
+            # finds it loading, not a loop.
+            modules, self._builtins = self._builtins, ()
+            for module in modules:
+                importlib.import_module(module)
+
+    def __iter__(self) -> Iterator[str]:
+        self._load()
+        return super().__iter__()
+
+    def __len__(self) -> int:
+        self._load()
+        return super().__len__()
+
+    def __contains__(self, name: object) -> bool:
+        self._load()
+        return super().__contains__(name)
+
+    def __getitem__(self, name: str) -> F:
+        self._load()
+        return super().__getitem__(name)
+
+    def get(self, name: str, default: Any = None) -> Any:
+        """The factory called ``name``, or ``default``."""
+        self._load()
+        return super().get(name, default)
+
+    def keys(self) -> Any:
+        """The names (the built-in ones imported first)."""
+        self._load()
+        return super().keys()
+
+    def values(self) -> Any:
+        """The factories (the built-in ones imported first)."""
+        self._load()
+        return super().values()
+
+    def items(self) -> Any:
+        """(name, factory) pairs (the built-in ones imported first)."""
+        self._load()
+        return super().items()
 
     def register(self, name: str) -> Callable[[F], F]:
         """A decorator adding a factory under ``name`` (it returns the factory unchanged)."""

@@ -17,7 +17,7 @@ from ..common.options import (
                       to_dict,
                       with_options,
 )
-from .yaml_files import RESOLVED_ONLY_KEYS, load_yaml, write_yaml
+from ..common.yaml_files import RESOLVED_ONLY_KEYS, load_yaml, write_yaml
 from .train import (
                       DEFAULT_LR,
                       LR_SCALING,

@@ -20,6 +20,9 @@ from ..common.errors import UserError
 from ..common.registry import Registry
 from ..common.pathkind import special_kind
 from .augment import DeviceImages
+from .gym_options import GymOptions
+from .image_options import ImageOptions
+from .text_options import TextOptions
 
 #: Seed of the train/validation split of sources that have none. Fixed (not --seed) so
 #: that every run, and ``amptrain eval`` later, validates on exactly the same samples.
@@ -95,7 +98,10 @@ class DataBundle:
 
 @dataclass
 class DataOptions:
-    """Options every factory may use."""
+    """What a factory is given: the options every source may use, and each source's own
+    section, declared beside that source (:mod:`.text_options`, :mod:`.image_options`,
+    :mod:`.gym_options`); the run fills them from its config's sections of the same
+    names."""
 
     #: The run's --seed. Built-in loaders do not use it: their content and split depend
     #: on the spec alone, so ``eval`` rebuilds the same validation set. User factories may.
@@ -104,27 +110,29 @@ class DataOptions:
     #: A training run's :attr:`DataBundle.fitted`: reuse it instead of fitting anew.
     fitted: dict[str, Any] | None = None
     #: A model's own tokenizer (a :class:`TextEncoder`) for text
-    #: data; the runner sets it for models that bring one (``hf:PATH``).
+    #: data; the runner sets it for models that bring one (``hf:PATH``) or from
+    #: ``--tokenizer hf:DIR``.
     text_encoder: TextEncoder | None = None
-    #: ``text:`` corpora: tokens per block (--seq-len) and which files of a directory
-    #: are read (--text-glob).
-    seq_len: int | None = None
-    text_glob: str | None = None
     #: The run's --task: loaders whose files can hold either (npz) follow it.
     task: str | None = None
-    #: --augment for image data that is finished on the device (see data/augment.py).
-    augment: str | None = None
+    #: ``text:`` and ``tokens:`` data: tokens per block (--seq-len) and which files of a
+    #: directory are read (--text-glob).
+    text: TextOptions = field(default_factory=TextOptions)
+    #: Image data finished on the device: --augment (see data/augment.py).
+    images: ImageOptions = field(default_factory=ImageOptions)
     #: ``gym:`` environments: environments per process (--num-envs), steps per environment
     #: in a rollout (--rollout-steps), sync or async vector environments (--vector-env) and
     #: evaluation episodes (--eval-episodes); None: the recipe's defaults (data/gym.py).
-    num_envs: int | None = None
-    rollout_steps: int | None = None
-    vector_env: str | None = None
-    eval_episodes: int | None = None
+    gym: GymOptions = field(default_factory=GymOptions)
 
 
 DataFactory = Callable[[str, DataOptions], DataBundle]
-DATASETS: Registry[DataFactory] = Registry("--data")
+#: The built-in sources, one module each (they register themselves when imported); the
+#: registry imports them on its first read, so ``amptrain.data`` imports no torch.
+BUILT_IN_SOURCES = ("arrays", "corpus", "folders", "generated", "gym", "images", "module",
+                    "text", "tokens")
+DATASETS: Registry[DataFactory] = Registry(
+    "--data", builtins=tuple(f"{__package__}.{name}" for name in BUILT_IN_SOURCES))
 #: ``@register("name")``: add a factory to :data:`DATASETS`.
 register = DATASETS.register
 
@@ -319,7 +327,7 @@ def image_bundle(x_train: torch.Tensor, y_train: torch.Tensor,
                  fitted: dict[str, Any] | None = None) -> DataBundle:
     """Split (when there is no validation set) and bundle N x C x H x W uint8 images, kept
     uint8 until the device, where they are standardised with the training split's
-    per-channel statistics (and augmented with ``options.augment`` when training)."""
+    per-channel statistics (and augmented with ``options.images.augment`` when training)."""
 
     if x_val is None or y_val is None:
         train_idx, val_idx = split_indices(len(y_train), options.val_fraction)
@@ -333,7 +341,7 @@ def image_bundle(x_train: torch.Tensor, y_train: torch.Tensor,
     else:
         mean, std = uint8_channel_stats(x_train)
     train = ImageTensors(x_train, y_train,
-                         on_device=DeviceImages(mean, std, options.augment or "none"))
+                         on_device=DeviceImages(mean, std, options.images.augment))
     val = ImageTensors(x_val, y_val, on_device=DeviceImages(mean, std))
     return DataBundle(train, val, num_classes, tuple(x_train.shape[1:]), "image",
                       class_names=class_names,

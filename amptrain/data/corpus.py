@@ -153,12 +153,12 @@ def text_corpus(argument: str, options: DataOptions) -> DataBundle:
     if not path.exists():
         raise UserError(f"--data {spec}: no such file or directory {argument!r}")
     fitted = options.fitted or {}
-    seq_len = int(options.seq_len or fitted.get("seq_len") or DEFAULT_SEQ_LEN)
+    seq_len = int(options.text.seq_len or fitted.get("seq_len") or DEFAULT_SEQ_LEN)
     tokenizer = options.text_encoder or ByteTokenizer()
     if not hasattr(tokenizer, "encode_stream"):
         raise UserError(f"--data {spec}: the tokenizer {getattr(tokenizer, 'name', '?')} "
                         f"cannot encode a running text")
-    cached = cached_corpus(path, tokenizer, glob=options.text_glob, spec=spec)
+    cached = cached_corpus(path, tokenizer, glob=options.text.text_glob, spec=spec)
     if cached is not None:  # shards read from disk: the text is not read again next time
         shards = open_stream(cached, spec)
         n_val = int(round(len(shards) * options.val_fraction))
@@ -167,7 +167,7 @@ def text_corpus(argument: str, options: DataOptions) -> DataBundle:
         log.debug("text: tokens from the cache %s", cached)
         return stream_bundle(shards, n_val, seq_len, spec, int(tokenizer.vocab_size),
                              tokenizer.name)
-    texts = read_texts(path, options.text_glob, spec)
+    texts = read_texts(path, options.text.text_glob, spec)
     stream = tokenize(texts, tokenizer)
     text_bytes = sum(len(t.encode("utf-8")) for t in texts) + 2 * (len(texts) - 1)
     bytes_per_token = text_bytes / max(len(stream), 1)

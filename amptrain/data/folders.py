@@ -168,7 +168,7 @@ def imagefolder(argument: str, options: DataOptions) -> DataBundle:
         train_samples, val_samples = ([train_samples[i] for i in train_idx.tolist()],
                                       [train_samples[i] for i in val_idx.tolist()])
     channels, mean, std = _statistics(train_samples, o["size"], channels, fitted, spec)
-    augment = options.augment or "none"
+    augment = options.images.augment
     train = ImageFiles(train_samples, o["size"], channels, spec,
                        DeviceImages(mean, std, augment))
     val = ImageFiles(val_samples, o["size"], channels, spec, DeviceImages(mean, std))

@@ -36,9 +36,9 @@ import numpy as np
 import torch
 
 from ..common.errors import UserError
-from ..config.run import check_eval_episodes
 from .core import DataBundle, DataOptions, TensorData, register
 from .gym_guard import EnvGuard, action_map, describe_spaces, made
+from .gym_options import DEFAULT_EVAL_EPISODES, VECTOR_MODES, check_eval_episodes
 
 log = logging.getLogger("amptrain")
 
@@ -49,13 +49,11 @@ NORM_CLIP = 10.0
 #: The recipes' rollout shapes: (environments, steps per environment per rollout).
 #: CleanRL ppo.py (discrete) and ppo_continuous_action.py (continuous).
 DEFAULT_ROLLOUT = {"discrete": (4, 128), "continuous": (1, 2048)}
-DEFAULT_EVAL_EPISODES = 10
 #: The longest evaluation episode played: environments without a time limit are cut
 #: there (said when the data is built; the task counts cut episodes).
 EVAL_EPISODE_CAP = 10_000
 #: Bytes of device memory one rollout may take at most, as a share of the host's memory.
 ROLLOUT_MEMORY_SHARE = 0.5
-VECTOR_MODES = ("sync", "async")
 INSTALL = "pip install 'amptrain[rl]' (or pip install gymnasium)"
 
 
@@ -308,14 +306,15 @@ def gym_data(argument: str, options: DataOptions) -> DataBundle:
         space = describe_spaces(env, spec)
         kind = "discrete" if space["discrete"] else "continuous"
         num_envs, steps = DEFAULT_ROLLOUT[kind]
-        vector = options.vector_env or "sync"
+        chosen = options.gym
+        vector = chosen.vector_env or "sync"
         if vector not in VECTOR_MODES:
             raise UserError(f"--vector-env must be one of {', '.join(VECTOR_MODES)} "
                             f"(got {vector!r})")
-        envs = GymEnvs(spec, env_id, kwargs, num_envs=options.num_envs or num_envs,
-                       rollout_steps=options.rollout_steps or steps, vector=vector,
+        envs = GymEnvs(spec, env_id, kwargs, num_envs=chosen.num_envs or num_envs,
+                       rollout_steps=chosen.rollout_steps or steps, vector=vector,
                        space=space, seed=options.seed)
-        episodes = options.eval_episodes or DEFAULT_EVAL_EPISODES
+        episodes = chosen.eval_episodes or DEFAULT_EVAL_EPISODES
         check_eval_episodes(episodes, "--eval-episodes")  # (a caller of build_data's)
         check_rollout_memory(envs)
         if getattr(getattr(env, "spec", None), "max_episode_steps", 1) is None:

@@ -25,12 +25,10 @@ from torch.utils.data import Dataset
 from ..common.errors import UserError, flag
 from .core import DataBundle, DataOptions, register
 from .shards import TokenStream, open_stream
+from .text_options import DEFAULT_SEQ_LEN
 from .tokenizing import tokenizer_identity
 
 log = logging.getLogger("amptrain")
-
-#: Default block size (tokens per sample) of ``text:`` and ``tokens:`` data.
-DEFAULT_SEQ_LEN = 128
 
 
 class TokenBlockData(Dataset):
@@ -108,7 +106,7 @@ def tokens(argument: str, options: DataOptions) -> DataBundle:
     meta = stream.meta
     _check_tokenizer(meta.tokenizer, meta.fingerprint, options, spec)
     fitted = options.fitted or {}
-    seq_len = int(options.seq_len or fitted.get("seq_len") or DEFAULT_SEQ_LEN)
+    seq_len = int(options.text.seq_len or fitted.get("seq_len") or DEFAULT_SEQ_LEN)
     val_tokens = meta.val_tokens if meta.val_tokens is not None \
         else int(round(meta.tokens * options.val_fraction))
     return stream_bundle(stream, val_tokens, seq_len, spec, meta.vocab_size, meta.tokenizer)

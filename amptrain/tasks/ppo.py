@@ -29,12 +29,12 @@ import numpy as np
 import torch
 from torch import nn
 
-from ..config.run import PpoOptions
 from ..common.errors import UserError, flag
 from . import ppo_eval
 from .base import EvalResult, EvalSums, EvaluationStopped, Metric, Metrics, Task, Verdict, Wording
 from .gan import unwrap
 from .ppo_model import actor_critic_of
+from .ppo_options import PpoOptions
 from .ppo_parts import (DEFAULT_MODEL, EVALUATIONS, VALUE_PATH, PpoChecks, PpoDiagnosis,
                         PpoIteration, PpoLogKeys, PpoReports)
 from .step import StepContext, TrainLoop
@@ -50,7 +50,7 @@ RECIPES: dict[str, dict[str, Any]] = {
 }
 SHARED = {"gamma": 0.99, "gae_lambda": 0.95, "clip_coef": 0.2, "vf_coef": 0.5,
           "clip_grad_norm": 0.5, "adam_eps": 1e-5}
-#: The hyper-parameters a run may set: the options declared in config/run.py's PpoOptions
+#: The hyper-parameters a run may set: the options declared in ppo_options.py's PpoOptions
 #: (flags of the same names), but the run's length.
 SETTINGS = tuple(f.name for f in fields(PpoOptions) if f.name != "env_steps")
 

@@ -10,7 +10,7 @@ import numpy as np
 import torch
 
 from ..common.errors import UserError, flag
-from ..config import given_options
+from ..common.options import given_options
 from ..data.gym import process_world
 from . import ppo_eval
 from .base import DataChecks, Diagnosis, EvalResult, Iteration, LogKeys, Reports

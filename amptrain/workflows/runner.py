@@ -14,7 +14,7 @@ from torch import nn
 from ..common import outdir
 from ..loggers import train_outputs
 from ..config import RunConfig
-from ..data import DataBundle, DataOptions, build_data
+from ..data import DataBundle, DataOptions, GymOptions, build_data
 from ..distributed import build_strategy
 from ..common.errors import UserError
 from .launch import resume_after_restart
@@ -27,7 +27,7 @@ from ..precision import ResolvedPrecision, resolve_precision
 from ..tasks import EvalResult, Task, data_task, decide_task as choose_task, output_noun
 from ..trainer import FitResult, Trainer
 from ..trainer.evaluation import Evaluator
-from ..config.run import check_eval_episodes
+from ..data.gym_options import check_eval_episodes
 
 
 def model_inputs(data: DataBundle) -> ModelInputs:
@@ -69,10 +69,8 @@ def build_run_data(config: RunConfig) -> DataBundle:
     own tokenizer, ``hf:PATH``, tokenises text data)."""
     return build_data(config.data, DataOptions(
         seed=config.seed, val_fraction=config.val_fraction,
-        text_encoder=text_encoder(config.model, config.tokenizer), seq_len=config.seq_len,
-        text_glob=config.text_glob, task=config.task, augment=config.augment,
-        num_envs=config.gym.num_envs, rollout_steps=config.gym.rollout_steps,
-        vector_env=config.gym.vector_env, eval_episodes=config.gym.eval_episodes))
+        text_encoder=text_encoder(config.model, config.text.tokenizer), task=config.task,
+        text=config.text, images=config.images, gym=config.gym))
 
 
 def rl_facts(config: RunConfig) -> dict[str, Any]:
@@ -195,7 +193,8 @@ def run_evaluation(*, checkpoint_path: str, data: str | None, precision: str, ou
     # training data was.
     bundle = build_data(data_spec,
                         DataOptions(val_fraction=saved.state["config"].get("val_fraction", 0.2),
-                                    fitted=fitted, task=saved.task_name, eval_episodes=episodes,
+                                    fitted=fitted, task=saved.task_name,
+                                    gym=GymOptions(eval_episodes=episodes),
                                     text_encoder=text_encoder(run["model"],
                                                               fitted.get("tokenizer"))))
     if episodes is not None and getattr(bundle.val, "env", None) is None:

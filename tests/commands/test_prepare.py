@@ -59,6 +59,9 @@ def test_bad_corpora_and_damaged_shards_are_one_line(corpus, tmp_path):
     assert "no UTF-8 text found" in line and not (tmp_path / "o1").exists()
     line = _one_line_error(amptrain("prepare", "--data", f"npz:{empty}", "--out", tmp_path / "o2"))
     assert "prepare reads text:PATH" in line
+    line = _one_line_error(amptrain("prepare", "--data", f"text:{corpus}", "--tokenizer",
+                                    "words", "--out", tmp_path / "o3"))
+    assert line.endswith("--tokenizer must be byte or hf:DIR (got 'words')")
     shards = tmp_path / "shards"
     assert amptrain("prepare", "--data", f"text:{corpus}", "--out", shards,
                     "--no-progress").returncode == 0

@@ -79,13 +79,13 @@ def test_a_command_on_a_full_disk_is_one_line(full_disk, tmp_path, command):
 def test_a_full_token_cache_falls_back_to_memory_and_leaves_nothing(full_disk, tmp_path,
                                                                    monkeypatch, caplog):
     # Issue 48: the text: cache is amptrain's; its disk filling up is no reason to stop.
-    from amptrain.data import DataOptions, build_data
+    from amptrain.data import DataOptions, TextOptions, build_data
 
     corpus = tmp_path / "corpus"
     corpus.mkdir()
     (corpus / "a.txt").write_text("hello world, " * 20_000)  # 260 kB of tokens: no room
     monkeypatch.setenv("AMPTRAIN_CACHE", str(full_disk))
-    bundle = build_data(f"text:{corpus}", DataOptions(seq_len=8))
+    bundle = build_data(f"text:{corpus}", DataOptions(text=TextOptions(seq_len=8)))
     assert type(bundle.train).__name__ == "TokenBlocks" and len(bundle.train) > 0
     warnings = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
     assert any("cannot write the token cache" in w and "No space left on device" in w

@@ -1,6 +1,8 @@
 """registry.py: the one Registry of named factories (``--model``, ``--data``, tokenizers)."""
 from __future__ import annotations
 
+import sys
+
 import pytest
 
 from amptrain.common.errors import UserError
@@ -56,3 +58,20 @@ def test_a_later_registration_replaces_an_earlier_one():
     models = _registry()
     models.register("mlp")(lambda argument: "new")
     assert models.lookup("mlp")[0]("") == "new" and len(models) == 2
+
+
+def test_built_in_modules_register_on_the_first_read_not_before(tmp_path, monkeypatch):
+    (tmp_path / "toyreg_holder.py").write_text(
+        "from amptrain.common.registry import Registry\n"
+        "TOYS = Registry('--toy', builtins=('toyreg_builtin',))\n")
+    (tmp_path / "toyreg_builtin.py").write_text(
+        "from toyreg_holder import TOYS\nTOYS.register('seven')(lambda argument: 7)\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    for name in ("toyreg_holder", "toyreg_builtin"):
+        monkeypatch.delitem(sys.modules, name, raising=False)
+    import toyreg_holder
+
+    assert "toyreg_builtin" not in sys.modules  # making the registry imported nothing
+    factory, argument = toyreg_holder.TOYS.lookup("seven:x")
+    assert factory(argument) == 7 and "toyreg_builtin" in sys.modules
+    assert list(toyreg_holder.TOYS) == ["seven"]

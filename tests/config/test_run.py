@@ -1,11 +1,13 @@
 """RunConfig (amptrain/config/run.py): what a command-line run builds beside the training
-options, and the data kinds' own options, each checked where it is declared."""
+options, composed of the data sources' and the ppo task's sections (each declared and
+checked beside its owner), and the refusal of an option for data it does not apply to."""
 from __future__ import annotations
 
 import pytest
 
 from amptrain.config import RunConfig, TrainConfig, config_fields
-from amptrain.config.run import MAX_EVAL_EPISODES, MAX_SEQ_LEN
+from amptrain.data.gym_options import MAX_EVAL_EPISODES
+from amptrain.data.text_options import MAX_SEQ_LEN
 from amptrain.common.errors import UserError, cli_spelling
 
 
@@ -27,7 +29,7 @@ def test_task_options_are_checked_when_built():
 
     config = build_config(RunConfig, {"data": "text:notes.txt", "task": "lm", "seq_len": 64,
                                       "tokenizer": "hf:tok", "text_glob": "*.py"})
-    assert (config.task, config.seq_len, config.tokenizer, config.text_glob) == \
+    assert (config.task, config.text.seq_len, config.text.tokenizer, config.text.text_glob) == \
         ("lm", 64, "hf:tok", "*.py")
     assert build_config(RunConfig, {"loss": "huber"}).loss == "huber"
     for values, fragment in [({"task": "ranking"}, "task must be one of auto, classification, "
@@ -61,7 +63,7 @@ def test_the_rl_options_are_checked_where_declared():
 
 
 def test_seq_len_is_bounded():
-    assert RunConfig.from_options(data="text:x", seq_len=MAX_SEQ_LEN).seq_len == MAX_SEQ_LEN
+    assert RunConfig.from_options(data="text:x", seq_len=MAX_SEQ_LEN).text.seq_len == MAX_SEQ_LEN
     with pytest.raises(UserError, match="over the limit"):
         RunConfig.from_options(data="text:x", seq_len=MAX_SEQ_LEN + 1)
 
@@ -76,3 +78,36 @@ def test_eval_episodes_is_bounded_where_declared():
         RunConfig.from_options(data="gym:CartPole-v1", eval_episodes=10_001)
     with cli_spelling(), pytest.raises(UserError, match="^--eval-episodes 1000000 is more"):
         RunConfig.from_options(data="gym:CartPole-v1", eval_episodes=1_000_000)
+
+
+def test_the_sections_are_their_owners_declarations():
+    from amptrain.data import GymOptions, ImageOptions, TextOptions
+    from amptrain.tasks.ppo_options import PpoOptions
+
+    config = RunConfig.from_options(data="text:x", seq_len=64)
+    assert (type(config.text), type(config.images), type(config.gym), type(config.ppo)) == \
+        (TextOptions, ImageOptions, GymOptions, PpoOptions)
+    assert config.text.seq_len == 64 and config.images.augment == "none"
+
+
+@pytest.mark.parametrize("values, message", [
+    ({"data": "tokens:shards", "tokenizer": "byte"},
+     "tokenizer was fixed when the shards were prepared (`amptrain prepare`); data is "
+     "tokens:shards"),
+    ({"data": "digits", "augment": "flip"},
+     "augment applies to image files decoded while training (imagefolder:DIR, cifar10:DIR, "
+     "idx:DIR); data is digits"),
+    # the ppo task's option is named before gym: data's, as both were one list before
+    ({"data": "digits", "num_envs": 2, "clip_coef": 0.1},
+     "clip_coef applies to reinforcement learning on gym: data; data is digits"),
+])
+def test_an_option_for_other_data_is_refused_naming_both(values, message):
+    with pytest.raises(UserError) as caught:
+        RunConfig.from_options(**values)
+    assert str(caught.value) == message
+
+
+def test_options_that_apply_are_taken_for_their_data():
+    assert RunConfig.from_options(data="tokens:shards", seq_len=32).text.seq_len == 32
+    assert RunConfig.from_options(data="idx:mnist", augment="flip").images.augment == "flip"
+    assert RunConfig.from_options(data="gym:CartPole-v1", num_envs=2).gym.num_envs == 2

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from amptrain import Trainer
-from amptrain.data import DataOptions, build_data
+from amptrain.data import DataOptions, ImageOptions, build_data
 from amptrain.data.augment import DeviceImages, flip, generator_for, pad_crop, \
     random_resized_crop
 from amptrain.common.errors import Preempted
@@ -76,7 +76,7 @@ def _fit(data, out, callbacks=()):
 def test_streamed_images_resume_mid_epoch_bitwise(tmp_path):
     write_folder(tmp_path / "pets", per_class=10)
     data = build_data(f"imagefolder:{tmp_path / 'pets'},size=8",
-                      DataOptions(val_fraction=0.2, augment="crop-flip"))
+                      DataOptions(val_fraction=0.2, images=ImageOptions(augment="crop-flip")))
     whole = _fit(data, tmp_path / "whole")
     with pytest.raises(Preempted):
         _fit(data, tmp_path / "cut", callbacks=[StopAt(2)])  # inside the first epoch

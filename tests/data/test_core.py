@@ -2,6 +2,9 @@
 the seeded split, label mapping and normalisation."""
 from __future__ import annotations
 
+import subprocess
+import sys
+
 import pytest
 import torch
 
@@ -23,6 +26,17 @@ def test_registry_names():
     assert {"digits", "synthetic-image", "synthetic-seq", "idx", "cifar10", "imagefolder",
             "npz", "csv-text"} <= set(DATASETS)
     assert_data_error("mnist", "unknown --data")
+
+
+def test_the_face_imports_no_torch_and_the_registry_its_sources_on_first_read():
+    code = ("import sys, amptrain.data, amptrain.tasks, amptrain.config.run\n"
+            "print('torch' in sys.modules)\n"
+            "from amptrain.data.core import BUILT_IN_SOURCES, DATASETS\n"
+            "print('amptrain.data.gym' in sys.modules, 'gym' in DATASETS,\n"
+            "      all('amptrain.data.' + name in sys.modules for name in BUILT_IN_SOURCES))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=True).stdout.split()
+    assert out == ["False", "False", "True", "True"]
 
 
 def test_tensor_data_and_bundle_api():

@@ -4,14 +4,14 @@ from __future__ import annotations
 import pytest
 import torch
 
-from amptrain.data import ByteTokenizer, DataOptions, TokenBlocks, build_data
+from amptrain.data import ByteTokenizer, DataOptions, TextOptions, TokenBlocks, build_data
 from amptrain.common.errors import UserError
 
 TEXT = "the quick brown fox jumps over the lazy dog. " * 40
 
 
-def _options(**kwargs) -> DataOptions:
-    return DataOptions(**{"seq_len": 16, **kwargs})
+def _options(text_glob: str | None = None, **kwargs) -> DataOptions:
+    return DataOptions(text=TextOptions(seq_len=16, text_glob=text_glob), **kwargs)
 
 
 def _blocks(data) -> tuple[torch.Tensor, torch.Tensor]:

@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from amptrain.data import DataOptions, build_data
+from amptrain.data import DataOptions, GymOptions, build_data
 from amptrain.data.gym import EVAL_SEED, RunningMeanStd, parse_spec
 
 from .conftest import assert_data_error
@@ -27,8 +27,8 @@ def test_spec_options_are_typed_keywords_of_the_environment():
 
 
 def test_cartpole_bundle_is_the_rollout_and_the_evaluation_episodes():
-    bundle = build_data("gym:CartPole-v1", DataOptions(num_envs=2, rollout_steps=8,
-                                                       eval_episodes=3))
+    bundle = build_data("gym:CartPole-v1", DataOptions(gym=GymOptions(
+        num_envs=2, rollout_steps=8, eval_episodes=3)))
     assert (bundle.num_classes, bundle.input_shape, bundle.kind, bundle.task) == \
         (2, (4,), "env-discrete", "ppo")
     assert bundle.train.tensors[0].tolist() == list(range(16))
@@ -47,7 +47,7 @@ def test_recipe_defaults_depend_on_the_action_space():
 
 
 def test_environments_are_seeded_from_the_seed_the_index_and_the_rank():
-    envs = build_data("gym:CartPole-v1", DataOptions(seed=7, num_envs=3)).train.env
+    envs = build_data("gym:CartPole-v1", DataOptions(seed=7, gym=GymOptions(num_envs=3))).train.env
     assert envs.stepper(rank=0, world=2).seeds == [7, 8, 9]
     assert envs.stepper(rank=1, world=2).seeds == [10, 11, 12]
     assert envs.stepper(rank=0, world=2, restart=1).seeds == [13, 14, 15]
@@ -56,7 +56,8 @@ def test_environments_are_seeded_from_the_seed_the_index_and_the_rank():
 
 
 def test_truncated_episodes_hand_back_their_final_observation():
-    envs = build_data("gym:CartPole-v1,max_episode_steps=3", DataOptions(num_envs=2)).train.env
+    envs = build_data("gym:CartPole-v1,max_episode_steps=3",
+                      DataOptions(gym=GymOptions(num_envs=2))).train.env
     stepper = envs.stepper(0, 1)
     for _ in range(3):
         obs, reward, ended, finals = stepper.step(np.array([0, 1]))
@@ -67,7 +68,7 @@ def test_truncated_episodes_hand_back_their_final_observation():
 
 
 def test_continuous_rewards_are_scaled_by_the_running_return_std():
-    envs = build_data("gym:Pendulum-v1", DataOptions(num_envs=1)).train.env
+    envs = build_data("gym:Pendulum-v1", DataOptions(gym=GymOptions(num_envs=1))).train.env
     stepper = envs.stepper(0, 1)
     for _ in range(50):
         obs, reward, _, _ = stepper.step(np.zeros((1, 1)))

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from amptrain.common.errors import UserError
-from amptrain.data import DataOptions, build_data
+from amptrain.data import DataOptions, GymOptions, build_data
 from amptrain.models.actor_critic import ActorCritic
 from amptrain.tasks import ppo_eval
 from amptrain.tasks.ppo import PpoTask
@@ -26,7 +26,7 @@ from .conftest import assert_data_error
 pytest.importorskip("gymnasium")
 
 HOSTILE = "gym:tests.data.hostile_envs:"
-SMALL = DataOptions(seed=0, num_envs=2, rollout_steps=8, eval_episodes=2)
+SMALL = DataOptions(seed=0, gym=GymOptions(num_envs=2, rollout_steps=8, eval_episodes=2))
 
 
 def _fit(name: str, steps: int = 4, **options):
@@ -89,11 +89,12 @@ def test_an_environment_that_cannot_start_is_one_line_naming_data(spec, match):
 
 
 def test_eval_episodes_and_rollout_are_bounded_before_anything_is_made():
-    with pytest.raises(UserError, match="--eval-episodes 1000000 is more than the 10000"):
-        build_data("gym:CartPole-v1", DataOptions(eval_episodes=1_000_000))
+    # The episodes: refused where the option is declared, before the data is built.
+    with pytest.raises(UserError, match="^eval_episodes 1000000 is more than the 10000"):
+        GymOptions(eval_episodes=1_000_000)
     with pytest.raises(UserError, match=r"--rollout-steps 2000000000 x --num-envs 4: the "
                                         r"rollout would need about .* GiB, more than"):
-        build_data("gym:CartPole-v1", DataOptions(rollout_steps=2_000_000_000))
+        build_data("gym:CartPole-v1", DataOptions(gym=GymOptions(rollout_steps=2_000_000_000)))
 
 
 @pytest.mark.timeout(60)

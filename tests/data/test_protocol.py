@@ -8,7 +8,7 @@ import pytest
 import torch
 from torch.utils.data import DataLoader, Dataset, IterableDataset, TensorDataset
 
-from amptrain.data import DataOptions, TensorData, TokenData, build_data, protocol
+from amptrain.data import DataOptions, TensorData, TextOptions, TokenData, build_data, protocol
 from amptrain.data.core import ImageTensors
 from amptrain.data.protocol import (BatchReading, BatchShaping, ColumnData, DeviceFinishing,
                                     DeviceMovable, MapData)
@@ -29,7 +29,8 @@ def _capabilities(data) -> set[str]:
 def _token_blocks(tmp_path: Path):
     corpus = tmp_path / "corpus.txt"
     corpus.write_text("".join(f"line {i}: the quick brown fox\n" for i in range(40)))
-    return build_data(f"text:{corpus}", DataOptions(seq_len=16, val_fraction=0.25)).train
+    return build_data(f"text:{corpus}", DataOptions(text=TextOptions(seq_len=16),
+                                                    val_fraction=0.25)).train
 
 
 def test_built_in_data_declares_what_it_can_do(tmp_path):

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from amptrain.data import ByteTokenizer, DataOptions, build_data
+from amptrain.data import ByteTokenizer, DataOptions, TextOptions, build_data
 from amptrain.data import tokenizing
 from amptrain.data.shards import open_stream
 from amptrain.data.tokenizing import cache_root, cached_corpus, prepare_corpus
@@ -73,7 +73,7 @@ def test_text_data_is_cached_once_and_a_changed_file_is_a_new_entry(tmp_path, mo
     (corpus / "a.txt").write_text("changed\n" * 60)
     assert cached_corpus(corpus, ByteTokenizer(), glob=None, spec="text:c") != first
     assert sorted(p.name for p in corpus.iterdir()) == ["a.txt", "b.txt", "c.bin"]  # untouched
-    bundle = build_data(f"text:{corpus}", DataOptions(seq_len=8))
+    bundle = build_data(f"text:{corpus}", DataOptions(text=TextOptions(seq_len=8)))
     assert type(bundle.train).__name__ == "TokenBlockData"  # memory-mapped, not in RAM
 
 
@@ -109,7 +109,7 @@ def test_a_damaged_cache_entry_is_rebuilt_with_one_line(tmp_path, monkeypatch, c
     assert len(warnings) == 1 and "is damaged" in warnings[0] and "rebuilding it" in warnings[0]
     assert fragment in warnings[0] and "prepare" not in warnings[0]
     np.testing.assert_array_equal(open_stream(entry, "c").read(0, 50), expected)
-    bundle = build_data(f"text:{corpus}", DataOptions(seq_len=8))  # and it trains
+    bundle = build_data(f"text:{corpus}", DataOptions(text=TextOptions(seq_len=8)))  # and it trains
     assert len(bundle.train) > 0
 
 
@@ -136,7 +136,7 @@ def test_an_unwritable_cache_falls_back_to_memory(tmp_path, monkeypatch, caplog)
     blocker.write_text("x")
     monkeypatch.setenv("AMPTRAIN_CACHE", str(blocker))
     corpus = _corpus(tmp_path / "corpus")
-    bundle = build_data(f"text:{corpus}", DataOptions(seq_len=8))
+    bundle = build_data(f"text:{corpus}", DataOptions(text=TextOptions(seq_len=8)))
     assert "cannot write the token cache" in caplog.text
     assert type(bundle.train).__name__ == "TokenBlocks"
 

@@ -9,7 +9,7 @@ import torch
 from torch import nn
 
 from amptrain import Trainer
-from amptrain.data import ByteTokenizer, DataOptions, build_data
+from amptrain.data import ByteTokenizer, DataOptions, TextOptions, build_data
 from amptrain.data.tokenizing import prepare_corpus
 from amptrain.common.errors import Preempted, UserError
 
@@ -38,7 +38,7 @@ def shards(tmp_path):
 
 
 def test_blocks_are_the_text_stream_with_next_token_targets(shards):
-    bundle = build_data(f"tokens:{shards}", DataOptions(seq_len=32))
+    bundle = build_data(f"tokens:{shards}", DataOptions(text=TextOptions(seq_len=32)))
     stream = torch.tensor(list(TEXT.encode()))
     n_val = round(len(stream) * 0.2)
     assert bundle.task == "lm" and bundle.vocab_size == 256 and bundle.input_shape == (32,)
@@ -74,7 +74,7 @@ def _fit(bundle, out, max_steps, resume=None, callbacks=()):
 
 
 def test_resume_mid_epoch_is_bitwise_the_uninterrupted_run(shards, tmp_path):
-    bundle = build_data(f"tokens:{shards}", DataOptions(seq_len=16))
+    bundle = build_data(f"tokens:{shards}", DataOptions(text=TextOptions(seq_len=16)))
     steps_per_epoch = len(bundle.train) // 8
     stop, total = steps_per_epoch + 3, steps_per_epoch + 9  # stop inside the second epoch
     whole = _fit(bundle, tmp_path / "whole", total)
@@ -88,7 +88,7 @@ def test_resume_mid_epoch_is_bitwise_the_uninterrupted_run(shards, tmp_path):
 
 
 def test_eval_batches_reads_a_fixed_sample_and_the_final_one_can_read_all(shards, tmp_path):
-    bundle = build_data(f"tokens:{shards}", DataOptions(seq_len=8))
+    bundle = build_data(f"tokens:{shards}", DataOptions(text=TextOptions(seq_len=8)))
     options = dict(precision="32-true", device="cpu", batch_size=4, max_steps=2,
                    no_progress=True)
     sampled = Trainer(**options, eval_batches=2)
@@ -120,10 +120,10 @@ def test_ddp_ranks_read_disjoint_blocks_that_make_up_the_epoch(shards, tmp_path)
 import json, sys, torch
 sys.path.insert(0, {str(ROOT)!r})
 from amptrain import Trainer
-from amptrain.data import DataOptions, build_data
+from amptrain.data import DataOptions, TextOptions, build_data
 from amptrain.distributed import build_strategy
 from tests.data.test_tokens import TinyLM
-bundle = build_data("tokens:{shards}", DataOptions(seq_len=16))
+bundle = build_data("tokens:{shards}", DataOptions(text=TextOptions(seq_len=16)))
 trainer = Trainer(strategy=build_strategy("ddp", "cpu"), device="cpu", precision="32-true",
                   batch_size=8, no_progress=True, max_steps=1)
 trainer.setup(TinyLM(), bundle.train)
@@ -134,7 +134,7 @@ trainer.strategy.teardown()
     result = torchrun(str(script))
     assert result.returncode == 0, result.stderr[:3000]
     ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1)]
-    bundle = build_data(f"tokens:{shards}", DataOptions(seq_len=16))
+    bundle = build_data(f"tokens:{shards}", DataOptions(text=TextOptions(seq_len=16)))
     single = Trainer(device="cpu", precision="32-true", batch_size=8, no_progress=True,
                      max_steps=1)
     single.setup(TinyLM(), bundle.train)
@@ -155,7 +155,7 @@ class ViewingLM(TinyLM):
 
 
 def test_batches_are_contiguous_so_a_model_may_view_them(shards, tmp_path):
-    bundle = build_data(f"tokens:{shards}", DataOptions(seq_len=32))
+    bundle = build_data(f"tokens:{shards}", DataOptions(text=TextOptions(seq_len=32)))
     x, y = bundle.train.read_batch([0, 2, 1])
     assert x.is_contiguous() and y.is_contiguous()  # issue 49: they were strided views
     seen = []

@@ -15,7 +15,7 @@ import torch
 from torch import nn
 
 from amptrain.config import RunConfig
-from amptrain.data import DataOptions, build_data
+from amptrain.data import DataOptions, GymOptions, build_data
 from amptrain.common.errors import UserError
 from amptrain.models.actor_critic import ActorCritic
 from amptrain.workflows.runner import assemble
@@ -40,7 +40,7 @@ class Poisoned(ActorCritic):
 
 def _run(tmp_path: Path | None = None, *, precision: str = "32-true", steps: int = 8,
          model: nn.Module | None = None, **options):
-    data = build_data("gym:CartPole-v1", DataOptions(seed=0, **ROLLOUT))
+    data = build_data("gym:CartPole-v1", DataOptions(seed=0, gym=GymOptions(**ROLLOUT)))
     torch.manual_seed(0)
     model = model if model is not None else ActorCritic(4, 2, continuous=False)
     trainer = Trainer(precision=precision, max_steps=steps, batch_size=16, scheduler="none",
@@ -81,7 +81,8 @@ def test_a_model_that_is_not_an_actor_critic_is_refused():
     mlp = nn.Sequential(nn.Linear(4, 2))
     with pytest.raises(UserError, match="ppo needs an actor-critic.*returns Tensor"):
         trainer.fit(mlp, data.train, data.val, task=task)
-    pendulum = build_data("gym:Pendulum-v1", DataOptions(num_envs=1, rollout_steps=32))
+    pendulum = build_data("gym:Pendulum-v1",
+                          DataOptions(gym=GymOptions(num_envs=1, rollout_steps=32)))
     no_log_std = ActorCritic(3, 1, continuous=False)
     with pytest.raises(UserError, match="log_std"):
         Trainer(max_steps=1, batch_size=16, no_progress=True, logger="none").fit(
@@ -177,9 +178,10 @@ RANK_SCRIPT = textwrap.dedent("""
     import json, sys
     import torch.distributed as dist
     dist.init_process_group("gloo")
-    from amptrain.data import DataOptions, build_data
+    from amptrain.data import DataOptions, GymOptions, build_data
     from amptrain.data.gym import process_world
-    data = build_data("gym:CartPole-v1", DataOptions(seed=5, num_envs=3, rollout_steps=8))
+    data = build_data("gym:CartPole-v1",
+                      DataOptions(seed=5, gym=GymOptions(num_envs=3, rollout_steps=8)))
     stepper = data.train.env.stepper(*process_world())
     seeds = [None, None]
     dist.all_gather_object(seeds, stepper.seeds)

@@ -65,12 +65,13 @@ def test_another_seed_gives_other_initial_weights():
 
 def test_task_must_fit_the_data(tmp_path):
     (tmp_path / "a.txt").write_text("words and more words. " * 200)
-    lm = RunConfig(model="gpt", data=f"text:{tmp_path / 'a.txt'}", seq_len=16)
+    lm = RunConfig.from_options(model="gpt", data=f"text:{tmp_path / 'a.txt'}", seq_len=16)
     data, model = data_and_model(lm)
     assert data.task == "lm" and run_info(lm, data)["task"] == "lm"
     assert model(torch.zeros(2, 16, dtype=torch.long)).shape == (2, 16, 256)
     with pytest.raises(UserError, match="--task classification does not fit --data text:"):
-        data_and_model(RunConfig(model="gpt", data=lm.data, seq_len=16, task="classification"))
+        data_and_model(RunConfig.from_options(model="gpt", data=lm.data, seq_len=16,
+                                              task="classification"))
     with pytest.raises(UserError, match="--task lm does not fit --data digits, which holds "
                                         "class labels: language modelling needs"):
         data_and_model(RunConfig(task="lm"))

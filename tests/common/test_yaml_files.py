@@ -1,4 +1,4 @@
-"""Option YAML files (amptrain/config/yaml_files.py): --config files read as the flags
+"""Option YAML files (amptrain/common/yaml_files.py): --config files read as the flags
 are typed, bounded against hostile files, and a run's resolved config.yaml read back."""
 from __future__ import annotations
 

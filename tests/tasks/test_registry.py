@@ -1,4 +1,4 @@
-"""tasks/__init__.py: the task registry and the one place that decides which task a run's
+"""tasks/registry.py: the task registry and the one place that decides which task a run's
 data and model, a checkpoint, or a compare summary is of (no fallback outside tasks/)."""
 from __future__ import annotations
 

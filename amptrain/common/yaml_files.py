@@ -8,8 +8,8 @@ from typing import Any
 
 import yaml
 
-from ..common.errors import UserError
-from ..common.pathkind import not_regular_reason, write_failure
+from .errors import UserError
+from .pathkind import not_regular_reason, write_failure
 
 #: Keys that ``Trainer.resolved_config()`` writes to config.yaml but that are not options.
 RESOLVED_ONLY_KEYS = frozenset({"world_size", "lr_schedule", "micro_batch_search", "oom_events"})
