@@ -52,6 +52,8 @@ from typing import Callable
 
 import torch
 
+from .lowbit_scratch import scratch
+
 E4M3 = torch.float8_e4m3fn
 E5M2 = torch.float8_e5m2
 E4M3_MAX = 448.0
@@ -94,7 +96,8 @@ def round_magnitude_(mag: torch.Tensor, elem: str) -> torch.Tensor:
     built from ``mag``'s exponent bits (integer ops: one cheap pass each; torch's float8
     casts, ``log2``/``exp2`` and ``torch.where`` are many times slower on the CPU)."""
     mag.clamp_(max=FORMAT_MAX[elem])
-    magic = (mag.view(torch.int32) & _EXPONENT_MASK)
+    magic = torch.bitwise_and(mag.view(torch.int32), _EXPONENT_MASK,
+                              out=scratch("magic", mag.shape, torch.int32, mag.device))
     magic.clamp_(min=(_MIN_EXPONENT[elem] + 127) << 23)
     magic.add_(((23 - _MANTISSA_BITS[elem]) << 23) | 0x400000)   # x 2^(23-m) x 1.5
     return mag.add_(magic.view(torch.float32)).sub_(magic.view(torch.float32))
@@ -265,9 +268,14 @@ def _pairwise_amax(rows: torch.Tensor) -> torch.Tensor:
     ``amax`` over rows of 16 runs 2.5x slower than this (and than over rows of 32)."""
     if rows.dim() > 2 or rows.shape[1] & (rows.shape[1] - 1):   # blocks along an inner
         return rows.amax(dim=1, keepdim=True)       # axis (fast), or no halving possible
+    # the halves in reused storage (not where autograd records: out= has no gradient),
+    # the last (the result) in a tensor of its own
+    reuse = not (rows.requires_grad and torch.is_grad_enabled())
     while rows.shape[1] > 1:
         half = rows.shape[1] // 2
-        rows = torch.maximum(rows[:, :half], rows[:, half:])
+        out = scratch(f"halves{half}", (rows.shape[0], half), rows.dtype, rows.device) \
+            if half > 1 and reuse else None
+        rows = torch.maximum(rows[:, :half], rows[:, half:], out=out)
     return rows
 
 
@@ -304,9 +312,10 @@ def uniform_offsets(shape: torch.Size, generator: torch.Generator | None,
     ``torch.rand`` spends one 32-bit draw and a conversion on each float: 3.5x the time).
     The half step makes the offsets symmetric, so the rounding is unbiased to within
     2^-17 of the spacing (Blackwell's ``cvt.rs`` likewise rounds with a few random bits
-    per value, not a full-precision uniform)."""
+    per value, not a full-precision uniform). The tensor is a reused temporary
+    (:mod:`.lowbit_scratch`): valid until the next call on this thread."""
     count = shape.numel()
-    words = torch.empty((count + 3) // 4, dtype=torch.int64, device=device)
+    words = scratch("random", ((count + 3) // 4,), torch.int64, device)
     words.random_(-2 ** 63, None, generator=generator)   # the full 64-bit range
     return words.view(torch.int16)[:count].view(shape)
 
@@ -320,11 +329,13 @@ def round_e2m1_stochastic_(mag: torch.Tensor, generator: torch.Generator | None
     (:func:`uniform_offsets`), drawn from ``generator`` only (never torch's global RNG)."""
     mag.clamp_(max=E2M1_MAX)
     # spacing 2^(max(e, 0) - 1) for mag's fp32 exponent e: 0.5 below 2, 1 below 4, 2 above
-    spacing = (mag.view(torch.int32) & _EXPONENT_MASK).clamp_(min=127 << 23) \
-        .sub_(1 << 23).view(torch.float32)
-    offsets = uniform_offsets(mag.shape, generator, mag.device)
+    spacing = torch.bitwise_and(mag.view(torch.int32), _EXPONENT_MASK,
+                                out=scratch("spacing", mag.shape, torch.int32, mag.device))
+    spacing = spacing.clamp_(min=127 << 23).sub_(1 << 23).view(torch.float32)
     # u = (k + 2^15 + 1/2) / 2^16 for the int16 k: k / 2^16 + (1/2 + 2^-17), exact in
-    # fp32 (the int16 k is converted on the fly, in the add's own pass)
+    # fp32 (k converted into reused storage: torch would convert into a new tensor)
+    offsets = scratch("offsets", mag.shape, torch.float32, mag.device)
+    offsets.copy_(uniform_offsets(mag.shape, generator, mag.device))
     mag.div_(spacing).add_(offsets, alpha=2.0 ** -SR_BITS)
     return mag.add_(0.5 + 2.0 ** -(SR_BITS + 1)).floor_().mul_(spacing)
 
