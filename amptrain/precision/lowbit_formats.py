@@ -248,19 +248,39 @@ def e8m0_value(exponent: torch.Tensor) -> torch.Tensor:
 
 
 def qdq_mx(x: torch.Tensor, elem: str, dim: int = -1, block: int = MX_BLOCK,
-           mode: str = "floor") -> torch.Tensor:
+           mode: str = "floor", overwrite: bool = False) -> torch.Tensor:
     """MX (MXFP8 ``e4m3``, MXFP4 ``e2m1``): blocks of ``block`` values along ``dim`` share
-    a power-of-two e8m0 scale (``mode``: ``floor`` or ``rceil``, see :func:`e8m0_exponent`).
+    a power-of-two e8m0 scale (``mode``: ``floor`` or ``rceil``, see :func:`e8m0_exponent`);
+    ``overwrite``: ``x``'s storage may hold the result (the caller gives ``x`` up).
 
     Elements are ``x / X`` for the block's scale ``X`` itself, 2^-127 included (the OCP
     spec); torchao 0.18 divides by 2^-126 there (a workaround for subnormal scales in
     Triton) while decoding with 2^-127, which halves every value of a block whose amax is
     below 2^(emax - 126) (its RCEIL path likewise leaves such blocks unscaled: all zero)."""
     rows, restore = _blocks(x, dim, block)
-    mag = rows.abs()
+    mag, out = _magnitudes(x, rows, overwrite)
     scale = e8m0_value(e8m0_exponent(mag.amax(dim=1, keepdim=True), elem, mode))
     mag.div_(scale)
-    return restore(round_magnitude_(mag, elem).copysign_(rows).mul_(scale))
+    return restore(_signed(round_magnitude_(mag, elem), rows, out).mul_(scale))
+
+
+def _magnitudes(x: torch.Tensor, rows: torch.Tensor, overwrite: bool
+                ) -> tuple[torch.Tensor, torch.Tensor]:
+    """``|rows|`` and the tensor the quantised values go to: ``rows`` itself where it is a
+    copy of ``x`` or ``overwrite`` (the caller gives ``x`` up), the magnitudes then in
+    reused storage; else the magnitudes' own new tensor (the values are computed in
+    place in it). Not where autograd records (``out=`` has no gradient)."""
+    owned = overwrite or rows.untyped_storage().data_ptr() != x.untyped_storage().data_ptr()
+    if owned and not (rows.requires_grad and torch.is_grad_enabled()):
+        mag = scratch("magnitudes", rows.shape, rows.dtype, rows.device)
+        return torch.abs(rows, out=mag), rows
+    mag = rows.abs()
+    return mag, mag
+
+
+def _signed(rounded: torch.Tensor, rows: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+    """The rounded magnitudes with ``rows``' signs, in ``out`` (see :func:`_magnitudes`)."""
+    return rounded.copysign_(rows) if out is rounded else torch.copysign(rounded, rows, out=out)
 
 
 def _pairwise_amax(rows: torch.Tensor) -> torch.Tensor:
@@ -341,22 +361,22 @@ def round_e2m1_stochastic_(mag: torch.Tensor, generator: torch.Generator | None
 
 
 def qdq_nvfp4(x: torch.Tensor, dim: int = -1, block: int = NVFP4_BLOCK, square: bool = False,
-              generator: torch.Generator | None = None, stochastic: bool = False
-              ) -> torch.Tensor:
+              generator: torch.Generator | None = None, stochastic: bool = False,
+              overwrite: bool = False) -> torch.Tensor:
     """NVFP4: e2m1 values, an e4m3 scale per ``block`` values along ``dim`` (``square``:
     per ``block x block`` tile of a matrix, the recipe's weights) and an fp32 scale per
     tensor (torchao's two-level ``nvfp4_quantize``); ``stochastic``: the elements rounded
-    stochastically with ``generator`` (the recipe's gradients)."""
+    stochastically with ``generator`` (the recipe's gradients); ``overwrite``: ``x``'s
+    storage may hold the result (the caller gives ``x`` up)."""
     rows, restore = _blocks(x, dim, block, square)
-    mag = rows.abs()
+    mag, out = _magnitudes(x, rows, overwrite)
     block_amax = _pairwise_amax(mag)
     tensor_scale = nvfp4_tensor_scale(block_amax.amax())   # the max of the blocks' maxima
     block_scale = nvfp4_block_scales(block_amax, tensor_scale)
     mag.mul_((1.0 / tensor_scale) / block_scale)
     rounded = round_e2m1_stochastic_(mag, generator) if stochastic \
         else round_magnitude_(mag, "e2m1")
-    values = rounded.copysign_(rows)
-    return restore(values.mul_(tensor_scale * block_scale))
+    return restore(_signed(rounded, rows, out).mul_(tensor_scale * block_scale))
 
 
 def qdq_fp8_blocks(x: torch.Tensor, dim: int = -1, block: int = FP8_BLOCK,

@@ -42,7 +42,11 @@ class Quantiser:
             raise ValueError(f"unknown quantiser {self.scaling}/{self.mx_mode}")
 
     def __call__(self, x: torch.Tensor, dim: int = -1,
-                 generator: torch.Generator | None = None) -> torch.Tensor:
+                 generator: torch.Generator | None = None,
+                 overwrite: bool = False) -> torch.Tensor:
+        """``x`` quantised and dequantised (fp32), scaled along ``dim``; ``overwrite``:
+        the caller gives ``x`` up, so the block scalings may put the result in its
+        storage (saves the C allocator's new pages for a several-MB temporary)."""
         if self.scaling == "none" or x.numel() == 0:   # nothing to scale in an empty one
             return x.float()
         if self.scaling == "tensorwise":
@@ -50,11 +54,11 @@ class Quantiser:
         if self.scaling == "rowwise":
             return qdq_rowwise(x, self.elem, dim)
         if self.scaling == "mx":
-            return qdq_mx(x, self.elem, dim, mode=self.mx_mode)
+            return qdq_mx(x, self.elem, dim, mode=self.mx_mode, overwrite=overwrite)
         if self.scaling == "blockwise":
             return qdq_fp8_blocks(x, dim, square=self.square)
         return qdq_nvfp4(x, dim, square=self.square, generator=generator,
-                         stochastic=self.stochastic)
+                         stochastic=self.stochastic, overwrite=overwrite)
 
     @property
     def block(self) -> int:
