@@ -182,9 +182,12 @@ class _LowBitLinear(torch.autograd.Function):
         shape = x.shape
         x2 = x.reshape(-1, shape[-1])
         with torch.autocast(x.device.type, enabled=False):
-            # tensorwise keeps qx for the backward: a tensor of its own
-            x32, own = (_fp32(x2), False) if recipe.tensorwise else _own_fp32(x2, "input")
-            qx, qw = recipe.input(x32, -1, overwrite=own), recipe.weight(weight, -1)
+            if recipe.tensorwise:   # qx kept for the backward: a tensor of its own
+                qx = recipe.input(x2, -1)
+            else:                   # used at once: it may be computed in reused storage
+                x32, own = _own_fp32(x2, "input")
+                qx = recipe.input(x32, -1, overwrite=own, into="q_input")
+            qw = recipe.weight(weight, -1)
             out = _product(qx, qw.t(), None if bias is None else _fp32(bias), out_dtype,
                            "output")
         ctx.recipe, ctx.has_bias, ctx.seeds, ctx.name = recipe, bias is not None, seeds, name
@@ -219,7 +222,8 @@ class _LowBitLinear(torch.autograd.Function):
                 wgrad = (apply_rht(g2, "rht_g"), True, apply_rht(x2, "rht_x"), True) \
                     if recipe.hadamard and not recipe.grad_weight_hp else \
                     (g2, own_g, x2, own_x)
-                qg = recipe.grad_output(g2, -1, gen, overwrite=own_g and wgrad[0] is not g2)
+                qg = recipe.grad_output(g2, -1, gen, overwrite=own_g and wgrad[0] is not g2,
+                                        into="q_grad")
                 grad_x = _product(qg, qw, None, x_dtype, "grad_x")
                 grad_w = _grad_weight(recipe, *wgrad, gen)
         return (grad_x.reshape(ctx.x_shape), grad_w.to(w_dtype),
@@ -233,8 +237,8 @@ def _grad_weight(recipe: Recipe, g2: torch.Tensor, own_g: bool, x2: torch.Tensor
     has one; ``own_*``: the operand may be quantised in place)."""
     if recipe.grad_weight_hp:
         return g2.t() @ x2
-    return recipe.grad_output(g2, 0, gen, overwrite=own_g).t() @ \
-        recipe.input(x2, 0, overwrite=own_x)
+    return recipe.grad_output(g2, 0, gen, overwrite=own_g, into="q_grad").t() @ \
+        recipe.input(x2, 0, overwrite=own_x, into="q_input")
 
 
 def lowbit_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,

@@ -248,32 +248,39 @@ def e8m0_value(exponent: torch.Tensor) -> torch.Tensor:
 
 
 def qdq_mx(x: torch.Tensor, elem: str, dim: int = -1, block: int = MX_BLOCK,
-           mode: str = "floor", overwrite: bool = False) -> torch.Tensor:
+           mode: str = "floor", overwrite: bool = False, into: str | None = None
+           ) -> torch.Tensor:
     """MX (MXFP8 ``e4m3``, MXFP4 ``e2m1``): blocks of ``block`` values along ``dim`` share
     a power-of-two e8m0 scale (``mode``: ``floor`` or ``rceil``, see :func:`e8m0_exponent`);
-    ``overwrite``: ``x``'s storage may hold the result (the caller gives ``x`` up).
+    ``overwrite``: ``x``'s storage may hold the result (the caller gives ``x`` up);
+    ``into``: else the result may be the reused temporary of that name (see
+    :func:`_magnitudes`).
 
     Elements are ``x / X`` for the block's scale ``X`` itself, 2^-127 included (the OCP
     spec); torchao 0.18 divides by 2^-126 there (a workaround for subnormal scales in
     Triton) while decoding with 2^-127, which halves every value of a block whose amax is
     below 2^(emax - 126) (its RCEIL path likewise leaves such blocks unscaled: all zero)."""
     rows, restore = _blocks(x, dim, block)
-    mag, out = _magnitudes(x, rows, overwrite)
+    mag, out = _magnitudes(x, rows, overwrite, into)
     scale = e8m0_value(e8m0_exponent(mag.amax(dim=1, keepdim=True), elem, mode))
     mag.div_(scale)
     return restore(_signed(round_magnitude_(mag, elem), rows, out).mul_(scale))
 
 
-def _magnitudes(x: torch.Tensor, rows: torch.Tensor, overwrite: bool
+def _magnitudes(x: torch.Tensor, rows: torch.Tensor, overwrite: bool, into: str | None
                 ) -> tuple[torch.Tensor, torch.Tensor]:
     """``|rows|`` and the tensor the quantised values go to: ``rows`` itself where it is a
     copy of ``x`` or ``overwrite`` (the caller gives ``x`` up), the magnitudes then in
-    reused storage; else the magnitudes' own new tensor (the values are computed in
-    place in it). Not where autograd records (``out=`` has no gradient)."""
-    owned = overwrite or rows.untyped_storage().data_ptr() != x.untyped_storage().data_ptr()
-    if owned and not (rows.requires_grad and torch.is_grad_enabled()):
-        mag = scratch("magnitudes", rows.shape, rows.dtype, rows.device)
-        return torch.abs(rows, out=mag), rows
+    reused storage; else the magnitudes' tensor (the values are computed in place in it),
+    the reused temporary ``into`` where the caller names one (:mod:`.lowbit_scratch`),
+    else a new one. Not where autograd records (``out=`` has no gradient)."""
+    if not (rows.requires_grad and torch.is_grad_enabled()):
+        if overwrite or rows.untyped_storage().data_ptr() != x.untyped_storage().data_ptr():
+            mag = scratch("magnitudes", rows.shape, rows.dtype, rows.device)
+            return torch.abs(rows, out=mag), rows
+        if into is not None:
+            mag = torch.abs(rows, out=scratch(into, rows.shape, rows.dtype, rows.device))
+            return mag, mag
     mag = rows.abs()
     return mag, mag
 
@@ -362,14 +369,15 @@ def round_e2m1_stochastic_(mag: torch.Tensor, generator: torch.Generator | None
 
 def qdq_nvfp4(x: torch.Tensor, dim: int = -1, block: int = NVFP4_BLOCK, square: bool = False,
               generator: torch.Generator | None = None, stochastic: bool = False,
-              overwrite: bool = False) -> torch.Tensor:
+              overwrite: bool = False, into: str | None = None) -> torch.Tensor:
     """NVFP4: e2m1 values, an e4m3 scale per ``block`` values along ``dim`` (``square``:
     per ``block x block`` tile of a matrix, the recipe's weights) and an fp32 scale per
     tensor (torchao's two-level ``nvfp4_quantize``); ``stochastic``: the elements rounded
     stochastically with ``generator`` (the recipe's gradients); ``overwrite``: ``x``'s
-    storage may hold the result (the caller gives ``x`` up)."""
+    storage may hold the result (the caller gives ``x`` up); ``into``: else the result
+    may be the reused temporary of that name (see :func:`_magnitudes`)."""
     rows, restore = _blocks(x, dim, block, square)
-    mag, out = _magnitudes(x, rows, overwrite)
+    mag, out = _magnitudes(x, rows, overwrite, into)
     block_amax = _pairwise_amax(mag)
     tensor_scale = nvfp4_tensor_scale(block_amax.amax())   # the max of the blocks' maxima
     block_scale = nvfp4_block_scales(block_amax, tensor_scale)
