@@ -26,6 +26,10 @@ import torch
 class _Slots(threading.local):
     def __init__(self) -> None:
         self.buffers: dict[tuple[str, torch.dtype, torch.device], torch.Tensor] = {}
+        # each slot's views by shape: a hit is one dict look-up (the emulation takes a
+        # few dozen temporaries per layer and step; slicing and viewing cost microseconds)
+        self.views: dict[tuple[str, tuple[int, ...], torch.dtype, torch.device],
+                         torch.Tensor] = {}
 
 
 _SLOTS = _Slots()
@@ -34,20 +38,31 @@ _SLOTS = _Slots()
 def scratch(slot: str, shape: Sequence[int], dtype: torch.dtype,
             device: torch.device) -> torch.Tensor:
     """An uninitialised contiguous tensor of ``shape`` in ``slot``'s reused storage."""
+    shape = tuple(shape)
+    key = (slot, shape, dtype, device)
+    view = _SLOTS.views.get(key)
+    if view is not None:
+        return view
     numel = 1
     for size in shape:
         numel *= int(size)
-    key = (slot, dtype, device)
-    buffer = _SLOTS.buffers.get(key)
+    base = (slot, dtype, device)
+    buffer = _SLOTS.buffers.get(base)
     if buffer is None or buffer.numel() < numel:
         # A normal tensor even under inference_mode (an inference tensor could not be
         # written outside it later); outside autograd (temporaries carry no history).
         with torch.inference_mode(False), torch.no_grad():
             buffer = torch.empty(numel, dtype=dtype, device=device)
-        _SLOTS.buffers[key] = buffer
-    return buffer[:numel].view(tuple(int(s) for s in shape))
+        _SLOTS.buffers[base] = buffer
+        _SLOTS.views = {k: v for k, v in _SLOTS.views.items() if k[0] != slot
+                        or k[2:] != base[1:]}   # views of the old storage
+    with torch.inference_mode(False), torch.no_grad():
+        view = buffer[:numel].view(shape)
+    _SLOTS.views[key] = view
+    return view
 
 
 def release() -> None:
     """Free this thread's kept temporaries."""
     _SLOTS.buffers.clear()
+    _SLOTS.views.clear()
