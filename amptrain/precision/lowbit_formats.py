@@ -96,11 +96,21 @@ def round_magnitude_(mag: torch.Tensor, elem: str) -> torch.Tensor:
     built from ``mag``'s exponent bits (integer ops: one cheap pass each; torch's float8
     casts, ``log2``/``exp2`` and ``torch.where`` are many times slower on the CPU)."""
     mag.clamp_(max=FORMAT_MAX[elem])
+    if elem in _CASTS and mag.numel() <= _CAST_BELOW:   # a few values: fewer operations
+        return mag.copy_(mag.to(_CASTS[elem]))
     magic = torch.bitwise_and(mag.view(torch.int32), _EXPONENT_MASK,
                               out=scratch("magic", mag.shape, torch.int32, mag.device))
     magic.clamp_(min=(_MIN_EXPONENT[elem] + 127) << 23)
     magic.add_(((23 - _MANTISSA_BITS[elem]) << 23) | 0x400000)   # x 2^(23-m) x 1.5
-    return mag.add_(magic.view(torch.float32)).sub_(magic.view(torch.float32))
+    as_float = magic.view(torch.float32)
+    return mag.add_(as_float).sub_(as_float)
+
+
+#: torch's own casts give the same values (round to nearest even of the clamped value):
+#: for a few thousand values (an NVFP4 weight's block scales) one cast costs less than
+#: the arithmetic's six operations; for more, the cast is the slower (5 ns a value).
+_CASTS = {"e4m3": E4M3, "e5m2": E5M2}
+_CAST_BELOW = 4096
 
 
 def round_fp8(x: torch.Tensor, elem: str) -> torch.Tensor:
@@ -275,7 +285,7 @@ def _magnitudes(x: torch.Tensor, rows: torch.Tensor, overwrite: bool, into: str 
     the reused temporary ``into`` where the caller names one (:mod:`.lowbit_scratch`),
     else a new one. Not where autograd records (``out=`` has no gradient)."""
     if not (rows.requires_grad and torch.is_grad_enabled()):
-        if overwrite or rows.untyped_storage().data_ptr() != x.untyped_storage().data_ptr():
+        if overwrite or rows.data_ptr() != x.data_ptr():   # rows: a view of x, or a copy
             mag = scratch("magnitudes", rows.shape, rows.dtype, rows.device)
             return torch.abs(rows, out=mag), rows
         if into is not None:
@@ -318,13 +328,25 @@ def nvfp4_tensor_scale(amax: torch.Tensor) -> torch.Tensor:
     Above amax = 2688 x 2^-121 (~1.0e-33) the floor never acts and the result is
     torchao's bit for bit. (It must not be the fp8 recipes' 1e-12 amax floor: that one
     flushed every tensor with amax below ~3e-17 to zero.)"""
-    return (amax.float() / (E4M3_MAX * E2M1_MAX)).clamp_(min=NVFP4_MIN_TENSOR_SCALE)
+    return (_fp32(amax) / (E4M3_MAX * E2M1_MAX)).clamp_(min=NVFP4_MIN_TENSOR_SCALE)
 
 
 def nvfp4_block_scales(block_amax: torch.Tensor, tensor_scale: torch.Tensor) -> torch.Tensor:
     """Each block's e4m3 scale relative to the tensor scale, as fp32."""
-    scaled = (block_amax / E2M1_MAX / tensor_scale).clamp_(E4M3_TINY, E4M3_MAX)
-    return round_magnitude_(scaled, "e4m3")    # the e4m3 cast's values, without its cost
+    return _nvfp4_block_scales_(block_amax / E2M1_MAX, tensor_scale, divided=True)
+
+
+def _nvfp4_block_scales_(block_amax: torch.Tensor, tensor_scale: torch.Tensor,
+                         divided: bool = False) -> torch.Tensor:
+    """:func:`nvfp4_block_scales` computed in place in ``block_amax`` (``divided``: by 6
+    already)."""
+    scaled = block_amax if divided else block_amax.div_(E2M1_MAX)
+    scaled.div_(tensor_scale).clamp_(E4M3_TINY, E4M3_MAX)
+    return round_magnitude_(scaled, "e4m3")    # the e4m3 cast's values
+
+
+def _fp32(tensor: torch.Tensor) -> torch.Tensor:
+    return tensor if tensor.dtype == torch.float32 else tensor.float()
 
 
 #: Random bits per stochastic-rounding offset: four offsets from each 64-bit draw.
@@ -378,13 +400,13 @@ def qdq_nvfp4(x: torch.Tensor, dim: int = -1, block: int = NVFP4_BLOCK, square: 
     may be the reused temporary of that name (see :func:`_magnitudes`)."""
     rows, restore = _blocks(x, dim, block, square)
     mag, out = _magnitudes(x, rows, overwrite, into)
-    block_amax = _pairwise_amax(mag)
-    tensor_scale = nvfp4_tensor_scale(block_amax.amax())   # the max of the blocks' maxima
-    block_scale = nvfp4_block_scales(block_amax, tensor_scale)
-    mag.mul_((1.0 / tensor_scale) / block_scale)
+    block_scale = _pairwise_amax(mag)            # a new tensor: the maxima, then the scales
+    tensor_scale = nvfp4_tensor_scale(block_scale.amax())   # the max of the blocks' maxima
+    _nvfp4_block_scales_(block_scale, tensor_scale)
+    mag.mul_(torch.div(tensor_scale.reciprocal(), block_scale))   # (1 / ts) / bs
     rounded = round_e2m1_stochastic_(mag, generator) if stochastic \
         else round_magnitude_(mag, "e2m1")
-    return restore(_signed(rounded, rows, out).mul_(tensor_scale * block_scale))
+    return restore(_signed(rounded, rows, out).mul_(block_scale.mul_(tensor_scale)))
 
 
 def qdq_fp8_blocks(x: torch.Tensor, dim: int = -1, block: int = FP8_BLOCK,
