@@ -297,7 +297,16 @@ def _magnitudes(x: torch.Tensor, rows: torch.Tensor, overwrite: bool, into: str 
 
 def _signed(rounded: torch.Tensor, rows: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
     """The rounded magnitudes with ``rows``' signs, in ``out`` (see :func:`_magnitudes`)."""
-    return rounded.copysign_(rows) if out is rounded else torch.copysign(rounded, rows, out=out)
+    if out is rounded:
+        return rounded.copysign_(rows)
+    # out is rows, ours: its sign bits kept, the magnitudes' bits put under them (two
+    # integer passes cost less than copysign; the magnitudes' sign bits are clear, but
+    # a NaN's, whose sign carries nothing)
+    out.view(torch.int32).bitwise_and_(_SIGN_BIT).bitwise_or_(rounded.view(torch.int32))
+    return out
+
+
+_SIGN_BIT = -2 ** 31
 
 
 def _pairwise_amax(rows: torch.Tensor) -> torch.Tensor:
