@@ -20,6 +20,7 @@ from .islands import (ForwardPatches, cpu_fp32_layers, default_keep_fp32,
                       install_forward_patches, match_modules)
 from .loss_scales import LossScales
 from .lowbit import check_lowbit_options, lowbit_warning, setup_lowbit
+from .lowbit_scratch import release as release_scratch
 from .lowbit_training import StochasticSeeds
 from .master import check_no_shared_kept, modules_kept_fp32
 from .misuse import CallOrder, check_setup, checked_arguments, checked_state
@@ -261,13 +262,15 @@ class Precision(PrecisionViews):
         return fused_is_exact(optimizer_name, self.spec, self.device)
 
     def teardown(self) -> None:
-        """Remove the forward wrappers of every :meth:`setup` and the weight rules' hooks."""
+        """Remove the forward wrappers of every :meth:`setup` and the weight rules' hooks; free
+        the low-bit emulation's reused temporaries (:mod:`.lowbit_scratch`)."""
         self._patches.remove()
         for last in self._last_forward.values():
             last.remove()
         self._last_forward.clear()
         for pair in self._pairs:
             pair.policy.remove()
+        release_scratch()   # the emulated low-bit GEMMs' reused temporaries (this thread's)
 
     def installed(self) -> ContextManager:
         """The forward wrappers of :meth:`setup` back in place for a block (after teardown)."""

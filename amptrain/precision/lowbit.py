@@ -47,6 +47,7 @@ from .fp8 import Float8Selection, convert_linears, plan_float8
 from .islands import ForwardPatches
 from .lowbit_formats import FP8_BLOCK, MX_BLOCK, NVFP4_BLOCK
 from .lowbit_operand import Quantiser
+from .lowbit_scratch import scratch
 from .lowbit_training import StochasticSeeds, apply_rht
 from .modes import ModeSpec
 from .hardware.support import lowbit_native
@@ -150,6 +151,26 @@ def _fp32(tensor: torch.Tensor) -> torch.Tensor:
     return tensor if tensor.dtype == torch.float32 else tensor.float()
 
 
+def _own_fp32(tensor: torch.Tensor, slot: str) -> tuple[torch.Tensor, bool]:
+    """``tensor`` in fp32 and whether the result is ours to overwrite: ``tensor`` itself
+    (the caller's), or its copy in a reused temporary (:mod:`.lowbit_scratch`: the
+    emulation's several-MB temporaries cost more in new pages than in arithmetic)."""
+    if tensor.dtype == torch.float32 or torch.is_grad_enabled():
+        return _fp32(tensor), False
+    return scratch(slot, tensor.shape, torch.float32, tensor.device).copy_(tensor), True
+
+
+def _product(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None,
+             dtype: torch.dtype, slot: str) -> torch.Tensor:
+    """``a @ b (+ bias)`` in fp32, returned in ``dtype``: a new tensor; the fp32 product
+    in a reused temporary where it is converted after."""
+    out = None if dtype == torch.float32 or torch.is_grad_enabled() \
+        else scratch(slot, (a.shape[0], b.shape[1]), torch.float32, a.device)
+    product = torch.addmm(bias, a, b, out=out) if bias is not None else \
+        torch.mm(a, b, out=out)
+    return product.to(dtype)
+
+
 class _LowBitLinear(torch.autograd.Function):
     """``x @ W.T + b`` with every GEMM operand quantised by ``recipe`` and fp32 GEMMs;
     ``seeds`` (with the layer's ``name``) feeds stochastic rounding."""
@@ -161,8 +182,14 @@ class _LowBitLinear(torch.autograd.Function):
         shape = x.shape
         x2 = x.reshape(-1, shape[-1])
         with torch.autocast(x.device.type, enabled=False):
-            qx, qw = recipe.input(x2, -1), recipe.weight(weight, -1)
-            out = torch.addmm(_fp32(bias), qx, qw.t()) if bias is not None else qx @ qw.t()
+            if recipe.tensorwise:   # qx kept for the backward: a tensor of its own
+                qx = recipe.input(x2, -1)
+            else:                   # used at once: it may be computed in reused storage
+                x32, own = _own_fp32(x2, "input")
+                qx = recipe.input(x32, -1, overwrite=own, into="q_input")
+            qw = recipe.weight(weight, -1)
+            out = _product(qx, qw.t(), None if bias is None else _fp32(bias), out_dtype,
+                           "output")
         ctx.recipe, ctx.has_bias, ctx.seeds, ctx.name = recipe, bias is not None, seeds, name
         ctx.dtypes = (x.dtype, weight.dtype, None if bias is None else bias.dtype)
         ctx.x_shape = shape
@@ -171,39 +198,47 @@ class _LowBitLinear(torch.autograd.Function):
         keep_w = qw if recipe.weight.square and recipe.weight_for_grad_input is None \
             else weight
         ctx.save_for_backward(*((qx, qw) if recipe.tensorwise else (x2, keep_w)))
-        return out.to(out_dtype).reshape(*shape[:-1], out.shape[-1])
+        return out.reshape(*shape[:-1], out.shape[-1])
 
     @staticmethod
     def backward(ctx: Any, grad: torch.Tensor) -> tuple[Any, ...]:  # noqa: D102
         recipe: Recipe = ctx.recipe
         first, second = ctx.saved_tensors
-        g2 = _fp32(grad.reshape(-1, grad.shape[-1]))
+        x_dtype, w_dtype, b_dtype = ctx.dtypes
+        g2, own_g = _own_fp32(grad.reshape(-1, grad.shape[-1]), "grad")
         with torch.autocast(grad.device.type, enabled=False):
+            grad_b = g2.sum(0) if ctx.has_bias else None   # before g2 is quantised in place
             if recipe.tensorwise:
                 qg = recipe.grad_output(g2)
-                grad_x, grad_w = qg @ second, qg.t() @ first
+                grad_x, grad_w = _product(qg, second, None, x_dtype, "grad_x"), \
+                    qg.t() @ first
             else:  # each GEMM quantises along its own reduction axis
                 gen = ctx.seeds.generator(ctx.name, g2.device) if recipe.stochastic \
                     else None
                 weight_rule = recipe.weight_for_grad_input or recipe.weight
                 qw = second if weight_rule.square else weight_rule(second, 0)
-                grad_x = recipe.grad_output(g2, -1, gen) @ qw
-                grad_w = _grad_weight(recipe, g2, first, gen)
-            grad_b = g2.sum(0) if ctx.has_bias else None
-        x_dtype, w_dtype, b_dtype = ctx.dtypes
-        return (grad_x.to(x_dtype).reshape(ctx.x_shape), grad_w.to(w_dtype),
+                x2, own_x = _own_fp32(first, "input")
+                # the transform reads g2 before the grad-input GEMM's quantiser may take it
+                wgrad = (apply_rht(g2, "rht_g"), True, apply_rht(x2, "rht_x"), True) \
+                    if recipe.hadamard and not recipe.grad_weight_hp else \
+                    (g2, own_g, x2, own_x)
+                qg = recipe.grad_output(g2, -1, gen, overwrite=own_g and wgrad[0] is not g2,
+                                        into="q_grad")
+                grad_x = _product(qg, qw, None, x_dtype, "grad_x")
+                grad_w = _grad_weight(recipe, *wgrad, gen)
+        return (grad_x.reshape(ctx.x_shape), grad_w.to(w_dtype),
                 None if grad_b is None else grad_b.to(b_dtype), None, None, None, None)
 
 
-def _grad_weight(recipe: Recipe, g2: torch.Tensor, x2: torch.Tensor,
-                 gen: torch.Generator | None) -> torch.Tensor:
-    """``g^T x`` (reduced over tokens) in ``recipe``'s weight-gradient numerics."""
-    x2 = _fp32(x2)
+def _grad_weight(recipe: Recipe, g2: torch.Tensor, own_g: bool, x2: torch.Tensor,
+                 own_x: bool, gen: torch.Generator | None) -> torch.Tensor:
+    """``g^T x`` (reduced over tokens) in ``recipe``'s weight-gradient numerics, from the
+    operands as they enter it (through the Hadamard transform already, where the recipe
+    has one; ``own_*``: the operand may be quantised in place)."""
     if recipe.grad_weight_hp:
         return g2.t() @ x2
-    if recipe.hadamard:   # the same orthogonal transform of both: the exact product stays
-        g2, x2 = apply_rht(g2), apply_rht(x2)
-    return recipe.grad_output(g2, 0, gen).t() @ recipe.input(x2, 0)
+    return recipe.grad_output(g2, 0, gen, overwrite=own_g, into="q_grad").t() @ \
+        recipe.input(x2, 0, overwrite=own_x, into="q_input")
 
 
 def lowbit_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,

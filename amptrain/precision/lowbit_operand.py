@@ -42,7 +42,13 @@ class Quantiser:
             raise ValueError(f"unknown quantiser {self.scaling}/{self.mx_mode}")
 
     def __call__(self, x: torch.Tensor, dim: int = -1,
-                 generator: torch.Generator | None = None) -> torch.Tensor:
+                 generator: torch.Generator | None = None, overwrite: bool = False,
+                 into: str | None = None) -> torch.Tensor:
+        """``x`` quantised and dequantised (fp32), scaled along ``dim``. For a caller that
+        consumes the result at once (the emulated GEMMs: several-MB temporaries whose new
+        pages cost more than their arithmetic), the block scalings may put it in ``x``'s
+        storage (``overwrite``: the caller gives ``x`` up) or in the reused temporary
+        named ``into`` (:mod:`.lowbit_scratch`); the others make a new tensor."""
         if self.scaling == "none" or x.numel() == 0:   # nothing to scale in an empty one
             return x.float()
         if self.scaling == "tensorwise":
@@ -50,11 +56,12 @@ class Quantiser:
         if self.scaling == "rowwise":
             return qdq_rowwise(x, self.elem, dim)
         if self.scaling == "mx":
-            return qdq_mx(x, self.elem, dim, mode=self.mx_mode)
+            return qdq_mx(x, self.elem, dim, mode=self.mx_mode, overwrite=overwrite,
+                          into=into)
         if self.scaling == "blockwise":
             return qdq_fp8_blocks(x, dim, square=self.square)
         return qdq_nvfp4(x, dim, square=self.square, generator=generator,
-                         stochastic=self.stochastic)
+                         stochastic=self.stochastic, overwrite=overwrite, into=into)
 
     @property
     def block(self) -> int:

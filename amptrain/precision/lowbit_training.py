@@ -24,6 +24,8 @@ from typing import Any
 
 import torch
 
+from .lowbit_scratch import scratch
+
 #: The RHT's block: NVFP4's 16-value scale block.
 RHT_BLOCK = 16
 #: The seed of the RHT's sign vector: fixed, so identical on every rank and run.
@@ -49,20 +51,24 @@ def rht_matrix(size: int = RHT_BLOCK, seed: int = RHT_SEED) -> torch.Tensor:
 _RHT_CACHE: dict[torch.device, torch.Tensor] = {}
 
 
-def apply_rht(x: torch.Tensor) -> torch.Tensor:
+def apply_rht(x: torch.Tensor, slot: str | None = None) -> torch.Tensor:
     """``x`` (fp32, tokens x features) with each block of :data:`RHT_BLOCK` consecutive
     tokens multiplied by the RHT matrix; tokens zero-padded to a whole block (zero rows
     add nothing to a product over tokens). Two operands transformed alike keep their
-    product over tokens: ``apply_rht(a).T @ apply_rht(b) == a.T @ b`` up to rounding."""
+    product over tokens: ``apply_rht(a).T @ apply_rht(b) == a.T @ b`` up to rounding.
+    ``slot``: the result in that reused temporary (:mod:`.lowbit_scratch`), for a caller
+    that consumes it before its next use of the slot."""
     matrix = _RHT_CACHE.get(x.device)
-    if matrix is None:
+    if matrix is None:   # the seeded signs folded into the matrix once per device
         matrix = _RHT_CACHE.setdefault(x.device, rht_matrix().to(x.device))
     matrix = matrix.to(x.dtype)
     pad = -x.shape[0] % RHT_BLOCK
     if pad:
         x = torch.nn.functional.pad(x, (0, 0, 0, pad))
     blocks = x.reshape(-1, RHT_BLOCK, x.shape[1])
-    return torch.matmul(matrix, blocks).reshape(-1, x.shape[1])
+    out = None if slot is None or (x.requires_grad and torch.is_grad_enabled()) \
+        else scratch(slot, blocks.shape, x.dtype, x.device)
+    return torch.matmul(matrix, blocks, out=out).reshape(-1, x.shape[1])
 
 
 class StochasticSeeds:
