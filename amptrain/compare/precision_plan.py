@@ -34,6 +34,7 @@ from .options import PlanOptions
 from ..diagnose.sensitivity import LayerSensitivity, rank_layers
 from ..precision.hardware.devices import resolve_device
 from ..precision.lowbit import RECIPES
+from ..precision.options import lowbit_defaults
 from ..precision.precision_plan import KEPT, linear_flops, plan_format
 from ..precision.resolve import resolve_precision
 from ..tasks import Task, delta_field
@@ -102,8 +103,9 @@ class Search:
         if not self.budget.allows(0):
             raise UserError(f"the search's budget is spent before its first run "
                             f"({self.budget.cut_short})")
-        self.base_runs = train_runs(self.config, [self.baseline], self.seeds,
-                                    self.out / "search")
+        # the low-bit options are the candidates' format's: the baseline takes none
+        self.base_runs = train_runs(self.config.with_options(**lowbit_defaults()),
+                                    [self.baseline], self.seeds, self.out / "search")
         steps = sum(r.get("steps") or 0 for r in self.base_runs)
         self.budget.spent_steps += steps
         self.steps_per_run = steps

@@ -41,6 +41,7 @@ from ..data import DataBundle
 from ..precision.fp8 import plan_float8
 from ..precision.islands import ForwardPatches
 from ..precision.lowbit import RECIPES, Recipe, lowbit_linear
+from ..precision.options import lowbit_defaults
 from ..tasks import Task
 from ..trainer import Trainer
 from .ranges import LowBitRecorder
@@ -202,7 +203,9 @@ def rank_layers(config: TrainConfig, data: DataBundle, model: nn.Module, fmt: st
              if n in layers and isinstance(m, nn.Linear)}
     if not layers:
         return []
-    _, probe = run_steps(config, data, copy.deepcopy(model), steps, "32-true",
+    # a 32-true run: the low-bit options (the candidates' format's) stay at their defaults
+    _, probe = run_steps(config.with_options(**lowbit_defaults()), data,
+                         copy.deepcopy(model), steps, "32-true",
                          attach=lambda trainer: _Probe(trainer, layers, fmt), task=task,
                          loss_fn=loss_fn)
     return by_cost(probe.read(flops))

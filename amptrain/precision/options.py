@@ -134,3 +134,16 @@ class PrecisionConfig:
                 raise UserError(f"unknown keyword {name!r} for Precision (its settings: "
                                 f"{', '.join(n for n in known if n != 'precision')})")
         return build_config(cls, keywords, source="keyword")
+
+
+#: The settings only a low-bit format reads: its last layers kept in bf16, its MX scales,
+#: the NVFP4 recipe's ablation. A workflow that trains other precisions beside its low-bit
+#: runs (``plan``'s 32-true probe and its baseline) runs those at the defaults, so they do
+#: not warn that the settings do nothing there (the low-bit runs still check them).
+LOWBIT_SETTINGS = ("lowbit_bf16_last", "mx_scale", "nvfp4_without")
+
+
+def lowbit_defaults() -> dict[str, Any]:
+    """:data:`LOWBIT_SETTINGS` at their defaults, by flat name (for ``with_options``)."""
+    defaults = PrecisionConfig()
+    return {name: getattr(defaults, name) for name in LOWBIT_SETTINGS}

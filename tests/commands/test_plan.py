@@ -10,7 +10,7 @@ import yaml
 
 from amptrain import cli
 from amptrain.commands.compare import emulated_plans
-from amptrain.common.errors import AmptrainWarning, UserError
+from amptrain.common.errors import AmptrainWarning, UserError, forget_warnings
 from amptrain.compare.options import PlanOptions
 from amptrain.compare.precision_plan import run_plan
 from amptrain.config import RunConfig, build_config
@@ -119,6 +119,29 @@ def test_the_time_budget_stops_the_search_and_the_reports_say_so(planted):
     assert "The search was cut short: budget_time 150 s" in \
         (planted / "out" / "plan.md").read_text()
     assert report["budget"]["steps_spent"] == 2   # the baseline's run only
+
+
+def test_the_low_bit_options_reach_the_candidates_not_the_probe_or_the_baseline(planted):
+    """--mx-scale chooses the candidates' MX scales: the probe's 32-true run and the
+    baseline's bf16-mixed runs take no low-bit option, so neither warns that it does
+    nothing there."""
+    forget_warnings()   # warn() speaks once per process: an earlier test may have spoken
+    config = build_config(RunConfig, {"model": "module:planted.build", "data": "digits",
+                                      "max_steps": 2, "device": "cpu", "no_progress": True,
+                                      "precision": "mxfp4", "mx_scale": "rceil",
+                                      "out": str(planted / "out")}, source="option")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", AmptrainWarning)
+        # the clock allows the baseline's run and the first candidate's (see StepClock)
+        report = run_plan(config, PlanOptions(probe_steps=1, budget_time=250.0),
+                          clock=StepClock())
+    assert report["budget"]["steps_spent"] == 4 and len(report["search"]) == 1
+    assert [str(w.message) for w in caught if "does nothing" in str(w.message)] == []
+    runs = planted / "out" / "search" / "runs"
+    saved = sorted((p.parent.parent.name.startswith("plan-"),
+                    yaml.safe_load(p.read_text())["mx_scale"])
+                   for p in runs.glob("*/seed-0/config.yaml"))
+    assert saved == [(False, "floor"), (True, "rceil")]   # the baseline's, the candidate's
 
 
 def test_plan_refuses_a_format_that_is_not_low_bit_and_an_out_that_holds_a_plan(planted):
