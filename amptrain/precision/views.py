@@ -17,6 +17,12 @@ if TYPE_CHECKING:
     from .weight_update import WeightUpdate
 
 
+def _setting(name: str, doc: str) -> property:
+    """A read-only view of the :class:`~amptrain.precision.options.PrecisionConfig`
+    setting ``name``."""
+    return property(lambda self: getattr(self.config, name), doc=doc)
+
+
 class PrecisionViews:
     """Read-only views of a precision's settings, loss scales and model/optimizer pairs."""
 
@@ -30,20 +36,16 @@ class PrecisionViews:
         """The loss scaler's four settings (``torch.amp.GradScaler``'s)."""
         return self.config.scaler_settings
 
-    min_scale = property(lambda self: self.config.min_scale,
-                         doc="The loss-scale floor: reaching it stops training.")
-    keep_fp32 = property(lambda self: self.config.keep_fp32,
-                         doc="Module-name globs run in fp32 inside autocast.")
-    max_bad_steps = property(lambda self: self.config.max_bad_steps,
-                             doc="Consecutive non-finite steps tolerated without a scaler.")
-    weight_update_rule = property(lambda self: self.config.weight_update,
-                                  doc="plain, kahan or stochastic (X-true modes).")
-    lowbit_bf16_last = property(lambda self: self.config.lowbit_bf16_last,
-                                doc="Low-bit modes: the last N eligible Linears kept in bf16.")
-    mx_scale = property(lambda self: self.config.mx_scale,
-                        doc="The MX modes' e8m0 scale rule: floor or rceil.")
-    nvfp4_without = property(lambda self: self.config.nvfp4_without,
-                             doc="nvfp4 without one part of its recipe (an ablation), or none.")
+    min_scale = _setting("min_scale", "The loss-scale floor: reaching it stops training.")
+    keep_fp32 = _setting("keep_fp32", "Module-name globs run in fp32 inside autocast.")
+    max_bad_steps = _setting("max_bad_steps",
+                             "Consecutive non-finite steps tolerated without a scaler.")
+    weight_update_rule = _setting("weight_update", "plain, kahan or stochastic (X-true modes).")
+    lowbit_bf16_last = _setting("lowbit_bf16_last",
+                                "Low-bit modes: the last N eligible Linears kept in bf16.")
+    mx_scale = _setting("mx_scale", "The MX modes' e8m0 scale rule: floor or rceil.")
+    nvfp4_without = _setting("nvfp4_without",
+                             "nvfp4 without one part of its recipe (an ablation), or none.")
 
     # ------------------------------------------- loss scales, skips, weight rules
 
