@@ -27,14 +27,14 @@ from pathlib import Path
 from typing import Any, Callable
 
 from ..common import outdir
-from ..common.errors import UserError, flag
+from ..common.errors import UserError, flag, warn
 from ..common.tolerance import Tolerance, tolerance_for
 from ..config import RunConfig
 from .options import PlanOptions
 from ..diagnose.sensitivity import LayerSensitivity, rank_layers
 from ..precision.hardware.devices import resolve_device
 from ..precision.lowbit import RECIPES
-from ..precision.options import lowbit_defaults
+from ..precision.lowbit_settings import given_settings, plan_settings_read, unread_warning
 from ..precision.precision_plan import KEPT, linear_flops, plan_format
 from ..precision.resolve import resolve_precision
 from ..tasks import Task, delta_field
@@ -103,9 +103,10 @@ class Search:
         if not self.budget.allows(0):
             raise UserError(f"the search's budget is spent before its first run "
                             f"({self.budget.cut_short})")
-        # the low-bit options are the candidates' format's: the baseline takes none
-        self.base_runs = train_runs(self.config.with_options(**lowbit_defaults()),
-                                    [self.baseline], self.seeds, self.out / "search")
+        # the low-bit options are the candidates' format's: train_runs gives each run only
+        # those its precision reads (the baseline none)
+        self.base_runs = train_runs(self.config, [self.baseline], self.seeds,
+                                    self.out / "search")
         steps = sum(r.get("steps") or 0 for r in self.base_runs)
         self.budget.spent_steps += steps
         self.steps_per_run = steps
@@ -190,6 +191,17 @@ def search_along(ranking: list[LayerSensitivity], search: Search) -> list[str]:
     return chosen
 
 
+def warn_unread_lowbit(config: RunConfig, fmt: str) -> None:
+    """One warning per low-bit setting given that the candidates (precision plans with
+    layers in ``fmt``) do not read; the runs take only what they read (:func:`train_runs`),
+    so none of them warns itself."""
+    read = plan_settings_read([fmt])
+    for name, value in given_settings(config.precision).items():
+        if name not in read:
+            warn(unread_warning(name, value, f"plan's candidates (precision plans of {fmt} "
+                                             f"layers)"))
+
+
 def run_plan(config: RunConfig, options: PlanOptions, *,
              clock: Callable[[], float] = time.monotonic,
              command: str | None = None) -> dict[str, Any]:
@@ -199,6 +211,7 @@ def run_plan(config: RunConfig, options: PlanOptions, *,
     if not config.out:
         raise UserError("plan needs --out DIR")
     fmt = target_format(config.precision.name)
+    warn_unread_lowbit(config, fmt)
     out = Path(config.out)
     outdir.claim_locked(out, outdir.PLAN_OUTPUTS)
     if (out / "search").exists():

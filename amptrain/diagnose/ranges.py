@@ -25,7 +25,7 @@ from torch import nn
 
 from ..precision.nonfinite import extremes, floating_tensors
 from ..precision.fp8 import plan_float8
-from ..precision.lowbit import RECIPES
+from ..precision.lowbit import RECIPES, format_recipe
 from ..precision.lowbit_operand import loss_counts
 
 FP16_MAX = 65504.0
@@ -249,10 +249,12 @@ class RangeRecorder:
     activations (``ReLU(inplace=True)``).
     """
 
-    def __init__(self, model: nn.Module, lowbit: bool = False) -> None:
+    def __init__(self, model: nn.Module, lowbit: bool = False,
+                 mx_scale: str = "floor") -> None:
         self.stats = RangeStats()
-        #: ``lowbit``: also what the low-bit formats would lose (:class:`LowBitRecorder`)
-        self.lowbit = LowBitRecorder(model) if lowbit else None
+        #: ``lowbit``: also what the low-bit formats would lose (:class:`LowBitRecorder`,
+        #: the MX formats' block scales chosen by ``mx_scale``)
+        self.lowbit = LowBitRecorder(model, mx_scale=mx_scale) if lowbit else None
         self.modules: dict[str, tuple[str, bool]] = {}   # label -> (type, leaf)
         self.order: dict[str, int] = {}
         self._handles: list[Any] = []
@@ -317,15 +319,16 @@ class LowBitRecorder:
     Counts stay on the device and are read once (:meth:`read`)."""
 
     def __init__(self, model: nn.Module, formats: tuple[str, ...] | None = None,
-                 layers: list[str] | None = None) -> None:
+                 layers: list[str] | None = None, mx_scale: str = "floor") -> None:
         """``formats``: only these recipes (default: all); ``layers``: these Linear layers
         instead of the low-bit precisions' default choice (``amptrain plan`` asks about
-        every aligned Linear, the first and the last too)."""
-        self.recipes = RECIPES
+        every aligned Linear, the first and the last too); ``mx_scale``: how the MX
+        formats choose their block scales (``--mx-scale``: floor or rceil)."""
+        self.recipes = {name: format_recipe(name, mx_scale) for name in RECIPES}
         modules = dict(model.named_modules())
         #: label -> the formats that would take it
         self.formats: dict[str, list[str]] = {}
-        for name, recipe in RECIPES.items():
+        for name, recipe in self.recipes.items():
             if formats is not None and name not in formats:
                 continue
             chosen = plan_float8(model, dim_multiple=recipe.dim_multiple).convert \

@@ -25,10 +25,12 @@ from torch import nn
 from ..config import RunConfig, TrainConfig, replace_options
 from ..data import DataBundle
 from ..precision.hardware.devices import resolve_device
-from ..common.errors import AmptrainWarning, UserError
+from ..common.errors import AmptrainWarning, UserError, warn
 from ..common.forward import LossFn
 from ..precision import NonFiniteHalt, Precision
+from ..precision.lowbit_settings import given_settings, settings_for, settings_read, unread_warning
 from ..precision.outcome import diagnosing
+from ..precision.resolve import resolve_precision
 from ..precision.hardware.advice import emulation_warning, range_safe_choice
 from ..precision.hardware.support import device_features, supported_precisions
 from ..precision.nonfinite import NonFiniteEvent, NonFiniteWatch
@@ -86,9 +88,13 @@ def run_steps(config: TrainConfig, data: DataBundle, model: nn.Module, steps: in
     """
     # --max-steps alone sets the length (epochs as many as the steps need); the progress
     # shown is the config's (--no-progress: plain lines instead of bars).
+    # Each run takes only the low-bit settings (--mx-scale, ...) its precision reads: the
+    # fixed runs do not warn that they do nothing there (diagnose warns once, _warn_unread).
+    spec = resolve_precision(precision, resolve_device(config.device)).spec
     options = dict(precision=precision, max_steps=steps, epochs=None, out=None,
                    log_every=steps, eval_every=None, save_every=None,
-                   resume=None, compile=False, **overrides)
+                   resume=None, compile=False, **settings_for(spec, config.precision),
+                   **overrides)
     trainer = Trainer(replace_options(config, **options))
     with warnings.catch_warnings():
         # diagnose runs 16-mixed and bf16-mixed on purpose, to study their numerics; the
@@ -119,6 +125,20 @@ def run_steps(config: TrainConfig, data: DataBundle, model: nn.Module, steps: in
                                      if trainer.precision.spec.loss_scaling else None),
                          parts=len(trainer.parts))
     return summary, attached
+
+
+def _warn_unread(config: TrainConfig, asked: str) -> None:
+    """One warning per low-bit setting given that nothing in the diagnosis reads: the
+    low-bit report reads ``--mx-scale``; the run of ``--precision`` (where one is asked
+    for) reads what its mode reads."""
+    read = {"mx_scale"}
+    if asked not in DIAGNOSED:
+        read |= settings_read(resolve_precision(asked, resolve_device(config.device)).spec)
+    for name, value in given_settings(config.precision).items():
+        if name not in read:
+            warn(unread_warning(name, value, f"diagnose's runs ({', '.join(DIAGNOSED[1:])}"
+                                             f"{', ' + asked if asked not in DIAGNOSED else ''}"
+                                             f") and its low-bit report"))
 
 
 def part_of(trainer: Trainer, label: str) -> str | None:
@@ -189,10 +209,12 @@ def diagnose(config: TrainConfig, steps: int = 20, *, data: DataBundle | None = 
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", AmptrainWarning)
             Precision(asked, device=resolve_device(config.device))
+    _warn_unread(config, asked)
 
     def record_ranges(trainer: Trainer) -> RangeRecorder:
         assert trainer.model is not None  # attached after setup()
-        return RangeRecorder(trainer.model, lowbit=True)
+        # the low-bit report measures the MX formats with the scales --mx-scale chooses
+        return RangeRecorder(trainer.model, lowbit=True, mx_scale=config.precision.mx_scale)
 
     stats_run, recorder = run_steps(config, data, copy.deepcopy(initial), steps, "32-true",
                                     attach=record_ranges, task=task, loss_fn=loss_fn)
@@ -292,7 +314,8 @@ def diagnose(config: TrainConfig, steps: int = 20, *, data: DataBundle | None = 
             "attention": attention_overflow(stats, first, range_safe_choice(device)),
             # the recommended flags train 16-mixed: say so where this device emulates it
             "device_note": emulation_warning("16-mixed", device),
-            "lowbit": lowbit_advice(recorder.lowbit.read() if recorder.lowbit else {}),
+            "lowbit": {**lowbit_advice(recorder.lowbit.read() if recorder.lowbit else {}),
+                       "mx_scale": config.precision.mx_scale},   # how MX was measured
         },
         "modules": {name: {k: v for k, v in s.items() if k != "_hist"}
                     for name, s in sorted(stats.items(), key=lambda kv: (

@@ -6,7 +6,8 @@ eligible layer (a plain ``nn.Linear`` whose dimensions fit the format, the first
 included), what the format would lose:
 
 * **flush and saturation** of its input, weight and output gradient under the format's own
-  scaling (diagnose's :class:`~.ranges.LowBitRecorder`);
+  scaling, an MX format's block scales chosen by ``--mx-scale`` as the candidates' are
+  (diagnose's :class:`~.ranges.LowBitRecorder`);
 * **SNR** of its forward operands: ``10 log10(|x|^2 / |x - q(x)|^2)`` of the input and
   the weight quantised as the format does, the worse of the two;
 * **loss sensitivity** (after the run): the relative change of the loss of the first
@@ -40,8 +41,7 @@ from ..config import TrainConfig
 from ..data import DataBundle
 from ..precision.fp8 import plan_float8
 from ..precision.islands import ForwardPatches
-from ..precision.lowbit import RECIPES, Recipe, lowbit_linear
-from ..precision.options import lowbit_defaults
+from ..precision.lowbit import RECIPES, Recipe, format_recipe, lowbit_linear
 from ..tasks import Task
 from ..trainer import Trainer
 from .ranges import LowBitRecorder
@@ -99,10 +99,14 @@ class _Probe:
     """Hooks of the ranking run: diagnose's low-bit counts, the forward operands' SNR, and
     (at :meth:`remove`, after the run) the loss probe."""
 
-    def __init__(self, trainer: Trainer, layers: list[str], fmt: str) -> None:
+    def __init__(self, trainer: Trainer, layers: list[str], fmt: str,
+                 mx_scale: str = "floor") -> None:
         assert trainer.model is not None  # attached after setup()
-        self.trainer, self.layers, self.recipe = trainer, layers, RECIPES[fmt]
-        self.counts = LowBitRecorder(trainer.model, formats=(fmt,), layers=layers)
+        self.trainer, self.layers = trainer, layers
+        # the candidates' numerics: a plan's layer in fmt, its MX scales by --mx-scale
+        self.recipe = format_recipe(fmt, mx_scale)
+        self.counts = LowBitRecorder(trainer.model, formats=(fmt,), layers=layers,
+                                     mx_scale=mx_scale)
         modules = dict(trainer.model.named_modules())
         # per layer: [signal, noise] of the input and of the weight, summed on the device
         self.power: dict[str, torch.Tensor] = {}
@@ -197,17 +201,19 @@ def rank_layers(config: TrainConfig, data: DataBundle, model: nn.Module, fmt: st
                 steps: int, *, task: Task | None = None,
                 loss_fn: LossFn | None = None) -> list[LayerSensitivity]:
     """The eligible layers of ``model`` in ``fmt``, least sensitive first (``model`` is
-    not trained: the run trains a copy)."""
+    not trained: the run trains a copy). Measured as the candidates will train:
+    ``config``'s ``--mx-scale`` chooses an MX format's block scales."""
     layers = eligible_layers(model, fmt)
     flops = {n: m.in_features * m.out_features for n, m in model.named_modules()
              if n in layers and isinstance(m, nn.Linear)}
     if not layers:
         return []
-    # a 32-true run: the low-bit options (the candidates' format's) stay at their defaults
-    _, probe = run_steps(config.with_options(**lowbit_defaults()), data,
-                         copy.deepcopy(model), steps, "32-true",
-                         attach=lambda trainer: _Probe(trainer, layers, fmt), task=task,
-                         loss_fn=loss_fn)
+    mx_scale = config.precision.mx_scale
+    # a 32-true run (run_steps runs it at the low-bit defaults: it reads none of them);
+    # the probe measures the format with the candidates' --mx-scale
+    _, probe = run_steps(config, data, copy.deepcopy(model), steps, "32-true",
+                         attach=lambda trainer: _Probe(trainer, layers, fmt, mx_scale),
+                         task=task, loss_fn=loss_fn)
     return by_cost(probe.read(flops))
 
 

@@ -89,13 +89,16 @@ def overflow_lines(recs: dict[str, Any]) -> list[str]:
 
 
 def lowbit_lines(lowbit: dict[str, Any]) -> list[str]:
-    """What each low-bit format loses at worst (flushed to zero / saturated) and the advice."""
+    """What each low-bit format loses at worst (flushed to zero / saturated) and the advice;
+    the MX block scales named where ``--mx-scale`` chose rceil."""
     worst = lowbit.get("worst") or {}
     if not worst:
         return []
     cells = [f"{fmt} {_pct(w['flushed'])}/{_pct(w['saturated'])} ({w['module']} {w['operand']})"
              for fmt, w in worst.items()]
-    return ([f"low-bit formats, worst flushed/saturated share: {'; '.join(cells)}"]
+    mx_scale = lowbit.get("mx_scale")
+    scales = f" (MX block scales: {mx_scale})" if mx_scale not in (None, "floor") else ""
+    return ([f"low-bit formats{scales}, worst flushed/saturated share: {'; '.join(cells)}"]
             + [f"  {line}" for line in lowbit.get("advice", [])])
 
 

@@ -19,7 +19,8 @@ from .hardware.support import autocast_mode, device_features, emulated_fast
 from .islands import (ForwardPatches, cpu_fp32_layers, default_keep_fp32,
                       install_forward_patches, match_modules)
 from .loss_scales import LossScales
-from .lowbit import check_lowbit_options, lowbit_warning, setup_lowbit
+from .lowbit import lowbit_warning, setup_lowbit
+from .lowbit_settings import check_lowbit_options
 from .lowbit_scratch import release as release_scratch
 from .lowbit_training import StochasticSeeds
 from .master import check_no_shared_kept, modules_kept_fp32
@@ -112,8 +113,7 @@ class Precision(PrecisionViews):
         self.requested = mode.requested  # a mode or "auto"
         self.spec: ModeSpec = mode.spec
         check_rule(self.weight_update_rule, self.spec)
-        check_lowbit_options(self.spec, self.lowbit_bf16_last, self.mx_scale,
-                             self.nvfp4_without)
+        check_lowbit_options(self.spec, self.config)
         fast = emulated_fast(self.device, device_features(self.device))
         # A precision plan is bf16-mixed outside its low-bit layers.
         base = BASE_MODE if mode.plan is not None else mode.name

@@ -128,13 +128,22 @@ RECIPES: dict[str, Recipe] = {r.name: r for r in (
 )}
 
 
-def recipe_for(spec: ModeSpec, mx_scale: str = "floor", without: str = "none") -> Recipe:
-    """``spec``'s recipe, its MX scales computed by ``mx_scale`` (``floor``/``rceil``),
-    and without one part of the NVFP4 recipe (``rht``, ``sr``, ``2d``: the ablation)."""
-    recipe = RECIPES[str(spec.lowbit)]
+def format_recipe(fmt: str, mx_scale: str = "floor") -> Recipe:
+    """Format ``fmt``'s recipe (a key of :data:`RECIPES`) with its MX block scales chosen by
+    ``mx_scale`` (``floor``/``rceil``; a format without MX blocks is as it is): how a
+    precision plan's layer in ``fmt`` computes, and what diagnose and plan's ranking
+    measure it with."""
+    recipe = RECIPES[fmt]
     if mx_scale != "floor" and recipe.input.scaling == "mx":
         rule = replace(recipe.input, mx_mode=mx_scale)
         recipe = replace(recipe, input=rule, weight=rule, grad_output=rule)
+    return recipe
+
+
+def recipe_for(spec: ModeSpec, mx_scale: str = "floor", without: str = "none") -> Recipe:
+    """``spec``'s recipe, its MX scales computed by ``mx_scale`` (``floor``/``rceil``),
+    and without one part of the NVFP4 recipe (``rht``, ``sr``, ``2d``: the ablation)."""
+    recipe = format_recipe(str(spec.lowbit), mx_scale)
     if spec.lowbit != "nvfp4":
         return recipe
     if without == "rht":
@@ -288,23 +297,6 @@ def install_blockwise_linears(patches: ForwardPatches, model: nn.Module,
                 return out if module.bias is None else out + module.bias.to(out.dtype)
             return forward
         patches.wrap(module, make_forward)
-
-
-def check_lowbit_options(spec: ModeSpec, bf16_last: int, mx_scale: str,
-                         without: str = "none") -> None:
-    """Warn about a low-bit option that does nothing in ``spec`` (naming its flag; a
-    precision plan takes ``mx_scale`` for its MX layers, neither of the others)."""
-    formats = [f for f in dict(spec.layer_formats).values() if f in RECIPES] \
-        if spec.layer_formats else [str(spec.lowbit)] if spec.lowbit else []
-    if bf16_last and not spec.lowbit:
-        warn(f"{flag('lowbit_bf16_last')} {bf16_last} does nothing in {flag('precision')} "
-             f"{spec.name}: it keeps Linear layers of a low-bit precision in bf16")
-    if mx_scale != "floor" and not any(RECIPES[f].input.scaling == "mx" for f in formats):
-        warn(f"{flag('mx_scale')} {mx_scale} does nothing in {flag('precision')} {spec.name}: "
-             f"it chooses the block scales of mxfp8 and mxfp4")
-    if without != "none" and spec.lowbit != "nvfp4":
-        warn(f"{flag('nvfp4_without')} {without} does nothing in {flag('precision')} "
-             f"{spec.name}: it leaves a part of the nvfp4 training recipe out")
 
 
 def keep_last_in_bf16(plan: Float8Selection, count: int) -> Float8Selection:

@@ -36,7 +36,7 @@ from ..common.choices import PLAN_PREFIX, PRECISION_ALIASES
 from ..common.errors import UserError, bounded, flag
 from .fp8 import Float8Selection, convert_linears
 from .islands import ForwardPatches
-from .lowbit import RECIPES, install_lowbit_linears, recipe_for
+from .lowbit import RECIPES, format_recipe, install_lowbit_linears
 from .lowbit_training import StochasticSeeds
 from .modes import MODES, ModeSpec
 from .hardware.support import lowbit_native
@@ -201,7 +201,7 @@ def setup_plan(model: nn.Module, patches: ForwardPatches, plan: PrecisionPlan,
     seeds = StochasticSeeds(seed, stochastic) if stochastic else None
     for fmt, names in groups.items():
         spec = MODES[fmt]
-        recipe = recipe_for(spec, mx_scale)
+        recipe = format_recipe(fmt, mx_scale)
         part = Float8Selection(convert=list(names))
         if lowbit_native(spec, device) and recipe.native == "fp8":
             convert_linears(model, part, recipe=recipe.torchao_recipe or "tensorwise")

@@ -93,3 +93,53 @@ def test_tolerance_is_the_given_one_else_the_tasks_else_the_shared_default():
     assert (default_pp.value, default_pp.source) == (0.5, "shared")
     with pytest.raises(UserError, match="tolerance_rel must be a number >= 0"):
         CompareOptions(tolerance_rel=-0.5)
+
+
+def test_each_row_takes_the_low_bit_settings_its_precision_reads(tmp_path):
+    from amptrain.compare.options import row_lowbit
+    from tests.compare.conftest import small_config
+    plan = tmp_path / "p.yaml"
+    plan.write_text("layers:\n  body.3: mxfp4\n")
+    config = small_config(tmp_path / "out", model="mlp:32", mx_scale="rceil",
+                          lowbit_bf16_last=1, nvfp4_without="sr")
+    defaults = {"lowbit_bf16_last": 0, "mx_scale": "floor", "nvfp4_without": "none"}
+    assert row_lowbit("bf16-true+kahan", config) == defaults
+    assert row_lowbit("mxfp4", config) == dict(defaults, mx_scale="rceil", lowbit_bf16_last=1)
+    assert row_lowbit("nvfp4", config) == dict(defaults, lowbit_bf16_last=1,
+                                               nvfp4_without="sr")
+    assert row_lowbit(f"plan:{plan}", config) == dict(defaults, mx_scale="rceil")
+
+
+@pytest.mark.slow
+def test_a_compare_gives_mx_scale_to_its_mx_rows_only_and_warns_once_about_an_unread_one(
+        tmp_path):
+    """bf16-mixed, mxfp4 and a plan with an mxfp4 layer, --mx-scale rceil and
+    --nvfp4-without rht: the MX rows train (and save) rceil, bf16-mixed floor, and nothing
+    warns that rceil does nothing; no row is nvfp4, so one warning names the option and
+    the rows, and every row runs (and saves) the recipe whole."""
+    import warnings
+
+    import yaml
+
+    from amptrain.common.errors import AmptrainWarning, forget_warnings
+    from amptrain.compare import run_compare
+    from tests.compare.conftest import small_config
+    plan = tmp_path / "p.yaml"
+    plan.write_text("layers:\n  body.3: mxfp4\n")
+    out = tmp_path / "study"
+    config = small_config(out, model="mlp:32", max_steps=2, mx_scale="rceil",
+                          nvfp4_without="rht")
+    forget_warnings()   # warn() speaks once per process: an earlier test may have spoken
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", AmptrainWarning)
+        run_compare(config, CompareOptions(
+            precisions=f"bf16-mixed,mxfp4,plan:{plan}", baseline="bf16-mixed", seeds=1,
+            timing_steps=1, timing_warmup=0, interleave=False), pick_log_every=False)
+    said = [str(w.message) for w in caught if "does nothing" in str(w.message)]
+    assert said == [f"nvfp4_without rht does nothing in any row of precisions (bf16-mixed, "
+                    f"mxfp4, plan:{plan}): it leaves a part of the nvfp4 training recipe out"]
+    saved = {p.parent.parent.name: yaml.safe_load(p.read_text())
+             for p in (out / "runs").glob("*/seed-0/config.yaml")}
+    assert {name: (c["mx_scale"], c["nvfp4_without"]) for name, c in saved.items()} == {
+        "bf16-mixed": ("floor", "none"), "mxfp4": ("rceil", "none"),
+        f"plan-{str(plan).replace('/', '_')}": ("rceil", "none")}

@@ -51,3 +51,24 @@ def test_the_search_stops_where_the_budget_does(tmp_path: Path):
     search = Broke()
     assert search_along([_layer(n, 1, 0.0) for n in "abc"], search) == ["a"]
     assert len(search.tried) == 3
+
+
+def test_plan_warns_once_about_a_low_bit_setting_its_candidates_do_not_read():
+    """A candidate is a precision plan: it reads --mx-scale for MX layers, never
+    --lowbit-bf16-last or --nvfp4-without (its runs take their defaults, so they are quiet)."""
+    import warnings
+
+    from amptrain.common.errors import AmptrainWarning, forget_warnings
+    from amptrain.compare.precision_plan import warn_unread_lowbit
+    from amptrain.config import RunConfig
+    config = RunConfig.from_options(model="mlp", data="digits", precision="nvfp4",
+                                    mx_scale="rceil", nvfp4_without="rht")
+    said = {}
+    for fmt in ("nvfp4", "mxfp4"):
+        forget_warnings()
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always", AmptrainWarning)
+            warn_unread_lowbit(config, fmt)
+        said[fmt] = sorted(str(w.message).split(" does nothing")[0] for w in caught)
+    assert said == {"nvfp4": ["mx_scale rceil", "nvfp4_without rht"],
+                    "mxfp4": ["nvfp4_without rht"]}

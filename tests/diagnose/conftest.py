@@ -24,6 +24,23 @@ def scaled_model(factor: float, seed: int = 0) -> nn.Module:
         head=nn.Linear(32, 3)))
 
 
+def peaked_model(seed: int = 0) -> nn.Module:
+    """Linear(8, 32), Tanh, ``mid`` = Linear(32, 32), a head: every 32-value block of
+    ``mid``'s weight (a row) peaks at 0.99 x 2^-3, just below a power of two. MXFP4's
+    FLOOR scale (2^-5) puts that peak at 7.92, beyond e2m1's 6: saturated, one value per
+    block; RCEIL's (2^-4) at 3.96 (RCEIL never saturates a block's maximum). The other
+    values stay within 0.8 of the peak (in range under both)."""
+    torch.manual_seed(seed)
+    net = nn.Sequential(OrderedDict(body=nn.Linear(8, 32), act=nn.Tanh(),
+                                    mid=nn.Linear(32, 32), head=nn.Linear(32, 3)))
+    with torch.no_grad():
+        top = 0.99 * 2.0 ** -3
+        weight = (torch.rand(32, 32) * 2 - 1) * 0.8 * top
+        weight[:, 0] = top
+        net.mid.weight.copy_(weight)
+    return net
+
+
 def bundle(n: int = 256) -> DataBundle:
     return DataBundle(tiny_classification(n=n), None, 3, (8,), "features")
 

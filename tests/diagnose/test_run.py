@@ -2,9 +2,11 @@
 from __future__ import annotations
 
 import math
+import warnings
 
 import pytest
 
+from amptrain.common.errors import AmptrainWarning, forget_warnings
 from amptrain.config import RunConfig
 from amptrain.diagnose.ranges import FP16_MAX
 from amptrain.diagnose.run import diagnose, run_steps
@@ -15,6 +17,7 @@ from tests.diagnose.conftest import (
     config,
     inflated_gpt,
     lm_bundle,
+    peaked_model,
     scaled_model,
     train_16_mixed,
 )
@@ -109,6 +112,29 @@ def test_gan_overflow_names_the_part_and_the_loss(monkeypatch):
     # Each step steps both parts' optimizers, and each part's skip counts.
     assert report["runs"]["16-mixed"]["parts"] == 2
     assert "4 of 4 optimizer steps (2 steps x 2 parts) skipped" in line
+
+
+def test_the_low_bit_report_measures_mx_with_mx_scale_and_the_fixed_runs_do_not_warn():
+    """--mx-scale rceil: the report's mxfp4 keeps every block's peak (``peaked_model``;
+    FLOOR saturates it) and says so; the 32-true, 16-mixed and bf16-mixed runs do not warn
+    that rceil does nothing; --lowbit-bf16-last, which nothing here reads, warns once."""
+    reports, said = {}, {}
+    for mode in ("floor", "rceil"):
+        forget_warnings()   # warn() speaks once per process
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always", AmptrainWarning)
+            reports[mode] = diagnose(config(mx_scale=mode, lowbit_bf16_last=1), steps=1,
+                                     data=bundle(n=32), model=peaked_model())
+        said[mode] = [str(w.message) for w in caught if "does nothing" in str(w.message)]
+    weight = {m: r["recommendations"]["lowbit"]["modules"]["mid"]["mxfp4"]["weight"]
+              for m, r in reports.items()}
+    assert weight["floor"]["saturated"] >= 1 / 32 and weight["rceil"]["saturated"] == 0.0
+    assert reports["rceil"]["recommendations"]["lowbit"]["mx_scale"] == "rceil"
+    assert any("low-bit formats (MX block scales: rceil)" in line
+               for line in summary_lines(reports["rceil"]))
+    assert said["floor"] == said["rceil"] == [
+        "lowbit_bf16_last 1 does nothing in diagnose's runs (32-true, 16-mixed, bf16-mixed) "
+        "and its low-bit report: it keeps Linear layers of a low-bit precision in bf16"]
 
 
 @pytest.mark.parametrize("no_progress", [True, False])

@@ -3,7 +3,8 @@ whatever its flush and noise terms (the end-to-end probe runs are in
 tests/commands/test_plan.py)."""
 from __future__ import annotations
 
-from amptrain.diagnose.sensitivity import LayerSensitivity, by_cost, loss_noise
+from amptrain.diagnose.sensitivity import LayerSensitivity, by_cost, loss_noise, rank_layers
+from tests.diagnose.conftest import bundle, config, peaked_model
 
 
 def _layer(name: str, loss_delta: float | None, flushed: float = 0.1,
@@ -42,3 +43,14 @@ def test_two_layers_alike_in_the_probe_keep_the_order_by_score_per_flop():
     small = _layer("small", 1e-4, 0.1, flops=4096)
     big = _layer("big", 1.5e-4, 0.1, flops=16384)
     assert [s.name for s in by_cost([small, big])] == ["big", "small"]
+
+
+def test_the_probe_measures_saturation_with_the_candidates_mx_scale():
+    """``mid``'s weight blocks peak just below a power of two (:func:`peaked_model`): FLOOR
+    saturates each block's maximum, RCEIL none. One step, so the probe sees the weight as
+    set."""
+    saturated = {}
+    for mode in ("floor", "rceil"):
+        ranking = rank_layers(config(mx_scale=mode), bundle(), peaked_model(), "mxfp4", 1)
+        saturated[mode] = {s.name: s.saturated for s in ranking}["mid"]
+    assert saturated["floor"] >= 1 / 32 and saturated["rceil"] == 0.0

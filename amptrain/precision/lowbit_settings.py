@@ -1,0 +1,82 @@
+"""Which low-bit settings (:data:`~.options.LOWBIT_SETTINGS`) a mode reads, and the warning
+about one given where nothing reads it.
+
+``--lowbit-bf16-last`` is read by every low-bit precision; ``--mx-scale`` by every mode with
+an MX format in it (a precision plan with MX layers too); ``--nvfp4-without`` by the NVFP4
+training recipe only (a plan's nvfp4 layers run the whole recipe, as
+:func:`~.precision_plan.setup_plan` builds them). One run warns about a setting its
+precision does not read (:func:`check_lowbit_options`). A workflow that trains several
+precisions (compare's rows) gives each run only the settings its precision reads
+(:func:`settings_for`, the others at their defaults, so a run's saved config claims only
+what it ran with) and warns once about a setting that none of them reads
+(:func:`unread_settings`, :func:`unread_warning`).
+"""
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+from ..common.errors import flag, warn
+from .lowbit import RECIPES
+from .modes import ModeSpec
+from .options import LOWBIT_SETTINGS, PrecisionConfig, lowbit_defaults
+
+#: What each setting does, for the warning that it does nothing where it was given.
+_PURPOSE = {
+    "lowbit_bf16_last": "it keeps Linear layers of a low-bit precision in bf16",
+    "mx_scale": "it chooses the block scales of mxfp8 and mxfp4",
+    "nvfp4_without": "it leaves a part of the nvfp4 training recipe out",
+}
+
+
+def plan_settings_read(formats: Iterable[str]) -> frozenset[str]:
+    """The low-bit settings a precision plan with layers in ``formats`` reads: ``mx_scale``
+    where one of them is an MX format (a plan keeps no last layers in bf16 and runs nvfp4's
+    whole recipe)."""
+    mx = any(RECIPES[f].input.scaling == "mx" for f in formats if f in RECIPES)
+    return frozenset({"mx_scale"} if mx else ())
+
+
+def settings_read(spec: ModeSpec) -> frozenset[str]:
+    """The low-bit settings mode ``spec`` reads (empty for a mode without low-bit layers)."""
+    if spec.layer_formats:
+        return plan_settings_read(fmt for _, fmt in spec.layer_formats)
+    if not spec.lowbit:
+        return frozenset()
+    read = {"lowbit_bf16_last", *plan_settings_read([spec.lowbit])}
+    if spec.lowbit == "nvfp4":
+        read.add("nvfp4_without")
+    return frozenset(read)
+
+
+def given_settings(config: PrecisionConfig) -> dict[str, Any]:
+    """``config``'s low-bit settings that differ from their defaults, by flat name."""
+    defaults = lowbit_defaults()
+    return {name: getattr(config, name) for name in LOWBIT_SETTINGS
+            if getattr(config, name) != defaults[name]}
+
+
+def unread_settings(config: PrecisionConfig, specs: Iterable[ModeSpec]) -> dict[str, Any]:
+    """``config``'s low-bit settings away from their defaults that none of ``specs`` reads."""
+    read = frozenset().union(*(settings_read(spec) for spec in specs))
+    return {name: value for name, value in given_settings(config).items() if name not in read}
+
+
+def settings_for(spec: ModeSpec, config: PrecisionConfig) -> dict[str, Any]:
+    """The low-bit settings a run of ``spec`` takes from ``config``: as given where ``spec``
+    reads them, at their defaults elsewhere (for ``with_options``)."""
+    read = settings_read(spec)
+    return {name: getattr(config, name) if name in read else default
+            for name, default in lowbit_defaults().items()}
+
+
+def unread_warning(name: str, value: Any, where: str) -> str:
+    """The sentence for setting ``name`` at ``value`` doing nothing in ``where``."""
+    return f"{flag(name)} {value} does nothing in {where}: {_PURPOSE[name]}"
+
+
+def check_lowbit_options(spec: ModeSpec, config: PrecisionConfig) -> None:
+    """Warn (naming the flag) about each of ``config``'s low-bit settings that does nothing
+    in ``spec``."""
+    for name, value in unread_settings(config, [spec]).items():
+        warn(unread_warning(name, value, f"{flag('precision')} {spec.name}"))
