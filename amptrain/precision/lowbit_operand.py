@@ -126,8 +126,8 @@ def dequant_scale(x: torch.Tensor, quantiser: Quantiser, dim: int = -1) -> torch
         amax = x.abs().amax(dim=dim, keepdim=True) if rowwise else x.abs().amax()
         pow2 = rowwise or quantiser.power_of_2
         return torch.ones_like(x) / amax_to_scale(amax, quantiser.elem, power_of_2=pow2)
-    rows, restore = _blocks(x, dim, quantiser.block, quantiser.square)
-    amax = rows.abs().amax(dim=1, keepdim=True)
+    rows, restore, dims = _blocks(x, dim, quantiser.block, quantiser.square)
+    amax = rows.abs().amax(dim=dims, keepdim=True)
     if quantiser.scaling == "mx":
         scale = e8m0_value(e8m0_exponent(amax, quantiser.elem, quantiser.mx_mode))
     elif quantiser.scaling == "blockwise":

@@ -9,10 +9,11 @@ import math
 import pytest
 import torch
 
-from amptrain.precision.lowbit_formats import (E2M1_MAX, E4M3_MAX, E5M2_MAX, e8m0_exponent,
-                                               qdq_fp8_blocks, qdq_mx, qdq_nvfp4,
-                                               qdq_rowwise, qdq_tensorwise, round_e2m1,
-                                               round_fp8)
+from amptrain.precision.lowbit_formats import (E2M1_MAX, E4M3_MAX, E5M2_MAX, _block_amax,
+                                               _round_e2m1_below_7_, _round_in_range_,
+                                               e8m0_exponent, qdq_fp8_blocks, qdq_mx,
+                                               qdq_nvfp4, qdq_rowwise, qdq_tensorwise,
+                                               round_e2m1, round_fp8, round_magnitude_)
 from amptrain.precision.lowbit_operand import Quantiser, flushed_and_saturated
 from amptrain.common.quiet import quiet_torchao
 
@@ -183,6 +184,60 @@ def reference_nvfp4(x: torch.Tensor) -> torch.Tensor:
         reciprocal = (1.0 / torch.tensor(tensor_scale, dtype=torch.float32)) / block_scale
         result[i] = reference_round((block * reciprocal).clamp(-6, 6), E2M1_GRID) * both
     return out
+
+
+def test_block_maxima_as_integers_are_the_float_maxima_and_keep_nan():
+    x = torch.randn(6, 16, 32) * torch.exp2(torch.randint(-140, 120, (6, 16, 32)).float())
+    x[0, 3, 5], x[1, :, 2] = float("inf"), 0.0
+    x[2, 7, 9], x[4, 0, 0] = float("nan"), -float("nan")
+    mag = x.abs()
+    for dims in ((1,), (2,), (1, 2)):
+        ours, theirs = _block_amax(mag, dims), mag.amax(dim=dims, keepdim=True)
+        assert torch.equal(torch.isnan(ours), torch.isnan(theirs))
+        assert torch.equal(ours.nan_to_num(0.0), theirs.nan_to_num(0.0))
+
+
+def _fp32_near_ties(low: float, high: float) -> torch.Tensor:
+    """fp32 values from ``low`` to ``high`` (non-negative) whose low 12 mantissa bits are
+    0, 1 or all ones: every binade's ties of a format with few mantissa bits, and their
+    neighbours on either side."""
+    start, stop = torch.tensor([low, high]).view(torch.int32).tolist()
+    high_bits = torch.arange(start >> 12, (stop >> 12) + 1, dtype=torch.int32) << 12
+    bits = torch.cat([high_bits, high_bits | 1, high_bits | 0xFFF])
+    return bits[(bits >= start) & (bits <= stop)].view(torch.float32)
+
+
+def test_e2m1_rounding_below_7_is_the_saturating_rounding():
+    # NVFP4's scaled elements stay below 7, where rounding to nearest never passes 6
+    below_7 = _fp32_near_ties(0.0, 7.0)
+    below_7 = below_7[below_7 < 7.0]                        # 7 itself would round to 8
+    values = torch.cat([below_7, torch.tensor([1e-45, 1e-40, float("nan")])])
+    ours = _round_e2m1_below_7_(values.clone())
+    theirs = round_magnitude_(values.clone(), "e2m1")
+    assert torch.equal(torch.isnan(ours), torch.isnan(theirs))
+    assert torch.equal(ours.nan_to_num(0.0).view(torch.int32),
+                       theirs.nan_to_num(0.0).view(torch.int32))
+    assert ours.nan_to_num(0.0).max() == 6.0
+
+
+def test_e4m3_rounding_of_an_nvfp4_block_scale_range_is_torchs_cast():
+    values = torch.cat([_fp32_near_ties(2.0 ** -6, E4M3_MAX), torch.tensor([float("nan")])])
+    ours = _round_in_range_(values.clone(), "e4m3")
+    theirs = values.to(torch.float8_e4m3fn).float()
+    assert torch.equal(torch.isnan(ours), torch.isnan(theirs))
+    assert torch.equal(ours.nan_to_num(0.0), theirs.nan_to_num(0.0))
+
+
+def test_16x16_blocks_leave_the_weight_alone_and_match_the_flat_blocks_of_its_tiles():
+    weight = torch.randn(40, 48)
+    kept = weight.clone()
+    q = qdq_nvfp4(weight, square=True)
+    assert torch.equal(weight, kept)
+    # each 16x16 tile quantised as one block of 256 values under the tensor's scale
+    padded = torch.nn.functional.pad(weight, (0, 0, 0, 8))
+    tiles = padded.reshape(3, 16, 3, 16).transpose(1, 2).reshape(9, 256)
+    flat = qdq_nvfp4(tiles, block=256)
+    assert torch.equal(q, flat.reshape(3, 3, 16, 16).transpose(1, 2).reshape(48, 48)[:40])
 
 
 def test_nvfp4_two_level_scales_match_the_reference():
