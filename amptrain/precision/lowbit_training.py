@@ -15,8 +15,10 @@ uses the same ``M``, as Transformer Engine's fixed sign mask does.
 from a generator seeded, per call, by the run's seed, the layer and how many times the
 layer has quantised gradients so far (:class:`StochasticSeeds`). Nothing is drawn from
 torch's global RNG (dropout and data order are unchanged by turning SR on), the draws are
-the same on every device, and the counters are in the precision's checkpoint, so a
-resumed run rounds bit for bit as the uninterrupted one.
+the same in every run on the same kind of device (torch's CPU and CUDA generators are
+different algorithms, so a CPU run and a GPU run round differently), and the counters are
+in the precision's checkpoint, so a resumed run rounds bit for bit as the uninterrupted
+one.
 """
 from __future__ import annotations
 
