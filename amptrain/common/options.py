@@ -9,6 +9,7 @@ validated config; :func:`to_dict` turns it back (config.yaml, checkpoints).
 """
 from __future__ import annotations
 
+import copy
 import dataclasses
 import numbers
 import difflib
@@ -181,6 +182,13 @@ def with_given_options(config: Any, **options: Any) -> Any:
     """:func:`with_options` for options a user gave (a library call's keywords): changed,
     and added to the options the config carries as given."""
     return _carrying(with_options(config, **options), given_options(config) | set(options))
+
+
+def without_given(config: Any, names: Iterable[str]) -> Any:
+    """A copy of ``config`` that no longer counts ``names`` among the options its user
+    gave (a workflow that runs them at their defaults where they do not apply, as
+    compare's rows: see ``compare/rows.py``)."""
+    return _carrying(copy.copy(config), given_options(config) - set(names))
 
 
 #: The older name of :func:`with_options`.

@@ -13,13 +13,11 @@ from ..common.choices import WEIGHT_UPDATES
 from ..config import option
 from ..common.options import require_non_negative, require_positive
 from ..config.train import OPTIMIZERS
-from ..common.errors import UserError, flag, warn
+from ..common.errors import UserError, flag
 from ..common.tolerance import SHARED_TOLERANCES, Tolerance, tolerance_for
 
 if TYPE_CHECKING:
     import torch
-
-    from ..config import RunConfig
 
 log = logging.getLogger("amptrain")
 
@@ -162,35 +160,6 @@ def row_options(label: str) -> dict[str, str]:
     if optimizer is not None:
         options["optimizer"] = optimizer
     return options
-
-
-def _row_spec(label: str, device: torch.device) -> Any:
-    """The mode (:class:`~amptrain.precision.modes.ModeSpec`) of row ``label``."""
-    from ..precision.resolve import resolve_precision  # deferred: torch, as above
-    return resolve_precision(row_options(label)["precision"], device).spec
-
-
-def row_lowbit(label: str, config: RunConfig) -> dict[str, Any]:
-    """The low-bit settings (``--mx-scale``, ...) row ``label`` trains with: ``config``'s
-    where the row's precision reads them, their defaults elsewhere, so a row runs, and its
-    saved config says, only what applies to it (the precision layer knows which apply)."""
-    # deferred: torch, as above
-    from ..precision.hardware.devices import resolve_device
-    from ..precision.lowbit_settings import settings_for
-    return settings_for(_row_spec(label, resolve_device(config.device)), config.precision)
-
-
-def warn_unread_lowbit(config: RunConfig, labels: list[str], where: str) -> None:
-    """One warning per low-bit setting of ``config`` given away from its default that no
-    row of ``labels`` reads (``where``: how the rows were asked for, e.g. ``--precisions``);
-    each row runs with the settings it reads (:func:`row_lowbit`), so no row warns itself."""
-    # deferred: torch, as above
-    from ..precision.hardware.devices import resolve_device
-    from ..precision.lowbit_settings import unread_settings, unread_warning
-    device = resolve_device(config.device)
-    unread = unread_settings(config.precision, [_row_spec(label, device) for label in labels])
-    for name, value in unread.items():
-        warn(unread_warning(name, value, f"any row of {where} ({', '.join(labels)})"))
 
 
 @dataclass

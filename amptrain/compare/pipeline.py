@@ -16,8 +16,8 @@ from ..precision.hardware.probe import collect_env
 from ..common.errors import UserError, flag
 from ..report import write_reports
 from ..tasks import Task, delta_field
-from .options import (CURVE_POINTS, CompareOptions, resolve_precisions, resolve_tolerance,
-                      warn_unread_lowbit)
+from .options import CURVE_POINTS, CompareOptions, resolve_precisions, resolve_tolerance
+from .rows import warn_unread
 from .reliability import assess_timing, check_against_training, machine_load, usable_cores
 from .runs import train_runs
 from .seeds import BOOTSTRAP_REPS, BOOTSTRAP_SEED, MIN_SEEDS
@@ -62,7 +62,7 @@ def _study(config: RunConfig, options: CompareOptions, *, command: str | None,
     device = resolve_device(config.device)
     baseline, precisions = resolve_precisions(options, device,
                                               weight_update=config.precision.weight_update)
-    warn_unread_lowbit(config, precisions, flag("precisions"))
+    warn_unread(config, precisions, flag("precisions"))
     seeds = [config.seed + i for i in range(options.seeds)]
     out.mkdir(parents=True, exist_ok=True)
     started = time.time()

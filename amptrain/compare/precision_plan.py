@@ -31,6 +31,7 @@ from ..common.errors import UserError, flag, warn
 from ..common.tolerance import Tolerance, tolerance_for
 from ..config import RunConfig
 from .options import PlanOptions
+from .rows import warn_unread_scaler
 from ..diagnose.sensitivity import LayerSensitivity, rank_layers
 from ..precision.hardware.devices import resolve_device
 from ..precision.lowbit import RECIPES
@@ -212,16 +213,19 @@ def run_plan(config: RunConfig, options: PlanOptions, *,
         raise UserError("plan needs --out DIR")
     fmt = target_format(config.precision.name)
     warn_unread_lowbit(config, fmt)
+    device = resolve_device(config.device)
     out = Path(config.out)
     outdir.claim_locked(out, outdir.PLAN_OUTPUTS)
     if (out / "search").exists():
         raise UserError(f"{flag('out')} {out} already holds a plan search; choose another "
                         f"{flag('out')}")
-    device = resolve_device(config.device)
     try:
         baseline = resolve_precision(options.baseline, device).name
     except UserError as exc:
         raise UserError(f"{flag('baseline')}: {exc}") from None
+    warn_unread_scaler(config, [resolve_precision(name, device).spec
+                                for name in (baseline, fmt)],
+                       f"plan's runs (the {baseline} baseline, the {fmt} candidates)")
     budget = Budget(options.budget_steps, options.budget_time, clock)
     run = assemble(config)
     ranking = rank_layers(run.config, run.data, run.model, fmt, options.probe_steps,

@@ -18,7 +18,7 @@ from ..common.errors import TrainingHalted
 from ..workflows.runner import assemble, run_training
 from ..common.forward import fp32_window_loss
 from ..trainer import Trainer
-from .options import row_lowbit, row_options
+from .rows import row_config
 from .summary import finite
 
 log = logging.getLogger("amptrain")
@@ -115,9 +115,8 @@ def train_runs(config: RunConfig, precisions: list[str], seeds: list[int], out: 
         del reference_model, reference_run
         for precision in precisions:
             run_dir = out / "runs" / run_folder(precision) / f"seed-{seed}"
-            run_config = config.with_options(**row_options(precision),
-                                             **row_lowbit(precision, config), seed=seed,
-                                             out=str(run_dir), resume=None)
+            run_config = row_config(precision, config, seed=seed, out=str(run_dir),
+                                    resume=None)
             log.info("compare: run %d/%d: %s, seed %d -> %s", len(runs) + 1, total, precision,
                      seed, run_dir)
             probe = RunProbe(reference)

@@ -13,7 +13,7 @@ from typing import Any
 
 import torch
 
-from ..config import RunConfig, replace_options
+from ..config import RunConfig
 from ..common import clock
 from ..common.errors import TrainingHalted
 from ..trainer.memory import MemoryMeter
@@ -23,7 +23,8 @@ from ..tasks import Task
 from ..trainer import Trainer
 from ..trainer.loop import TaskLoop
 from .ladder import inner_tensors, memory_ladder
-from .options import MEMORY_STEPS, CompareOptions, row_lowbit, row_options
+from .options import MEMORY_STEPS, CompareOptions
+from .rows import row_config
 
 log = logging.getLogger("amptrain")
 
@@ -92,9 +93,7 @@ class Contender:
 
 def build_contender(config: RunConfig, precision: str, needed_windows: int) -> Contender:
     """A Trainer set up exactly as a training run's (same seed, same model), writing nothing."""
-    run_config = replace_options(config, **row_options(precision),
-                                 **row_lowbit(precision, config), out=None, resume=None,
-                                 no_progress=True)
+    run_config = row_config(precision, config, out=None, resume=None, no_progress=True)
     run = assemble(run_config)  # the run's task too (--model dcgan trains the gan task)
     run_config = run.config     # with what the task decides (ppo: its minibatch, length)
     trainer = Trainer(run_config)

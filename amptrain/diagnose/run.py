@@ -28,7 +28,7 @@ from ..precision.hardware.devices import resolve_device
 from ..common.errors import AmptrainWarning, UserError, warn
 from ..common.forward import LossFn
 from ..precision import NonFiniteHalt, Precision
-from ..precision.lowbit_settings import given_settings, settings_for, settings_read, unread_warning
+from ..precision.lowbit_settings import given_settings, settings_read, unread_warning
 from ..precision.outcome import diagnosing
 from ..precision.resolve import resolve_precision
 from ..precision.hardware.advice import emulation_warning, range_safe_choice
@@ -37,6 +37,7 @@ from ..precision.nonfinite import NonFiniteEvent, NonFiniteWatch
 from ..workflows.runner import assemble
 from ..tasks import Task
 from ..trainer import Trainer
+from ..trainer.inapplicable import for_mode
 from .ranges import FORMATS, FP16, FP16_MAX, SAMPLE_LIMIT, RangeRecorder, fractions
 from .recommend import (
     _bf16_verdict,
@@ -88,14 +89,14 @@ def run_steps(config: TrainConfig, data: DataBundle, model: nn.Module, steps: in
     """
     # --max-steps alone sets the length (epochs as many as the steps need); the progress
     # shown is the config's (--no-progress: plain lines instead of bars).
-    # Each run takes only the low-bit settings (--mx-scale, ...) its precision reads: the
-    # fixed runs do not warn that they do nothing there (diagnose warns once, _warn_unread).
+    # Each run takes only the options its precision reads (--mx-scale, --init-scale...,
+    # for_mode): the fixed runs do not warn that they do nothing there (diagnose warns
+    # once, _warn_unread).
     spec = resolve_precision(precision, resolve_device(config.device)).spec
     options = dict(precision=precision, max_steps=steps, epochs=None, out=None,
                    log_every=steps, eval_every=None, save_every=None,
-                   resume=None, compile=False, **settings_for(spec, config.precision),
-                   **overrides)
-    trainer = Trainer(replace_options(config, **options))
+                   resume=None, compile=False, **overrides)
+    trainer = Trainer(for_mode(replace_options(config, **options), spec))
     with warnings.catch_warnings():
         # diagnose runs 16-mixed and bf16-mixed on purpose, to study their numerics; the
         # report says once whether this device only emulates them (device_note, bf16 verdict)

@@ -11,9 +11,14 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterable
 
+from typing import TypeVar
+
 from ..config import TrainConfig
 from ..common.errors import flag
-from ..precision.options import SCALER_SETTINGS
+from ..common.options import without_given
+from ..precision.lowbit_settings import settings_for
+from ..precision.modes import ModeSpec
+from ..precision.options import SCALER_SETTINGS, PrecisionConfig
 
 log = logging.getLogger("amptrain")
 
@@ -23,6 +28,45 @@ SCALER_OPTIONS = (*SCALER_SETTINGS, "min_scale")
 #: What builds amptrain's own optimizer and its learning rate: a caller's own optimizer
 #: (``fit(optimizer=...)``) keeps its own (--momentum is said on its own line).
 OPTIMIZER_OPTIONS = ("optimizer", "lr", "weight_decay", "lr_scaling", "base_batch_size")
+
+
+def unread_by(loss_scaling: bool) -> tuple[str, ...]:
+    """The options a mode never reads: without a loss scaler, the scaler's
+    (:data:`SCALER_OPTIONS`); with one, ``max_bad_steps`` (the stop of a run without one)."""
+    return ("max_bad_steps",) if loss_scaling else SCALER_OPTIONS
+
+
+Config = TypeVar("Config")
+
+
+def for_mode(config: Config, spec: ModeSpec) -> Config:
+    """``config`` for one run in mode ``spec`` inside a workflow that trains several
+    precisions with one set of options (compare's rows, a plan's runs, diagnose's runs):
+    the low-bit settings the mode does not read (:func:`~..precision.lowbit_settings.settings_for`)
+    and the options it never reads (:func:`unread_by`) at their defaults, the latter no
+    longer counted as given. So the run's saved config claims only what it ran with, and
+    the run does not warn that an option does nothing in it: the workflow warns once
+    about an option that none of its runs reads."""
+    unread = unread_by(spec.loss_scaling)
+    defaults = PrecisionConfig()
+    run = config.with_options(**settings_for(spec, config.precision),   # type: ignore[attr-defined]
+                              **{name: getattr(defaults, name) for name in unread})
+    return without_given(run, unread)
+
+
+def unread_note(names: list[str], where: str, loss_scaling: bool, *,
+                rows: bool = False) -> str:
+    """The sentence for options ``names`` (all of :func:`unread_by`'s for ``loss_scaling``)
+    doing nothing in ``where``: one precision (``--precision X``), or with ``rows`` each of
+    a workflow's runs (``the rows of --precisions (X, Y)``)."""
+    listed = ", ".join(flag(name) for name in names)
+    if loss_scaling:
+        return (f"{listed} stops a run without a loss scaler; "
+                f"{f'each of {where} has one' if rows else f'{where} has one'}, whose floor "
+                f"{flag('min_scale')} stops it instead")
+    return (f"{listed} {'sets' if len(names) == 1 else 'set'} the loss scaler, which "
+            f"{f'none of {where} uses' if rows else f'{where} does not use'} "
+            f"(only fp16 modes scale the loss)")
 
 
 def inapplicable(config: TrainConfig, given: Iterable[str], *, loss_scaling: bool,
@@ -45,16 +89,9 @@ def inapplicable(config: TrainConfig, given: Iterable[str], *, loss_scaling: boo
         notes.append(f"{flag('base_batch_size')} is the batch size {flag('lr')} was tuned "
                      f"for, read by {flag('lr_scaling')} linear or sqrt; without "
                      f"{flag('lr_scaling')} the learning rate is {flag('lr')} as given")
-    if "max_bad_steps" in given and loss_scaling:
-        notes.append(f"{flag('max_bad_steps')} stops a run without a loss scaler; "
-                     f"{flag('precision')} {precision} has one, whose floor "
-                     f"{flag('min_scale')} stops it instead")
-    scaler = [name for name in SCALER_OPTIONS if name in given]
-    if scaler and not loss_scaling:
-        names = ", ".join(flag(name) for name in scaler)
-        notes.append(f"{names} {'sets' if len(scaler) == 1 else 'set'} the loss scaler, which "
-                     f"{flag('precision')} {precision} does not use (only fp16 modes scale "
-                     f"the loss)")
+    unread = [name for name in unread_by(loss_scaling) if name in given]
+    if unread:
+        notes.append(unread_note(unread, f"{flag('precision')} {precision}", loss_scaling))
     return notes
 
 
