@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterable
-
 from typing import TypeVar
 
 from ..config import TrainConfig
@@ -36,7 +35,7 @@ def unread_by(loss_scaling: bool) -> tuple[str, ...]:
     return ("max_bad_steps",) if loss_scaling else SCALER_OPTIONS
 
 
-Config = TypeVar("Config")
+Config = TypeVar("Config", bound=TrainConfig)
 
 
 def for_mode(config: Config, spec: ModeSpec) -> Config:
@@ -49,7 +48,7 @@ def for_mode(config: Config, spec: ModeSpec) -> Config:
     about an option that none of its runs reads."""
     unread = unread_by(spec.loss_scaling)
     defaults = PrecisionConfig()
-    run = config.with_options(**settings_for(spec, config.precision),   # type: ignore[attr-defined]
+    run = config.with_options(**settings_for(spec, config.precision),
                               **{name: getattr(defaults, name) for name in unread})
     return without_given(run, unread)
 
