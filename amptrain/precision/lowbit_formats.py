@@ -42,16 +42,17 @@ computation and against torchao where torchao runs on the CPU):
   neighbouring value with the probabilities that make the expectation exact (to
   within 2^-17 of the spacing: 16 random bits per value).
 
-How one GEMM operand is quantised (:class:`~.lowbit_operand.Quantiser`) and the flush and
-saturation counts of ``diagnose`` live in :mod:`.lowbit_operand`; the differences from
-torchao at the edges of fp32's range are listed in docs/lowbit-recipes.md.
+How a tensor is cut into blocks (along an axis, or 16 x 16 tiles) and each block's
+largest magnitude found live in :mod:`.lowbit_blocks`; how one GEMM operand is quantised
+(:class:`~.lowbit_operand.Quantiser`) and the flush and saturation counts of ``diagnose``
+in :mod:`.lowbit_operand`; the differences from torchao at the edges of fp32's range are
+listed in docs/lowbit-recipes.md.
 """
 from __future__ import annotations
 
-from typing import Callable
-
 import torch
 
+from .lowbit_blocks import block_amax, blocks
 from .lowbit_scratch import scratch
 
 E4M3 = torch.float8_e4m3fn
@@ -185,78 +186,7 @@ def qdq_rowwise(x: torch.Tensor, elem: str, dim: int) -> torch.Tensor:
     return _qdq(x, mag, scale, elem)
 
 
-# ----------------------------------------------------------------------- blocks
-def _blocks(x: torch.Tensor, dim: int, block: int, square: bool = False
-            ) -> tuple[torch.Tensor, Callable, tuple[int, ...]]:
-    """``x`` as blocks of ``block`` values along ``dim`` (zero-padded to a whole block:
-    zeros change neither a block's amax nor a product), how to undo it, and the axes a
-    block spans (reduce over them, keeping dims: one scale per block broadcasts back):
-    rows ``(n, block)`` for the last axis, ``(n, block, inner)`` for another (axis 1).
-    ``square``: ``(tiles_h, block, tiles_w, block)``, the 2D blocks of a matrix (the same
-    blocks whichever axis the GEMM reduces over; axes 1 and 3).
-
-    Blocks along an inner axis keep ``x``'s layout: a transposed copy to make the blocks
-    rows costs more than the whole quantisation, and torch reduces over a middle axis
-    with the inner one vectorised (its reduction over rows of 16 is the slow case)."""
-    if square:
-        return _squares(x, block)
-    dim = dim % x.dim()
-    if dim != x.dim() - 1:
-        return _inner_blocks(x, dim, block)
-    # One pass to fp32 and to a contiguous layout (none for a contiguous fp32 row-major x).
-    moved = x.to(torch.float32, memory_format=torch.contiguous_format)
-    length = moved.shape[-1]
-    pad = -length % block
-    if pad:
-        moved = torch.nn.functional.pad(moved, (0, pad))
-    shape = moved.shape
-    rows = moved.reshape(-1, block)
-
-    def restore(values: torch.Tensor) -> torch.Tensor:
-        out = values.reshape(shape)
-        return out[..., :length] if pad else out
-    return rows, restore, (1,)
-
-
-def _inner_blocks(x: torch.Tensor, dim: int, block: int
-                  ) -> tuple[torch.Tensor, Callable, tuple[int, ...]]:
-    """Blocks along ``dim``, not the last axis, as ``(n, block, inner)`` in ``x``'s own
-    (contiguous fp32) layout, and how to undo it."""
-    shape = x.shape
-    outer, length = shape[:dim].numel(), shape[dim]
-    flat = x.to(torch.float32, memory_format=torch.contiguous_format) \
-        .reshape(outer, length, -1)
-    pad = -length % block
-    if pad:
-        flat = torch.nn.functional.pad(flat, (0, 0, 0, pad))
-    inner = flat.shape[-1]
-    rows = flat.reshape(-1, block, inner)
-
-    def restore(values: torch.Tensor) -> torch.Tensor:
-        out = values.reshape(outer, length + pad, inner)
-        return (out[:, :length] if pad else out).reshape(shape)
-    return rows, restore, (1,)
-
-
-def _squares(x: torch.Tensor, block: int
-             ) -> tuple[torch.Tensor, Callable, tuple[int, ...]]:
-    """A matrix's ``block x block`` tiles as ``(tiles_h, block, tiles_w, block)`` (a view of
-    the zero-padded fp32 matrix: no transposed copy, a tile's amax is a reduction over
-    axes 1 and 3), and how to undo it."""
-    if x.dim() != 2:
-        raise ValueError(f"2D blocks need a matrix, not a tensor of shape {tuple(x.shape)}")
-    height, width = x.shape
-    pad_h, pad_w = -height % block, -width % block
-    padded = torch.nn.functional.pad(x.float(), (0, pad_w, 0, pad_h)) if pad_h or pad_w \
-        else x.to(torch.float32, memory_format=torch.contiguous_format)
-    tiles_h, tiles_w = padded.shape[0] // block, padded.shape[1] // block
-    rows = padded.view(tiles_h, block, tiles_w, block)
-
-    def restore(values: torch.Tensor) -> torch.Tensor:
-        return values.reshape(tiles_h * block, tiles_w * block)[:height, :width]
-    return rows, restore, (1, 3)
-
-
+# ------------------------------------------------------------------------- MX
 def e8m0_exponent(amax: torch.Tensor, elem: str, mode: str = "floor") -> torch.Tensor:
     """The unbiased e8m0 exponent of each block's MX scale, as int32, clamped to
     [-127, 127]; 128 marks a NaN amax (the NaN scale).
@@ -302,9 +232,9 @@ def qdq_mx(x: torch.Tensor, elem: str, dim: int = -1, block: int = MX_BLOCK,
     spec); torchao 0.18 divides by 2^-126 there (a workaround for subnormal scales in
     Triton) while decoding with 2^-127, which halves every value of a block whose amax is
     below 2^(emax - 126) (its RCEIL path likewise leaves such blocks unscaled: all zero)."""
-    rows, restore, dims = _blocks(x, dim, block)
+    rows, restore, dims = blocks(x, dim, block)
     mag, out = _magnitudes(x, rows, overwrite, into)
-    scale = e8m0_value(e8m0_exponent(_block_amax(mag, dims), elem, mode))
+    scale = e8m0_value(e8m0_exponent(block_amax(mag, dims), elem, mode))
     mag.div_(scale)
     return restore(_signed(round_magnitude_(mag, elem), rows, out).mul_(scale))
 
@@ -339,26 +269,6 @@ def _signed(rounded: torch.Tensor, rows: torch.Tensor, out: torch.Tensor) -> tor
 
 
 _SIGN_BIT = -2 ** 31
-
-
-def _block_amax(mag: torch.Tensor, dims: tuple[int, ...]) -> torch.Tensor:
-    """The largest of the magnitudes ``mag`` (non-negative, or NaN with its sign bit clear:
-    ``abs``'s) over ``dims``, kept as size-1 axes; NaN where a block holds one.
-
-    Reduced as int32: non-negative floats order as their bit patterns, a NaN's above
-    inf's, so the integer maximum is the float one (a NaN's payload may differ). torch's
-    float ``amax`` over rows of 16 handles NaN per element and does not vectorise: 2.3 ms
-    for 2^20 values against 0.4 ms as int32 (and 1.2 ms for the pairwise halving and
-    ``max_pool1d`` used before), AVX2 EPYC, one thread. Where autograd records (a view
-    to another dtype has no gradient): the float reduction."""
-    if mag.requires_grad and torch.is_grad_enabled():
-        return mag.amax(dim=dims, keepdim=True)
-    return mag.view(torch.int32).amax(dim=dims, keepdim=True).view(torch.float32)
-
-
-def _pairwise_amax(rows: torch.Tensor) -> torch.Tensor:
-    """Each row's largest value of the magnitudes ``rows`` (n, width), as (n, 1)."""
-    return _block_amax(rows, (1,))
 
 
 def nvfp4_tensor_scale(amax: torch.Tensor) -> torch.Tensor:
@@ -443,9 +353,9 @@ def qdq_nvfp4(x: torch.Tensor, dim: int = -1, block: int = NVFP4_BLOCK, square: 
     stochastically with ``generator`` (the recipe's gradients); ``overwrite``: ``x``'s
     storage may hold the result (the caller gives ``x`` up); ``into``: else the result
     may be the reused temporary of that name (see :func:`_magnitudes`)."""
-    rows, restore, dims = _blocks(x, dim, block, square)
+    rows, restore, dims = blocks(x, dim, block, square)
     mag, out = _magnitudes(x, rows, overwrite, into)
-    block_scale = _block_amax(mag, dims)         # a new tensor: the maxima, then the scales
+    block_scale = block_amax(mag, dims)         # a new tensor: the maxima, then the scales
     tensor_scale = nvfp4_tensor_scale(block_scale.amax())   # the max of the blocks' maxima
     _nvfp4_block_scales_(block_scale, tensor_scale)
     mag.mul_(torch.div(tensor_scale.reciprocal(), block_scale))   # (1 / ts) / bs
@@ -460,7 +370,7 @@ def qdq_fp8_blocks(x: torch.Tensor, dim: int = -1, block: int = FP8_BLOCK,
     fp32 scale ``448 / max(amax, 1e-12)`` per ``1 x block`` tile along ``dim``
     (activations, gradients) or per ``block x block`` tile of a matrix (``square``:
     weights)."""
-    rows, restore, dims = _blocks(x, dim, block, square)
+    rows, restore, dims = blocks(x, dim, block, square)
     mag = rows.abs()
-    scale = amax_to_scale(_block_amax(mag, dims), "e4m3")
+    scale = amax_to_scale(block_amax(mag, dims), "e4m3")
     return restore(_qdq(rows, mag, scale, "e4m3"))

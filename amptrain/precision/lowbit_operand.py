@@ -8,8 +8,9 @@ from dataclasses import dataclass
 
 import torch
 
+from .lowbit_blocks import blocks
 from .lowbit_formats import (FORMAT_MAX, FP8_BLOCK, HALF_TOP_STEP, MX_BLOCK, NVFP4_BLOCK,
-                             _blocks, amax_to_scale, e8m0_exponent, e8m0_value,
+                             amax_to_scale, e8m0_exponent, e8m0_value,
                              nvfp4_block_scales, nvfp4_tensor_scale, qdq_fp8_blocks, qdq_mx,
                              qdq_nvfp4, qdq_rowwise, qdq_tensorwise)
 
@@ -126,7 +127,7 @@ def dequant_scale(x: torch.Tensor, quantiser: Quantiser, dim: int = -1) -> torch
         amax = x.abs().amax(dim=dim, keepdim=True) if rowwise else x.abs().amax()
         pow2 = rowwise or quantiser.power_of_2
         return torch.ones_like(x) / amax_to_scale(amax, quantiser.elem, power_of_2=pow2)
-    rows, restore, dims = _blocks(x, dim, quantiser.block, quantiser.square)
+    rows, restore, dims = blocks(x, dim, quantiser.block, quantiser.square)
     amax = rows.abs().amax(dim=dims, keepdim=True)
     if quantiser.scaling == "mx":
         scale = e8m0_value(e8m0_exponent(amax, quantiser.elem, quantiser.mx_mode))

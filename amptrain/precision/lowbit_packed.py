@@ -20,8 +20,9 @@ from dataclasses import dataclass
 
 import torch
 
-from .lowbit_formats import (FORMAT_MAX, HALF_TOP_STEP, MX_BLOCK, NVFP4_BLOCK, _pairwise_amax,
-                             _qdq, amax_to_scale, e8m0_exponent, e8m0_value,
+from .lowbit_blocks import row_amax
+from .lowbit_formats import (FORMAT_MAX, HALF_TOP_STEP, MX_BLOCK, NVFP4_BLOCK, _qdq,
+                             amax_to_scale, e8m0_exponent, e8m0_value,
                              nvfp4_block_scales, nvfp4_tensor_scale, round_magnitude_)
 from .lowbit_operand import Quantiser
 
@@ -99,7 +100,7 @@ class PackedRows:
         elif quantiser.scaling == "nvfp4" and not quantiser.square:
             half = x.reshape(-1, NVFP4_BLOCK)
             half_mag = half.abs()
-            half_amax = _pairwise_amax(half_mag)
+            half_amax = row_amax(half_mag)
             owner = self.block_matrix.repeat_interleave(PACK // NVFP4_BLOCK)
             tensor_amax = self._max(half_amax.squeeze(1), owner, self.matrices)
             tensor_scale = nvfp4_tensor_scale(tensor_amax)[owner].unsqueeze(1)
