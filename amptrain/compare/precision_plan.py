@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from ..common import outdir
-from ..common.errors import UserError, flag, warn
+from ..common.errors import UserError, flag
 from ..common.tolerance import Tolerance, tolerance_for
 from ..config import RunConfig
 from .options import PlanOptions
@@ -35,7 +35,7 @@ from .rows import warn_unread_scaler
 from ..diagnose.sensitivity import LayerSensitivity, rank_layers
 from ..precision.hardware.devices import resolve_device
 from ..precision.lowbit import RECIPES
-from ..precision.lowbit_settings import given_settings, plan_settings_read, unread_warning
+from ..precision.lowbit_settings import plan_settings_read, unread_of, warn_unread_settings
 from ..precision.precision_plan import KEPT, linear_flops, plan_format
 from ..precision.resolve import resolve_precision
 from ..tasks import Task, delta_field
@@ -196,11 +196,8 @@ def warn_unread_lowbit(config: RunConfig, fmt: str) -> None:
     """One warning per low-bit setting given that the candidates (precision plans with
     layers in ``fmt``) do not read; the runs take only what they read (:func:`train_runs`),
     so none of them warns itself."""
-    read = plan_settings_read([fmt])
-    for name, value in given_settings(config.precision).items():
-        if name not in read:
-            warn(unread_warning(name, value, f"plan's candidates (precision plans of {fmt} "
-                                             f"layers)"))
+    warn_unread_settings(unread_of(config.precision, plan_settings_read([fmt])),
+                         f"plan's candidates (precision plans of {fmt} layers)")
 
 
 def run_plan(config: RunConfig, options: PlanOptions, *,

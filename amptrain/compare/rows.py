@@ -20,7 +20,7 @@ from ..common.errors import warn
 from ..common.options import given_options
 from ..config import RunConfig
 from ..precision.hardware.devices import resolve_device
-from ..precision.lowbit_settings import settings_for, unread_settings, unread_warning
+from ..precision.lowbit_settings import unread_settings, warn_unread_settings
 from ..precision.modes import ModeSpec
 from ..precision.resolve import resolve_precision
 from ..trainer.inapplicable import for_mode, unread_by, unread_note
@@ -30,12 +30,6 @@ from .options import row_options
 def _row_spec(label: str, device: torch.device) -> ModeSpec:
     """The mode of row ``label``."""
     return resolve_precision(row_options(label)["precision"], device).spec
-
-
-def row_lowbit(label: str, config: RunConfig) -> dict[str, Any]:
-    """The low-bit settings (``--mx-scale``, ...) row ``label`` trains with: ``config``'s
-    where the row's precision reads them, their defaults elsewhere."""
-    return settings_for(_row_spec(label, resolve_device(config.device)), config.precision)
 
 
 def row_config(label: str, config: RunConfig, **changes: Any) -> RunConfig:
@@ -53,8 +47,8 @@ def warn_unread(config: RunConfig, labels: list[str], where: str) -> None:
     given where every row does."""
     device = resolve_device(config.device)
     specs = [_row_spec(label, device) for label in labels]
-    for name, value in unread_settings(config.precision, specs).items():
-        warn(unread_warning(name, value, f"any row of {where} ({', '.join(labels)})"))
+    warn_unread_settings(unread_settings(config.precision, specs),
+                         f"any row of {where} ({', '.join(labels)})")
     warn_unread_scaler(config, specs, f"the rows of {where} ({', '.join(labels)})")
 
 

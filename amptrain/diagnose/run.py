@@ -25,10 +25,10 @@ from torch import nn
 from ..config import RunConfig, TrainConfig, replace_options
 from ..data import DataBundle
 from ..precision.hardware.devices import resolve_device
-from ..common.errors import AmptrainWarning, UserError, warn
+from ..common.errors import AmptrainWarning, UserError
 from ..common.forward import LossFn
 from ..precision import NonFiniteHalt, Precision
-from ..precision.lowbit_settings import given_settings, settings_read, unread_warning
+from ..precision.lowbit_settings import settings_read, unread_of, warn_unread_settings
 from ..precision.outcome import diagnosing
 from ..precision.resolve import resolve_precision
 from ..precision.hardware.advice import emulation_warning, range_safe_choice
@@ -135,11 +135,9 @@ def _warn_unread(config: TrainConfig, asked: str) -> None:
     read = {"mx_scale"}
     if asked not in DIAGNOSED:
         read |= settings_read(resolve_precision(asked, resolve_device(config.device)).spec)
-    for name, value in given_settings(config.precision).items():
-        if name not in read:
-            warn(unread_warning(name, value, f"diagnose's runs ({', '.join(DIAGNOSED[1:])}"
-                                             f"{', ' + asked if asked not in DIAGNOSED else ''}"
-                                             f") and its low-bit report"))
+    runs = [*DIAGNOSED[1:], *([asked] if asked not in DIAGNOSED else [])]
+    warn_unread_settings(unread_of(config.precision, read),
+                         f"diagnose's runs ({', '.join(runs)}) and its low-bit report")
 
 
 def part_of(trainer: Trainer, label: str) -> str | None:

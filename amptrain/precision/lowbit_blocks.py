@@ -99,7 +99,3 @@ def block_amax(mag: torch.Tensor, dims: tuple[int, ...]) -> torch.Tensor:
         return mag.amax(dim=dims, keepdim=True)
     return mag.view(torch.int32).amax(dim=dims, keepdim=True).view(torch.float32)
 
-
-def row_amax(rows: torch.Tensor) -> torch.Tensor:
-    """Each row's largest value of the magnitudes ``rows`` (n, width), as (n, 1)."""
-    return block_amax(rows, (1,))

@@ -101,10 +101,15 @@ def round_magnitude_(mag: torch.Tensor, elem: str) -> torch.Tensor:
     mag.clamp_(max=FORMAT_MAX[elem])
     if elem in _CASTS and mag.numel() <= _CAST_BELOW:   # a few values: fewer operations
         return mag.copy_(mag.to(_CASTS[elem]))
-    magic = torch.bitwise_and(mag.view(torch.int32), _EXPONENT_MASK,
-                              out=scratch("magic", mag.shape, torch.int32, mag.device))
-    magic.clamp_(min=(_MIN_EXPONENT[elem] + 127) << 23)
+    magic = _binade_power(mag).clamp_(min=(_MIN_EXPONENT[elem] + 127) << 23)
     return _add_sub_magic_(mag, magic.view(torch.float32), elem)
+
+
+def _binade_power(mag: torch.Tensor) -> torch.Tensor:
+    """The power of two of each value's binade, ``2^e`` for ``mag``'s fp32 exponent ``e``,
+    as int32 bits (view as float32), in the reused temporary ``magic``."""
+    return torch.bitwise_and(mag.view(torch.int32), _EXPONENT_MASK,
+                             out=scratch("magic", mag.shape, torch.int32, mag.device))
 
 
 def _add_sub_magic_(mag: torch.Tensor, power: torch.Tensor, elem: str) -> torch.Tensor:
@@ -117,9 +122,7 @@ def _add_sub_magic_(mag: torch.Tensor, power: torch.Tensor, elem: str) -> torch.
 def _round_in_range_(mag: torch.Tensor, elem: str) -> torch.Tensor:
     """:func:`round_magnitude_` for ``mag`` known to be NaN or within the format's normal
     range (no clamp at either end: an NVFP4 block scale, clamped to [2^-6, 448] before)."""
-    magic = torch.bitwise_and(mag.view(torch.int32), _EXPONENT_MASK,
-                              out=scratch("magic", mag.shape, torch.int32, mag.device))
-    return _add_sub_magic_(mag, magic.view(torch.float32), elem)
+    return _add_sub_magic_(mag, _binade_power(mag).view(torch.float32), elem)
 
 
 def _round_e2m1_below_7_(mag: torch.Tensor) -> torch.Tensor:

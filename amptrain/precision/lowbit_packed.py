@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .lowbit_blocks import row_amax
+from . import lowbit_blocks
 from .lowbit_formats import (FORMAT_MAX, HALF_TOP_STEP, MX_BLOCK, NVFP4_BLOCK, _qdq,
                              amax_to_scale, e8m0_exponent, e8m0_value,
                              nvfp4_block_scales, nvfp4_tensor_scale, round_magnitude_)
@@ -100,7 +100,7 @@ class PackedRows:
         elif quantiser.scaling == "nvfp4" and not quantiser.square:
             half = x.reshape(-1, NVFP4_BLOCK)
             half_mag = half.abs()
-            half_amax = row_amax(half_mag)
+            half_amax = lowbit_blocks.block_amax(half_mag, (1,))
             owner = self.block_matrix.repeat_interleave(PACK // NVFP4_BLOCK)
             tensor_amax = self._max(half_amax.squeeze(1), owner, self.matrices)
             tensor_scale = nvfp4_tensor_scale(tensor_amax)[owner].unsqueeze(1)

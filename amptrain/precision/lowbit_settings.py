@@ -9,7 +9,7 @@ precision does not read (:func:`check_lowbit_options`). A workflow that trains s
 precisions (compare's rows) gives each run only the settings its precision reads
 (:func:`settings_for`, the others at their defaults, so a run's saved config claims only
 what it ran with) and warns once about a setting that none of them reads
-(:func:`unread_settings`, :func:`unread_warning`).
+(:func:`unread_settings`, :func:`warn_unread_settings`).
 """
 from __future__ import annotations
 
@@ -56,10 +56,15 @@ def given_settings(config: PrecisionConfig) -> dict[str, Any]:
             if getattr(config, name) != defaults[name]}
 
 
+def unread_of(config: PrecisionConfig, read: Iterable[str]) -> dict[str, Any]:
+    """``config``'s low-bit settings away from their defaults that are not in ``read``."""
+    read = frozenset(read)
+    return {name: value for name, value in given_settings(config).items() if name not in read}
+
+
 def unread_settings(config: PrecisionConfig, specs: Iterable[ModeSpec]) -> dict[str, Any]:
     """``config``'s low-bit settings away from their defaults that none of ``specs`` reads."""
-    read = frozenset().union(*(settings_read(spec) for spec in specs))
-    return {name: value for name, value in given_settings(config).items() if name not in read}
+    return unread_of(config, frozenset().union(*(settings_read(spec) for spec in specs)))
 
 
 def settings_for(spec: ModeSpec, config: PrecisionConfig) -> dict[str, Any]:
@@ -75,8 +80,14 @@ def unread_warning(name: str, value: Any, where: str) -> str:
     return f"{flag(name)} {value} does nothing in {where}: {_PURPOSE[name]}"
 
 
+def warn_unread_settings(unread: dict[str, Any], where: str) -> None:
+    """One warning per setting of ``unread`` (name -> value, :func:`unread_of`), naming its
+    flag and saying it does nothing in ``where``."""
+    for name, value in unread.items():
+        warn(unread_warning(name, value, where))
+
+
 def check_lowbit_options(spec: ModeSpec, config: PrecisionConfig) -> None:
     """Warn (naming the flag) about each of ``config``'s low-bit settings that does nothing
     in ``spec``."""
-    for name, value in unread_settings(config, [spec]).items():
-        warn(unread_warning(name, value, f"{flag('precision')} {spec.name}"))
+    warn_unread_settings(unread_settings(config, [spec]), f"{flag('precision')} {spec.name}")

@@ -11,10 +11,16 @@ import yaml
 from amptrain.common.errors import AmptrainWarning, forget_warnings
 from amptrain.common.options import given_options
 from amptrain.compare import CompareOptions, run_compare
-from amptrain.compare.rows import row_config, row_lowbit, warn_unread
+from amptrain.compare.rows import row_config, warn_unread
 from tests.compare.conftest import small_config
 
 LOWBIT_DEFAULTS = {"lowbit_bf16_last": 0, "mx_scale": "floor", "nvfp4_without": "none"}
+
+
+def row_lowbit(label, config):
+    """The low-bit settings row ``label``'s run config trains with."""
+    run = row_config(label, config)
+    return {name: getattr(run.precision, name) for name in LOWBIT_DEFAULTS}
 
 
 def test_each_row_takes_the_low_bit_settings_its_precision_reads(tmp_path):
