@@ -14,7 +14,7 @@ computation and against torchao where torchao runs on the CPU):
   smallest subnormal 2^-16): the values of torch's own casts (round to nearest even) of
   the value clamped to the format's range (torchao's ``to_fp8_saturated``: torch 2.13
   turns e5m2 overflow into inf); NaN stays NaN, inf saturates. Computed by fp32
-  arithmetic (``round_magnitude_``), bit for bit the casts and several times faster.
+  arithmetic (``round_to_format_``), bit for bit the casts and several times faster.
 * **tensorwise scale** (torchao's default recipe): ``s = fmax / max(amax, 1e-12)``,
   computed in fp64 and rounded to fp32; quantised ``q = sat(x * s)``, dequantised ``q / s``.
 * **rowwise scale** (torchao's ``rowwise`` recipe): the same per row along one axis, the
@@ -40,7 +40,7 @@ computation and against torchao where torchao runs on the CPU):
   whichever axis a GEMM reduces over, so forward and backward see one quantised weight).
 * **Stochastic rounding** of e2m1 (the NVFP4 recipe's gradients): up or down to the
   neighbouring value with the probabilities that make the expectation exact (to
-  within 2^-17 of the spacing: 16 random bits per value).
+  within 2^-16 of the spacing: an odd 16-bit offset per value).
 
 How a tensor is cut into blocks (along an axis, or 16 x 16 tiles) and each block's
 largest magnitude found live in :mod:`.lowbit_blocks`; how one GEMM operand is quantised
@@ -87,54 +87,59 @@ _MIN_EXPONENT = {"e4m3": -6, "e5m2": -14, "e2m1": 0}
 _EXPONENT_MASK = 0x7F800000
 
 
-def round_magnitude_(mag: torch.Tensor, elem: str) -> torch.Tensor:
-    """``mag`` (fp32, non-negative or NaN) rounded in place to the element format
-    ``elem``, ties to even, saturated at its largest value; returns ``mag``.
+def round_to_format_(values: torch.Tensor, elem: str) -> torch.Tensor:
+    """``values`` (fp32) rounded in place to the element format ``elem``, ties to even,
+    saturated at its largest value (either sign); NaN stays NaN; returns ``values``.
 
-    The format's spacing at ``mag`` is ``2^(max(e, emin) - mantissa_bits)`` for ``mag``'s
-    fp32 exponent ``e``: adding and subtracting ``1.5 * 2^23`` times the spacing makes
+    The format's spacing at a value is ``2^(max(e, emin) - mantissa_bits)`` for its fp32
+    exponent ``e``: adding and subtracting ``M = 1.5 * 2^23`` times the spacing makes
     fp32's own round-to-nearest-even drop exactly the bits below it. ``2^max(e, emin)``
-    is read from ``mag``'s exponent bits (integer ops: one cheap pass each; torch's float8
+    is read from the exponent bits (integer ops: one cheap pass each; torch's float8
     casts, ``log2``/``exp2`` and ``torch.where`` are many times slower on the CPU), and
     the factor ``1.5 * 2^(23 - mantissa_bits)`` rides on the adds' ``alpha`` (a power of
-    two times 1.5: the product is exact, so each add rounds once)."""
-    mag.clamp_(max=FORMAT_MAX[elem])
-    if elem in _CASTS and mag.numel() <= _CAST_BELOW:   # a few values: fewer operations
-        return mag.copy_(mag.to(_CASTS[elem]))
-    magic = _binade_power(mag).clamp_(min=(_MIN_EXPONENT[elem] + 127) << 23)
-    return _add_sub_magic_(mag, magic.view(torch.float32), elem)
+    two times 1.5: the product is exact, so each add rounds once). Signed values need no
+    ``abs`` and no sign restored after: the exponent bits are the magnitude's, and
+    ``M - |v|`` rounds to ``M`` minus ``|v|`` rounded (fp32's rounding is symmetric and
+    ``M`` is an even number of spacings, so ties go to the same even value). The one
+    difference from rounding magnitudes: a negative value that rounds to zero gives +0,
+    not -0 (the same number: products and sums do not see the sign of a zero)."""
+    values.clamp_(-FORMAT_MAX[elem], FORMAT_MAX[elem])
+    if elem in _CASTS and values.numel() <= _CAST_BELOW:   # a few values: fewer operations
+        return values.copy_(values.to(_CASTS[elem]))
+    return _add_sub_magic_(values, _binade_power(values, _MIN_EXPONENT[elem]), elem)
 
 
-def _binade_power(mag: torch.Tensor) -> torch.Tensor:
-    """The power of two of each value's binade, ``2^e`` for ``mag``'s fp32 exponent ``e``,
-    as int32 bits (view as float32), in the reused temporary ``magic``."""
-    return torch.bitwise_and(mag.view(torch.int32), _EXPONENT_MASK,
-                             out=scratch("magic", mag.shape, torch.int32, mag.device))
+def _binade_power(values: torch.Tensor, min_exponent: int | None = None) -> torch.Tensor:
+    """The power of two of each value's binade, ``2^e`` for the fp32 exponent ``e`` of
+    ``|value|`` (at least ``2^min_exponent`` where given), as fp32 in the reused
+    temporary ``magic`` (computed on the bits: the sign bit masked off)."""
+    power = torch.bitwise_and(values.view(torch.int32), _EXPONENT_MASK,
+                              out=scratch("magic", values.shape, torch.int32, values.device))
+    if min_exponent is not None:
+        power.clamp_(min=(min_exponent + 127) << 23)
+    return power.view(torch.float32)
 
 
-def _add_sub_magic_(mag: torch.Tensor, power: torch.Tensor, elem: str) -> torch.Tensor:
-    """``mag`` rounded in place at the spacing ``power * 2^-mantissa_bits`` (``power``:
+def _add_sub_magic_(values: torch.Tensor, power: torch.Tensor, elem: str) -> torch.Tensor:
+    """``values`` rounded in place at the spacing ``power * 2^-mantissa_bits`` (``power``:
     the power of two of each value's binade, clamped at the format's smallest normal)."""
     factor = 1.5 * 2.0 ** (23 - _MANTISSA_BITS[elem])
-    return mag.add_(power, alpha=factor).sub_(power, alpha=factor)
+    return values.add_(power, alpha=factor).sub_(power, alpha=factor)
 
 
-def _round_in_range_(mag: torch.Tensor, elem: str) -> torch.Tensor:
-    """:func:`round_magnitude_` for ``mag`` known to be NaN or within the format's normal
-    range (no clamp at either end: an NVFP4 block scale, clamped to [2^-6, 448] before)."""
-    return _add_sub_magic_(mag, _binade_power(mag).view(torch.float32), elem)
+def _round_in_range_(values: torch.Tensor, elem: str) -> torch.Tensor:
+    """:func:`round_to_format_` for ``values`` known to be NaN or within the format's
+    normal range (no clamp at either end: an NVFP4 block scale, clamped to [2^-6, 448]
+    before)."""
+    return _add_sub_magic_(values, _binade_power(values), elem)
 
 
-def _round_e2m1_below_7_(mag: torch.Tensor) -> torch.Tensor:
-    """:func:`round_magnitude_` to e2m1 for ``mag`` known to be below 7 or NaN (NVFP4's
-    scaled elements: at most ``6 / (1 - 2^-4)``, the e4m3 block scale's rounding), where
-    rounding to nearest never goes past 6 and the saturating clamp is a no-op: four
-    passes (the binade's power of two taken from ``max(mag, 1)``, e2m1's smallest
-    normal, in one clamp)."""
-    magic = scratch("magic", mag.shape, torch.int32, mag.device)
-    torch.clamp(mag.detach(), min=1.0, out=magic.view(torch.float32))   # a constant
-    magic.bitwise_and_(_EXPONENT_MASK)
-    return _add_sub_magic_(mag, magic.view(torch.float32), "e2m1")
+def _round_e2m1_below_7_(values: torch.Tensor) -> torch.Tensor:
+    """:func:`round_to_format_` to e2m1 for ``values`` known to be below 7 in magnitude,
+    or NaN (NVFP4's scaled elements: at most ``6 / (1 - 2^-4)``, the e4m3 block scale's
+    rounding), where rounding to nearest never goes past 6 and the saturating clamp is a
+    no-op: four passes."""
+    return _add_sub_magic_(values, _binade_power(values, _MIN_EXPONENT["e2m1"]), "e2m1")
 
 
 #: torch's own casts give the same values (round to nearest even of the clamped value):
@@ -148,12 +153,12 @@ def round_fp8(x: torch.Tensor, elem: str) -> torch.Tensor:
     """``x`` (fp32) rounded to e4m3 or e5m2, saturated at the format's largest value
     (inf too, as torchao's ``to_fp8_saturated``); NaN stays NaN. Bit for bit torch's own
     float8 cast of the clamped value."""
-    return round_magnitude_(x.abs(), elem).copysign_(x)
+    return round_to_format_(x.abs(), elem).copysign_(x)
 
 
 def round_e2m1(x: torch.Tensor) -> torch.Tensor:
     """``x`` (fp32) rounded to fp4 e2m1, ties to even, saturated at 6 (NaN stays NaN)."""
-    return round_magnitude_(x.abs(), "e2m1").copysign_(x)
+    return round_to_format_(x.abs(), "e2m1").copysign_(x)
 
 
 def _qdq(x: torch.Tensor, mag: torch.Tensor, scale: torch.Tensor, elem: str) -> torch.Tensor:
@@ -161,7 +166,7 @@ def _qdq(x: torch.Tensor, mag: torch.Tensor, scale: torch.Tensor, elem: str) -> 
     divided by ``scale`` again. ``|x| * scale`` is ``|x * scale|`` exactly (rounding is
     symmetric in the sign), so rounding magnitudes and restoring the sign after is bit for
     bit the same as rounding ``x * scale``; the scales are positive (or NaN)."""
-    return round_magnitude_(mag.mul_(scale), elem).copysign_(x).div_(scale)
+    return round_to_format_(mag.mul_(scale), elem).copysign_(x).div_(scale)
 
 
 # ------------------------------------------------------------ tensorwise / rowwise
@@ -229,49 +234,39 @@ def qdq_mx(x: torch.Tensor, elem: str, dim: int = -1, block: int = MX_BLOCK,
     a power-of-two e8m0 scale (``mode``: ``floor`` or ``rceil``, see :func:`e8m0_exponent`);
     ``overwrite``: ``x``'s storage may hold the result (the caller gives ``x`` up);
     ``into``: else the result may be the reused temporary of that name (see
-    :func:`_magnitudes`).
+    :func:`_output`).
 
     Elements are ``x / X`` for the block's scale ``X`` itself, 2^-127 included (the OCP
     spec); torchao 0.18 divides by 2^-126 there (a workaround for subnormal scales in
     Triton) while decoding with 2^-127, which halves every value of a block whose amax is
     below 2^(emax - 126) (its RCEIL path likewise leaves such blocks unscaled: all zero)."""
     rows, restore, dims = blocks(x, dim, block)
-    mag, out = _magnitudes(x, rows, overwrite, into)
-    scale = e8m0_value(e8m0_exponent(block_amax(mag, dims), elem, mode))
-    mag.div_(scale)
-    return restore(_signed(round_magnitude_(mag, elem), rows, out).mul_(scale))
+    out = _output(x, rows, overwrite, into)
+    scale = e8m0_value(e8m0_exponent(block_amax(_magnitudes(rows), dims), elem, mode))
+    scaled = torch.div(rows, scale, out=out)
+    return restore(round_to_format_(scaled, elem).mul_(scale))
 
 
-def _magnitudes(x: torch.Tensor, rows: torch.Tensor, overwrite: bool, into: str | None
-                ) -> tuple[torch.Tensor, torch.Tensor]:
-    """``|rows|`` and the tensor the quantised values go to: ``rows`` itself where it is a
-    copy of ``x`` or ``overwrite`` (the caller gives ``x`` up), the magnitudes then in
-    reused storage; else the magnitudes' tensor (the values are computed in place in it),
-    the reused temporary ``into`` where the caller names one (:mod:`.lowbit_scratch`),
-    else a new one. Not where autograd records (``out=`` has no gradient)."""
-    if not (rows.requires_grad and torch.is_grad_enabled()):
-        if overwrite or rows.data_ptr() != x.data_ptr():   # rows: a view of x, or a copy
-            mag = scratch("magnitudes", rows.shape, rows.dtype, rows.device)
-            return torch.abs(rows, out=mag), rows
-        if into is not None:
-            mag = torch.abs(rows, out=scratch(into, rows.shape, rows.dtype, rows.device))
-            return mag, mag
-    mag = rows.abs()
-    return mag, mag
+def _output(x: torch.Tensor, rows: torch.Tensor, overwrite: bool, into: str | None
+            ) -> torch.Tensor | None:
+    """Where a block quantiser's values go (scaled, rounded, scaled back, all in place):
+    ``rows`` itself where it is a copy of ``x`` or ``overwrite`` (the caller gives ``x``
+    up); else the reused temporary ``into`` where the caller names one
+    (:mod:`.lowbit_scratch`); else None, a new tensor. Not where autograd records
+    (``out=`` has no gradient)."""
+    if rows.requires_grad and torch.is_grad_enabled():
+        return None
+    if overwrite or rows.data_ptr() != x.data_ptr():   # rows: a view of x, or a copy
+        return rows
+    return None if into is None else scratch(into, rows.shape, rows.dtype, rows.device)
 
 
-def _signed(rounded: torch.Tensor, rows: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
-    """The rounded magnitudes with ``rows``' signs, in ``out`` (see :func:`_magnitudes`)."""
-    if out is rounded:
-        return rounded.copysign_(rows)
-    # out is rows, ours: its sign bits kept, the magnitudes' bits put under them (two
-    # integer passes cost less than copysign; the magnitudes' sign bits are clear, but
-    # a NaN's, whose sign carries nothing)
-    out.view(torch.int32).bitwise_and_(_SIGN_BIT).bitwise_or_(rounded.view(torch.int32))
-    return out
-
-
-_SIGN_BIT = -2 ** 31
+def _magnitudes(rows: torch.Tensor) -> torch.Tensor:
+    """``|rows|``, for the block maxima only, in a reused temporary (a new tensor where
+    autograd records)."""
+    if rows.requires_grad and torch.is_grad_enabled():
+        return rows.abs()
+    return torch.abs(rows, out=scratch("magnitudes", rows.shape, rows.dtype, rows.device))
 
 
 def nvfp4_tensor_scale(amax: torch.Tensor) -> torch.Tensor:
@@ -309,42 +304,49 @@ def _fp32(tensor: torch.Tensor) -> torch.Tensor:
 
 #: Random bits per stochastic-rounding offset: four offsets from each 64-bit draw.
 SR_BITS = 16
+#: The lowest bit of each 16-bit lane of a 64-bit word: set, it makes every offset odd.
+_ODD_LANES = 0x0001_0001_0001_0001
 
 
 def uniform_offsets(shape: torch.Size, generator: torch.Generator | None,
                     device: torch.device) -> torch.Tensor:
-    """Uniform offsets ``(k + 1/2) / 2^16`` in (0, 1), ``k`` from :data:`SR_BITS` random
-    bits, for stochastic rounding, as an int16 tensor ``k - 2^15`` of ``shape``: each
-    64-bit draw of ``generator`` gives four (torch's CPU generator costs per draw, and
-    ``torch.rand`` spends one 32-bit draw and a conversion on each float: 3.5x the time).
-    The half step makes the offsets symmetric, so the rounding is unbiased to within
-    2^-17 of the spacing (Blackwell's ``cvt.rs`` likewise rounds with a few random bits
-    per value, not a full-precision uniform). The tensor is a reused temporary
-    (:mod:`.lowbit_scratch`): valid until the next call on this thread."""
+    """Stochastic rounding's offsets, as an int16 tensor of ``shape`` holding odd ``k``
+    (``-2^15 < k < 2^15``, all 2^15 of them equally likely): the offset in units of the
+    spacing is ``k / 2^16``, uniform in (-1/2, 1/2) and symmetric about 0, so a value
+    rounds up with its distance from the value below over the spacing, to within 2^-16,
+    and a value on the grid stays where it is. Each 64-bit draw of ``generator`` gives
+    four (torch's CPU generator costs per draw, and ``torch.rand`` spends one 32-bit draw
+    and a conversion on each float: 3.5x the time); Blackwell's ``cvt.rs`` likewise
+    rounds with a few random bits per value, not a full-precision uniform. The tensor is
+    a reused temporary (:mod:`.lowbit_scratch`): valid until the next call on this
+    thread."""
     count = shape.numel()
     words = scratch("random", ((count + 3) // 4,), torch.int64, device)
     words.random_(-2 ** 63, None, generator=generator)   # the full 64-bit range
+    words.bitwise_or_(_ODD_LANES)
     return words.view(torch.int16)[:count].view(shape)
 
 
-def round_e2m1_stochastic_(mag: torch.Tensor, generator: torch.Generator | None
+def round_e2m1_stochastic_(values: torch.Tensor, generator: torch.Generator | None
                            ) -> torch.Tensor:
-    """``mag`` (fp32, non-negative or NaN) rounded in place to e2m1 *stochastically*: up
-    to the next e2m1 value with probability (distance from the one below) / spacing, so
-    the rounded value's expectation is ``mag`` (unbiased, below saturation at 6). Computed
-    as ``floor(mag / spacing + u) * spacing`` for a uniform ``u`` in (0, 1)
-    (:func:`uniform_offsets`), drawn from ``generator`` only (never torch's global RNG)."""
-    mag.clamp_(max=E2M1_MAX)
-    # spacing 2^(max(e, 0) - 1) for mag's fp32 exponent e: 0.5 below 2, 1 below 4, 2 above
-    spacing = torch.bitwise_and(mag.view(torch.int32), _EXPONENT_MASK,
-                                out=scratch("spacing", mag.shape, torch.int32, mag.device))
-    spacing = spacing.clamp_(min=127 << 23).sub_(1 << 23).view(torch.float32)
-    # u = (k + 2^15 + 1/2) / 2^16 for the int16 k: k / 2^16 + (1/2 + 2^-17), exact in
-    # fp32 (k converted into reused storage: torch would convert into a new tensor)
-    offsets = scratch("offsets", mag.shape, torch.float32, mag.device)
-    offsets.copy_(uniform_offsets(mag.shape, generator, mag.device))
-    mag.div_(spacing).add_(offsets, alpha=2.0 ** -SR_BITS)
-    return mag.add_(0.5 + 2.0 ** -(SR_BITS + 1)).floor_().mul_(spacing)
+    """``values`` (fp32) rounded in place to e2m1 *stochastically*: each to the neighbour
+    above its magnitude with probability (distance from the one below) / spacing, so the
+    rounded value's expectation is the value (unbiased, below saturation at 6); NaN stays
+    NaN. Computed as ``value + u * spacing`` rounded to nearest at the value's own
+    spacing, for a uniform ``u`` in (-1/2, 1/2) (:func:`uniform_offsets`, symmetric, so
+    the sign does not matter), drawn from ``generator`` only (never torch's global RNG):
+    the nearer of the value's two neighbours is the upper one exactly when ``u`` exceeds
+    1/2 minus the value's distance above the lower one over the spacing. An offset that
+    carries a value into the binade below still rounds on the value's own spacing (the
+    magic number of :func:`round_to_format_` comes from the value, before the offset)."""
+    values.clamp_(-E2M1_MAX, E2M1_MAX)
+    power = _binade_power(values, _MIN_EXPONENT["e2m1"])    # spacing / 2
+    # the int16 offsets converted into reused storage (a multiply-add of mixed dtypes
+    # converts them into a new tensor), then value + (k / 2^16) * spacing in one pass
+    offsets = scratch("offsets", values.shape, torch.float32, values.device)
+    offsets.copy_(uniform_offsets(values.shape, generator, values.device))
+    values.addcmul_(offsets, power, value=2.0 ** -(SR_BITS + 1))
+    return _add_sub_magic_(values, power, "e2m1")
 
 
 def qdq_nvfp4(x: torch.Tensor, dim: int = -1, block: int = NVFP4_BLOCK, square: bool = False,
@@ -355,16 +357,18 @@ def qdq_nvfp4(x: torch.Tensor, dim: int = -1, block: int = NVFP4_BLOCK, square: 
     tensor (torchao's two-level ``nvfp4_quantize``); ``stochastic``: the elements rounded
     stochastically with ``generator`` (the recipe's gradients); ``overwrite``: ``x``'s
     storage may hold the result (the caller gives ``x`` up); ``into``: else the result
-    may be the reused temporary of that name (see :func:`_magnitudes`)."""
+    may be the reused temporary of that name (see :func:`_output`)."""
     rows, restore, dims = blocks(x, dim, block, square)
-    mag, out = _magnitudes(x, rows, overwrite, into)
-    block_scale = block_amax(mag, dims)         # a new tensor: the maxima, then the scales
+    out = _output(x, rows, overwrite, into)
+    # a new tensor: the maxima, then the scales
+    block_scale = block_amax(_magnitudes(rows), dims)
     tensor_scale = nvfp4_tensor_scale(block_scale.amax())   # the max of the blocks' maxima
     _nvfp4_block_scales_(block_scale, tensor_scale)
-    mag.mul_(torch.div(tensor_scale.reciprocal(), block_scale))   # (1 / ts) / bs
-    rounded = round_e2m1_stochastic_(mag, generator) if stochastic \
-        else _round_e2m1_below_7_(mag)
-    return restore(_signed(rounded, rows, out).mul_(block_scale.mul_(tensor_scale)))
+    scaled = torch.mul(rows, torch.div(tensor_scale.reciprocal(), block_scale),  # (1/ts)/bs
+                       out=out)
+    rounded = round_e2m1_stochastic_(scaled, generator) if stochastic \
+        else _round_e2m1_below_7_(scaled)
+    return restore(rounded.mul_(block_scale.mul_(tensor_scale)))
 
 
 def qdq_fp8_blocks(x: torch.Tensor, dim: int = -1, block: int = FP8_BLOCK,

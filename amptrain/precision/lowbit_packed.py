@@ -23,7 +23,7 @@ import torch
 from . import lowbit_blocks
 from .lowbit_formats import (FORMAT_MAX, HALF_TOP_STEP, MX_BLOCK, NVFP4_BLOCK, _qdq,
                              amax_to_scale, e8m0_exponent, e8m0_value,
-                             nvfp4_block_scales, nvfp4_tensor_scale, round_magnitude_)
+                             nvfp4_block_scales, nvfp4_tensor_scale, round_to_format_)
 from .lowbit_operand import Quantiser
 
 #: The packed block: MX's, and two of NVFP4's.
@@ -96,7 +96,7 @@ class PackedRows:
             unit = 1.0 / scale
         elif quantiser.scaling == "mx":
             unit = e8m0_value(e8m0_exponent(block_amax.unsqueeze(1), elem, quantiser.mx_mode))
-            q = round_magnitude_(mag / unit, elem).copysign_(x).mul_(unit)
+            q = round_to_format_(mag / unit, elem).copysign_(x).mul_(unit)
         elif quantiser.scaling == "nvfp4" and not quantiser.square:
             half = x.reshape(-1, NVFP4_BLOCK)
             half_mag = half.abs()
@@ -105,7 +105,7 @@ class PackedRows:
             tensor_amax = self._max(half_amax.squeeze(1), owner, self.matrices)
             tensor_scale = nvfp4_tensor_scale(tensor_amax)[owner].unsqueeze(1)
             block_scale = nvfp4_block_scales(half_amax, tensor_scale)
-            rounded = round_magnitude_(half_mag.mul_((1.0 / tensor_scale) / block_scale), elem)
+            rounded = round_to_format_(half_mag.mul_((1.0 / tensor_scale) / block_scale), elem)
             q = rounded.copysign_(half).mul_(tensor_scale * block_scale).reshape(x.shape)
             unit = (tensor_scale * block_scale).expand(-1, NVFP4_BLOCK).reshape(x.shape)
         else:

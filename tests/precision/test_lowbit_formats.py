@@ -13,7 +13,7 @@ from amptrain.precision.lowbit_formats import (E2M1_MAX, E4M3_MAX, E5M2_MAX,
                                                _round_e2m1_below_7_, _round_in_range_,
                                                e8m0_exponent, qdq_fp8_blocks, qdq_mx,
                                                qdq_nvfp4, qdq_rowwise, qdq_tensorwise,
-                                               round_e2m1, round_fp8, round_magnitude_)
+                                               round_e2m1, round_fp8, round_to_format_)
 from amptrain.precision.lowbit_operand import Quantiser, flushed_and_saturated
 from amptrain.common.quiet import quiet_torchao
 
@@ -202,7 +202,7 @@ def test_e2m1_rounding_below_7_is_the_saturating_rounding():
     below_7 = below_7[below_7 < 7.0]                        # 7 itself would round to 8
     values = torch.cat([below_7, torch.tensor([1e-45, 1e-40, float("nan")])])
     ours = _round_e2m1_below_7_(values.clone())
-    theirs = round_magnitude_(values.clone(), "e2m1")
+    theirs = round_to_format_(values.clone(), "e2m1")
     assert torch.equal(torch.isnan(ours), torch.isnan(theirs))
     assert torch.equal(ours.nan_to_num(0.0).view(torch.int32),
                        theirs.nan_to_num(0.0).view(torch.int32))

@@ -47,7 +47,11 @@ def test_the_transform_leaves_the_exact_weight_gradient_product_unchanged():
 
 # -------------------------------------------------------- stochastic rounding
 def test_stochastic_rounding_is_unbiased():
-    values = torch.tensor([0.1, 0.3, 0.7, 1.2, 2.4, 3.3, 4.6, 5.5, 6.0, 0.0, 2.0])
+    # 1.9 / 2.1, 3.9 / 4.1 and 0.4: next to a binade's edge, where the offset can carry
+    # the value into the neighbouring binade; the last six are on the grid
+    on_grid = [6.0, 0.0, 0.5, 1.5, 2.0, 4.0]
+    values = torch.tensor([0.1, 0.3, 0.4, 0.7, 1.2, 1.9, 2.1, 2.4, 3.3, 3.9, 4.1, 4.6, 5.5,
+                           *on_grid])
     draws = 20000
     gen = torch.Generator().manual_seed(1)
     rounded = round_e2m1_stochastic_(values.repeat(draws, 1), gen)
@@ -55,7 +59,14 @@ def test_stochastic_rounding_is_unbiased():
     mean = rounded.double().mean(0)
     # spacing <= 2: the standard error of the mean is at most 1 / sqrt(draws)
     assert torch.allclose(mean, values.double(), atol=5 / draws ** 0.5)
-    assert torch.equal(rounded[:, -2:], values[-2:].repeat(draws, 1))   # exact ones stay
+    exact = len(on_grid)
+    assert torch.equal(rounded[:, -exact:], values[-exact:].repeat(draws, 1))   # they stay
+    # only the two neighbours of each value are ever drawn (1.9 never to 1.0 or 3.0, 2.1
+    # never to 1.5)
+    grid = torch.tensor(E2M1_GRID)
+    for column, value in enumerate(values.tolist()[:-exact]):
+        below, above = grid[grid <= value].max(), grid[grid >= value].min()
+        assert set(rounded[:, column].unique().tolist()) == {below.item(), above.item()}
     nearest = reference_round(values, E2M1_GRID)
     assert not torch.allclose(mean, nearest.double(), atol=0.05)        # not nearest
 
