@@ -302,7 +302,8 @@ def _fp32(tensor: torch.Tensor) -> torch.Tensor:
     return tensor if tensor.dtype == torch.float32 else tensor.float()
 
 
-#: Random bits per stochastic-rounding offset: four offsets from each 64-bit draw.
+#: Bits per stochastic-rounding offset, four from each 64-bit draw (the lowest set to 1:
+#: 15 of them random, see :func:`uniform_offsets`).
 SR_BITS = 16
 #: The lowest bit of each 16-bit lane of a 64-bit word: set, it makes every offset odd.
 _ODD_LANES = 0x0001_0001_0001_0001
