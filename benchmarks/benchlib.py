@@ -36,8 +36,8 @@ from torch.nn import functional as F  # noqa: E402
 
 from amptrain.data import DataOptions, TensorData, build_data  # noqa: E402
 from amptrain.models import build_model, is_conv_net  # noqa: E402
-from amptrain.workflows.runner import model_inputs
 from amptrain.trainer import Trainer, seed_everything  # noqa: E402
+from amptrain.workflows.runner import model_inputs  # noqa: E402
 
 RESULTS = ROOT / "benchmarks" / "RESULTS.md"
 AUTOCAST_DTYPE = {"32-true": None, "tf32": None, "bf16-mixed": torch.bfloat16,
