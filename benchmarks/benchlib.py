@@ -36,8 +36,8 @@ from torch.nn import functional as F  # noqa: E402
 
 from amptrain.data import DataOptions, TensorData, build_data  # noqa: E402
 from amptrain.models import build_model, is_conv_net  # noqa: E402
-from amptrain.workflows.runner import model_inputs
 from amptrain.trainer import Trainer, seed_everything  # noqa: E402
+from amptrain.workflows.runner import model_inputs  # noqa: E402
 
 RESULTS = ROOT / "benchmarks" / "RESULTS.md"
 AUTOCAST_DTYPE = {"32-true": None, "tf32": None, "bf16-mixed": torch.bfloat16,
@@ -106,12 +106,12 @@ class Relay:
 
     Each loop runs on a thread of its own and pulls its batches through :meth:`feed`; a
     baton passed at every ``block``-th batch makes sure exactly one loop runs at any time
-    (only the loops' set-up, before their first batch, is not serialised; it is not timed). A turn's time runs from receiving the baton to
-    asking for the first batch of the next turn, so it holds everything a loop does per
-    step: fetching data, forward, backward, optimizer, scheduler, logging, bookkeeping.
-    Consecutive turns of different loops see the same machine load, so the per-round
-    ratios hold up on a busy machine where absolute times do not. A round is one turn of
-    every loop, in a random order.
+    (only the loops' set-up, before their first batch, is not serialised; it is not timed).
+    A turn's time runs from receiving the baton to asking for the first batch of the next
+    turn, so it holds everything a loop does per step: fetching data, forward, backward,
+    optimizer, scheduler, logging, bookkeeping. Consecutive turns of different loops see the
+    same machine load, so the per-round ratios hold up on a busy machine where absolute
+    times do not. A round is one turn of every loop, in a random order.
 
     On CUDA the device is synchronised at turn boundaries only, so work inside a turn
     stays asynchronous as it would in training.
@@ -482,7 +482,8 @@ def machine() -> dict[str, Any]:
 
 
 def machine_line(m: dict[str, Any]) -> str:
-    hw = m["gpu"] or f"{m['cpu']} ({m['cores']} cores; {', '.join(m['cpu_flags']) or 'no AMX/AVX512 flags'})"
+    hw = m["gpu"] or (f"{m['cpu']} ({m['cores']} cores; "
+                      f"{', '.join(m['cpu_flags']) or 'no AMX/AVX512 flags'})")
     return (f"{m['date']}, {hw}, torch {m['torch']}, {m['threads']} intra-op thread(s), "
             f"load average {m['load']} at the start")
 

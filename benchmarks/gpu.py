@@ -169,9 +169,9 @@ def sync_check(device: torch.device, results: Results) -> None:
         loop = bl.TrainerLoop(model, data, precision=precision, batch_size=workload.batch_size,
                               total_steps=12, device=device, log_every=1000,
                               torch_optimizer=optimizer)
-        count = {"n": 0}
+        count = {"n": 0}  # across feed's calls (one per epoch) within this case
 
-        def feed(iterable):
+        def feed(iterable, count=count):  # bound: this case's counter, not a later one's
             for item in iterable:
                 count["n"] += 1
                 torch.cuda.set_sync_debug_mode("error" if 3 <= count["n"] < 12 else 0)

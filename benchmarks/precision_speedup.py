@@ -4,9 +4,10 @@ hand-written loop, for the CNN (NCHW and channels_last) and transformers.
 For each model, every combination of loop (amptrain Trainer, hand-written
 :class:`benchlib.RawLoop`), precision and memory format trains its own copy of the same
 model on the same data, all in one process, alternating after every step (see
-:class:`benchlib.Relay`); a round is ``--block`` steps of each. Speedup = median over rounds of (32-true NCHW time of the same
-loop) / (this variant's time). Targets on a CPU with AMX: bf16-mixed >= 2.0x for the CNN,
->= 3x with channels_last, >= 1.6x for the transformer.
+:class:`benchlib.Relay`); a round is ``--block`` steps of each. Speedup = median over
+rounds of (32-true NCHW time of the same loop) / (this variant's time). Targets on a CPU
+with AMX: bf16-mixed >= 2.0x for the CNN, >= 3x with channels_last, >= 1.6x for the
+transformer.
 
 16-mixed on a CPU without AMX-FP16 (this one): PyTorch's fp16 convolution backward runs
 ~100x slower than fp32 there; the Trainer replaces it (fp16 forward, fp32 backward rounded

@@ -218,15 +218,16 @@ def main() -> None:
                                "Lightning / amptrain", "Accelerate ms/step",
                                "Accelerate / amptrain", "hand-written / amptrain",
                                "amptrain not slower"], rows)
+    turns = "after every step" if device.type == "cpu" else f"in turns of {args.block} steps"
     notes = [f"lightning {lightning.__version__}, accelerate {accelerate.__version__}. "
              "Workloads: " + "; ".join(f"{bl.CPU_WORKLOADS[n].name} = {bl.CPU_WORKLOADS[n].note},"
                                        f" batch {bl.CPU_WORKLOADS[n].batch_size}"
                                        for n in args.models.split(",")) + ".",
-             f"The loops alternate ({'after every step' if device.type == 'cpu' else 'in turns of ' + str(args.block) + ' steps'}, "
+             f"The loops alternate ({turns}, "
              f"random order), rounds of {args.block} steps of each, {args.rounds} measured "
-             f"rounds after {args.warmup} warm-up, timed by {bl.clock_name(device)}; ratio = median over "
-             f"rounds of other / amptrain (> 1: amptrain faster). 'not slower' allows the 2% "
-             f"resolution of the measurement (ratio >= 0.98)."]
+             f"rounds after {args.warmup} warm-up, timed by {bl.clock_name(device)}; "
+             "ratio = median over rounds of other / amptrain (> 1: amptrain faster). "
+             "'not slower' allows the 2% resolution of the measurement (ratio >= 0.98)."]
     bl.report("amptrain vs Lightning and Accelerate", machine, table, notes, record=args.record)
 
 

@@ -26,8 +26,8 @@ def test_library_modules_never_import_the_command_line():
     import sys
     from pathlib import Path
 
-    code = ("import sys, amptrain.compare, amptrain.diagnose, amptrain.workflows.env, amptrain.workflows.runner, "
-            "amptrain.trainer\n"
+    code = ("import sys, amptrain.compare, amptrain.diagnose, amptrain.workflows.env, "
+            "amptrain.workflows.runner, amptrain.trainer\n"
             "print([m for m in sys.modules if m == 'amptrain.cli' "
             "or m.startswith('amptrain.commands')])")
     root = Path(__file__).resolve().parents[1]

@@ -179,8 +179,8 @@ def _entry(metadata, **changes):
     (lambda d, m: _entry(m, transform_descriptors=["stream.zstd"]), "stream transform"),
     (lambda d, m: setattr(m, "storage_data", "everything"), "no storage table"),
     (lambda d, m: m.state_dict_metadata.update(x=3), "state-dict entries"),
-], ids=["dot-dot", "absolute", "nul-byte", "missing-shard", "fifo-shard", "offset", "negative-length",
-        "transform", "no-table", "entry-type"])
+], ids=["dot-dot", "absolute", "nul-byte", "missing-shard", "fifo-shard", "offset",
+        "negative-length", "transform", "no-table", "entry-type"])
 def test_metadata_that_points_elsewhere_is_a_damaged_checkpoint(tmp_path, change, fragment):
     step_dir = _saved_step(tmp_path)
     _plant(step_dir, lambda m: change(step_dir, m))

@@ -123,7 +123,8 @@ def test_command_modules_import_nothing_heavy():
 
     code = ("import sys\nfrom amptrain import commands\n"
             "for name in commands.COMMANDS: commands.load(name)\n"
-            "print(sorted(m for m in ('torch', 'numpy', 'amptrain.workflows.runner') if m in sys.modules))")
+            "print(sorted(m for m in ('torch', 'numpy', 'amptrain.workflows.runner')"
+            " if m in sys.modules))")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                           check=True)
     assert done.stdout.strip() == "[]"

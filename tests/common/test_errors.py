@@ -69,5 +69,6 @@ def test_a_user_error_from_a_dataloader_worker_is_the_users_line_again():
 
     wrapped = ("Caught UserError in DataLoader worker process 1.\nOriginal Traceback (most "
                "recent call last):\n  File \"x.py\", line 3, in f\n    raise UserError(...)\n"
-               "amptrain.common.errors.UserError: --data module:m.f: training sample 40 is unusable\n")
+               "amptrain.common.errors.UserError: --data module:m.f: "
+               "training sample 40 is unusable\n")
     assert str(UserError(wrapped)) == "--data module:m.f: training sample 40 is unusable"

@@ -253,7 +253,8 @@ def test_values_are_converted_as_their_flag_would_convert_them():
                                         "compile": "false", "keep_fp32": "head",
                                         "micro_batch_size": 8, "batch_size": 16})
     assert config.schedule.lr == 0.001 and isinstance(config.schedule.lr, float)
-    assert config.schedule.epochs == 2 and config.schedule.max_steps == 4 and isinstance(config.schedule.max_steps, int)
+    assert config.schedule.epochs == 2 and config.schedule.max_steps == 4
+    assert isinstance(config.schedule.max_steps, int)
     assert config.compile is False and config.precision.keep_fp32 == ["head"]
     assert config.batching.split() == (8, 2)
 

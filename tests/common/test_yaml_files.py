@@ -13,7 +13,8 @@ def test_yaml_keys_accept_dashes(tmp_path):
     path = tmp_path / "run.yaml"
     path.write_text("batch-size: 32\nkeep_fp32: [head]\nmodel: mlp\n")
     config = build_config(RunConfig, load_yaml(path))
-    assert config.batching.batch_size == 32 and config.precision.keep_fp32 == ["head"] and config.model == "mlp"
+    assert config.batching.batch_size == 32 and config.precision.keep_fp32 == ["head"]
+    assert config.model == "mlp"
 
 
 def test_yaml_errors_are_user_errors(tmp_path):

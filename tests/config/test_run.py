@@ -46,8 +46,8 @@ def test_task_options_are_checked_when_built():
 def test_the_rl_options_are_checked_where_declared():
     config = RunConfig.from_options(data="gym:CartPole-v1", gamma=0.98, clip_coef=0.1,
                                     env_steps=4096, minibatches=8)
-    assert (config.ppo.gamma, config.ppo.clip_coef, config.ppo.env_steps, config.ppo.minibatches) == \
-        (0.98, 0.1, 4096, 8)
+    ppo = config.ppo
+    assert (ppo.gamma, ppo.clip_coef, ppo.env_steps, ppo.minibatches) == (0.98, 0.1, 4096, 8)
     for values, fragment in [({"gamma": 1.5}, "gamma must be between 0 and 1"),
                              ({"gae_lambda": -0.1}, "gae_lambda must be between 0 and 1"),
                              ({"ent_coef": -1.0}, "ent_coef must be a number >= 0"),

@@ -22,7 +22,8 @@ def test_npz_features_images_and_explicit_validation(tmp_path):
     rng = np.random.default_rng(0)
     np.savez(tmp_path / "f.npz", x=rng.normal(size=(30, 5)), y=np.array(["no", "yes"] * 15))
     data = build_data(f"npz:{tmp_path / 'f.npz'}")
-    assert data.kind == "features" and data.input_shape == (5,) and data.class_names == ["no", "yes"]
+    assert data.kind == "features" and data.input_shape == (5,)
+    assert data.class_names == ["no", "yes"]
     assert len(data.train) == 24 and data.train.tensors[0].dtype == torch.float32
 
     np.savez(tmp_path / "i.npz", x=rng.integers(0, 256, (20, 7, 7), dtype=np.uint8),

@@ -110,7 +110,8 @@ def _standardised(data):
 
 def cifar_batch(n: int, seed: int, bytes_keys: bool = True) -> dict:
     rng = np.random.default_rng(seed)
-    batch = {"batch_label": "training batch", "data": rng.integers(0, 256, (n, 3072), dtype=np.uint8),
+    batch = {"batch_label": "training batch",
+             "data": rng.integers(0, 256, (n, 3072), dtype=np.uint8),
              "labels": [int(v) for v in rng.integers(0, 10, n)], "filenames": ["x.png"] * n}
     return {k.encode(): v for k, v in batch.items()} if bytes_keys else batch
 
@@ -118,7 +119,8 @@ def cifar_batch(n: int, seed: int, bytes_keys: bool = True) -> dict:
 def write_cifar(root, batches: int = 2, test: bool = True, bytes_keys: bool = True) -> None:
     root.mkdir(parents=True, exist_ok=True)
     for i in range(1, batches + 1):
-        (root / f"data_batch_{i}").write_bytes(pickle.dumps(cifar_batch(10, i, bytes_keys), protocol=2))
+        batch = cifar_batch(10, i, bytes_keys)
+        (root / f"data_batch_{i}").write_bytes(pickle.dumps(batch, protocol=2))
     if test:
         (root / "test_batch").write_bytes(pickle.dumps(cifar_batch(6, 99, bytes_keys), protocol=2))
     meta = {b"label_names": [n.encode() for n in CIFAR_NAMES], b"num_cases_per_batch": 10}
@@ -183,5 +185,6 @@ def test_cifar10_pickles_cannot_run_code(tmp_path):
     write_cifar(tmp_path)
     marker = tmp_path / "pwned"
     (tmp_path / "data_batch_1").write_bytes(pickle.dumps({b"data": _Exploit(marker)}, protocol=2))
-    assert_data_error(f"cifar10:{tmp_path}", "refusing to load posix.mkdir|refusing to load nt.mkdir")
+    assert_data_error(f"cifar10:{tmp_path}",
+                      "refusing to load posix.mkdir|refusing to load nt.mkdir")
     assert not marker.exists()

@@ -32,7 +32,8 @@ def test_csv_text_tokenises_with_a_training_vocabulary(tmp_path):
     rows = CSV_ROWS + [("zebra zebra unseen", "pos", "val"), ("great", "neg", "val")]
     write_csv(path, [r + ("train",) if len(r) == 2 else r for r in rows], header="text,label,split")
     data = build_data(f"csv-text:{path},max_len=6")
-    assert data.kind == "sequence" and data.input_shape == (6,) and data.class_names == ["neg", "pos"]
+    assert data.kind == "sequence" and data.input_shape == (6,)
+    assert data.class_names == ["neg", "pos"]
     vocabulary = data.fitted["vocabulary"]
     assert vocabulary[:4] == ["<pad>", "<unk>", "great", "terrible"]  # by count, ties a-z
     assert "zebra" not in vocabulary  # only in validation rows: no leak

@@ -100,7 +100,7 @@ def test_no_sync_between_accumulation_boundaries(scenarios):
         torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-7)
     # Control: syncing every micro-batch makes the off-boundary gradients identical too,
     # so the inequality above is no_sync's doing.
-    for (_, boundary, grads0), (_, _, grads1) in zip(snaps[0]["always_sync"],
+    for (_, _boundary, grads0), (_, _, grads1) in zip(snaps[0]["always_sync"],
                                                      snaps[1]["always_sync"]):
         assert all(torch.allclose(a, b) for a, b in zip(grads0, grads1))
 

@@ -12,7 +12,9 @@ import torch
 transformers = pytest.importorskip("transformers")
 pytest.importorskip("accelerate")
 
-from amptrain.common.errors import UserError
+# Below the importorskips on purpose (E402): without the hf extra the module is skipped
+# before amptrain.integrations.hf, which refuses to import without transformers, is reached.
+from amptrain.common.errors import UserError  # noqa: E402
 from amptrain.integrations.core import check_version  # noqa: E402
 from amptrain.integrations.hf import DiagnoseCallback  # noqa: E402
 

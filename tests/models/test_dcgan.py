@@ -79,7 +79,8 @@ def test_options_init_and_both_parts_train():
     torch.manual_seed(0)
     model = build_model("dcgan:16,latent=8", ModelInputs(10, (1, 8, 8)))
     assert model.latent == 8 and model.discriminator.features[0].out_channels == 16
-    convs = [m.weight.detach() for m in model.modules() if isinstance(m, (nn.Conv2d, nn.ConvTranspose2d))]
+    convs = [m.weight.detach() for m in model.modules()
+             if isinstance(m, (nn.Conv2d, nn.ConvTranspose2d))]
     assert abs(float(torch.cat([w.flatten() for w in convs]).std()) - 0.02) < 0.004
     norms = [m for m in model.modules() if isinstance(m, nn.BatchNorm2d)]
     assert norms and all(abs(float(m.weight.detach().mean()) - 1) < 0.02 for m in norms)

@@ -31,7 +31,8 @@ needs_transformers = pytest.mark.skipif(
 
 
 def _example():
-    """examples/tiny_hf_model.py: the tiny BERT and review CSV docs/hf-fp8.md and docs/export.md use too."""
+    """examples/tiny_hf_model.py: the tiny BERT and review CSV that docs/hf-fp8.md and
+    docs/export.md use too."""
     spec = importlib.util.spec_from_file_location("tiny_hf_model",
                                                   ROOT / "examples" / "tiny_hf_model.py")
     module = importlib.util.module_from_spec(spec)
@@ -168,9 +169,9 @@ def test_accumulation_equals_one_batch_k_times_larger(local):
 @pytest.mark.parametrize("precision", ["32-true", "bf16-mixed", "16-mixed"])
 def test_fine_tunes_in_each_precision(local, tmp_path, precision):
     model_dir, csv_path = local
-    config = RunConfig.from_options(model=f"hf:{model_dir}", data=f"csv-text:{csv_path}", precision=precision,
-                       device="cpu", epochs=4, batch_size=16, lr=3e-3, no_progress=True,
-                       out=str(tmp_path / precision))
+    config = RunConfig.from_options(model=f"hf:{model_dir}", data=f"csv-text:{csv_path}",
+                                    precision=precision, device="cpu", epochs=4, batch_size=16,
+                                    lr=3e-3, no_progress=True, out=str(tmp_path / precision))
     result = run_training(config)
     assert result.precision == precision and result.skipped_steps == 0
     losses = [r["loss"] for r in result.history if "loss" in r]

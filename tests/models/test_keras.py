@@ -19,13 +19,15 @@ import torch
 os.environ.setdefault("KERAS_BACKEND", "torch")  # before keras is imported, as amptrain does
 keras = pytest.importorskip("keras", reason="keras 3 is an optional extra: amptrain[keras]")
 
+# Below the importorskip on purpose (E402): without the keras extra the module is skipped
+# before any of amptrain is imported, and KERAS_BACKEND is set before anything could import keras.
 from amptrain import checkpoint  # noqa: E402
+from amptrain.common.errors import UserError  # noqa: E402
 from amptrain.config import RunConfig, build_config  # noqa: E402
-from amptrain.common.errors import UserError
 from amptrain.models import ModelInputs, build_model, exporter_of  # noqa: E402
 from amptrain.models import keras as keras_models  # noqa: E402
 from amptrain.precision.islands import default_keep_fp32  # noqa: E402
-from amptrain.workflows.runner import run_training
+from amptrain.workflows.runner import run_training  # noqa: E402
 from tests.distributed.helpers import ROOT, child_env, free_port, run  # noqa: E402
 
 DIGITS = ModelInputs(num_classes=10, input_shape=(1, 8, 8), kind="image")

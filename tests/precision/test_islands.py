@@ -157,9 +157,10 @@ def test_transformer_with_large_activations_trains_in_16_mixed_without_skips():
 
 # ------------------------------------------------------------ LSTM in 16-mixed
 def test_lstm_trains_in_16_mixed_on_cpu(tmp_path):
-    config = RunConfig.from_options(model="lstm:embed=32,hidden=32", data="synthetic-seq:samples=512,length=32,"
-                       "vocab=200,signal=0.5", precision="16-mixed", device="cpu",
-                       epochs=4, batch_size=32, lr=1e-2, no_progress=True, out=str(tmp_path))
+    config = RunConfig.from_options(model="lstm:embed=32,hidden=32",
+                                    data="synthetic-seq:samples=512,length=32,vocab=200,signal=0.5",
+                                    precision="16-mixed", device="cpu", epochs=4, batch_size=32,
+                                    lr=1e-2, no_progress=True, out=str(tmp_path))
     result = run_training(config)
     assert result.precision == "16-mixed" and result.skipped_steps == 0
     assert result.val_metrics["acc"] > 0.6, result      # 4 classes: chance is 0.25
@@ -204,9 +205,9 @@ def test_bert_tiny_transformer_trains_from_scratch(tmp_path, data, precision):
     epochs = 3
     if data == "csv-text":
         data, epochs = f"csv-text:{_topic_csv(tmp_path / 'topics.csv')},max_len=16", 5
-    config = RunConfig.from_options(model="transformer", data=data, precision=precision, device="cpu",
-                       epochs=epochs, batch_size=32, lr=1e-3, no_progress=True,
-                       out=str(tmp_path / "run"))
+    config = RunConfig.from_options(model="transformer", data=data, precision=precision,
+                                    device="cpu", epochs=epochs, batch_size=32, lr=1e-3,
+                                    no_progress=True, out=str(tmp_path / "run"))
     result = run_training(config)
     assert result.skipped_steps == 0
     train = [r["loss"] for r in result.history if "loss" in r]

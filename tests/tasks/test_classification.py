@@ -52,7 +52,8 @@ def test_evaluation_sums_accuracy_and_reports(tmp_path):
     sums.update(torch.tensor([[2.0, 0, 0], [0, 2.0, 0]]), torch.tensor([0, 2]))
     sums.update(torch.tensor([[0, 0, 2.0]]), torch.tensor([2]))
     result = task.finish_eval(sums, lambda t: t, loss=0.5, samples=3)
-    assert result.metrics == {"acc": pytest.approx(2 / 3)} and result.accuracy == result.metrics["acc"]
+    assert result.metrics == {"acc": pytest.approx(2 / 3)}
+    assert result.accuracy == result.metrics["acc"]
     assert result.record() == {"val_loss": 0.5, "val_acc": pytest.approx(2 / 3)}
     result.write(tmp_path)
     report = json.loads((tmp_path / "report.json").read_text())

@@ -195,7 +195,8 @@ def test_checks_name_the_flag_for_data_and_outputs_that_are_not_images():
 
 def test_state_round_trips_and_the_metric_is_judged_relatively():
     task = GanTask()
-    task.learn_from(TensorData(torch.linspace(-1, 3, 4 * 64).view(4, 1, 8, 8), torch.tensor([0, 1, 0, 1])))
+    images = torch.linspace(-1, 3, 4 * 64).view(4, 1, 8, 8)
+    task.learn_from(TensorData(images, torch.tensor([0, 1, 0, 1])))
     assert task.value_range == [[-1.0], [3.0]]
     again = build_task("gan", class_names=None, **json.loads(json.dumps(task.state())))
     assert isinstance(again, GanTask) and again.value_range == task.value_range

@@ -46,7 +46,7 @@ def test_the_split_is_decided_once_at_set_up_and_every_step_reads_it():
     trainer = Trainer(precision="32-true", device="cpu", no_progress=True, batch_size=32,
                       micro_batch_size=8, max_steps=2)
     with pytest.raises(UserError, match="set the Trainer up first"):
-        trainer.accumulate
+        _ = trainer.accumulate  # reading the property before setup must raise
     trainer.setup(tiny_mlp(), tiny_classification(n=200))
     decided = trainer.sizer.split
     assert decided == MicroBatchSplit(8, 4) and trainer.accumulate == 4

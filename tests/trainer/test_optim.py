@@ -23,7 +23,8 @@ def test_fused_where_exact_and_not_for_half_sgd_on_the_cpu():
     assert not Precision("16-true", device="cpu").allows_fused("sgd")
     assert Precision("bf16-master", device="cpu").allows_fused("sgd")
     assert Precision("bf16-true", device="cpu").allows_fused("adamw")
-    optimizer = build_optimizer(build_config(TrainConfig, {"optimizer": "sgd"}), model, fused_allowed=False)
+    config = build_config(TrainConfig, {"optimizer": "sgd"})
+    optimizer = build_optimizer(config, model, fused_allowed=False)
     assert not optimizer.defaults["fused"]
 
 
@@ -43,7 +44,8 @@ def test_matrices_decay_and_biases_do_not():
 def test_warmup_then_schedule(scheduler, expected):
     model = tiny_mlp()
     optimizer = torch.optim.SGD(model.parameters(), lr=1.0)
-    schedule = build_scheduler(build_config(TrainConfig, {"scheduler": scheduler, "warmup_steps": 2}), optimizer, 5)
+    config = build_config(TrainConfig, {"scheduler": scheduler, "warmup_steps": 2})
+    schedule = build_scheduler(config, optimizer, 5)
     seen = []
     for _ in range(5):
         seen.append(optimizer.param_groups[0]["lr"])

@@ -49,8 +49,9 @@ def test_auto_warmup_is_five_epochs_capped_at_a_tenth_of_the_run(steps_per_epoch
 @pytest.mark.parametrize("scaling,factor", [("linear", 4.0), ("sqrt", 2.0)])
 def test_scaling_up_multiplies_the_lr_and_adds_the_auto_warmup(scaling, factor):
     plan = plan_lr(_config(lr_scaling=scaling), steps_per_epoch=10, total_steps=1000)
-    assert plan == LrSchedule(base_lr=0.1, lr=pytest.approx(0.1 * factor), factor=pytest.approx(factor),
-                          warmup_steps=50, warmup_given=0, warmup_auto=50)
+    assert plan == LrSchedule(base_lr=0.1, lr=pytest.approx(0.1 * factor),
+                              factor=pytest.approx(factor), warmup_steps=50, warmup_given=0,
+                              warmup_auto=50)
 
 
 def test_sqrt_and_linear_differ_on_a_non_square_ratio():

@@ -48,7 +48,7 @@ def test_bench_times_the_path_a_run_takes_here_and_labels_it(monkeypatch, isa, s
     monkeypatch.setattr(env, "_timed", spy)
     bench = env.run_bench(cpu, rounds=1, target_s=0.0)
     assert {r["dtype"]: r["path"] for r in bench["results"]} == paths
-    for op, dtype, emulate in timed:  # the emulation: fp32 inputs under its autocast
+    for _op, dtype, emulate in timed:  # the emulation: fp32 inputs under its autocast
         half = {torch.bfloat16: "bf16", torch.float16: "fp16"}
         if emulate is not None:
             assert dtype == torch.float32 and paths[half[emulate]] == "emulated"

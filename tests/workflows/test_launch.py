@@ -29,7 +29,7 @@ def _train_args(*argv: str) -> tuple[argparse.Namespace, RunConfig]:
     return args, build_config(RunConfig, merged_values(args))
 
 
-# ------------------------------------------------------------- moved from tests/distributed/test_base.py
+# ----------------------------------------------- moved from tests/distributed/test_base.py
 def test_launcher_flags_become_torchrun_arguments_not_config():
     args, config = _train_args("--model", "mlp", "--precision", "bf16-mixed", "--keep-fp32", "head",
                                "--lr", "0.003", "--no-progress", "--out", "runs/x",

@@ -146,7 +146,8 @@ def test_diagnose_bf16_verdict_per_class(cpu_class):
 
     fastest, emulated = EXPECTED[cpu_class]
     scale = {"unscaled": {"below_min_normal": 0.0}}
-    verdict = _bf16_verdict({}, None, scale, None, support.supported_precisions(support.device_features(CPU)), CPU)
+    supported = support.supported_precisions(support.device_features(CPU))
+    verdict = _bf16_verdict({}, None, scale, None, supported, CPU)
     if "bf16-mixed" in emulated:
         assert "only emulated on this cpu" in verdict["reason"]
         assert "32-true here" in verdict["reason"] and not verdict["native"]

@@ -25,7 +25,8 @@ CPU = torch.device("cpu")
 ])
 def test_cpu_classes(monkeypatch, flags, native_bf16, fp16, bf16):
     # The flags stand for the whole CPU: a cap on oneDNN's ISA from the environment (the
-    # AVX2-class check of docs/development.md) would lower the AMX row to AVX2 (support.onednn_may_use).
+    # AVX2-class check of docs/development.md) would lower the AMX row to AVX2
+    # (support.onednn_may_use).
     monkeypatch.delenv("ONEDNN_MAX_CPU_ISA", raising=False)
     monkeypatch.delenv("DNNL_MAX_CPU_ISA", raising=False)
     monkeypatch.setattr(support, "cpu_has_native_bf16", lambda flags=None: native_bf16)
