@@ -17,7 +17,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from ..common.errors import flag, warn
-from .lowbit import RECIPES
+from .lowbit import ABLATED, RECIPES
 from .modes import ModeSpec
 from .options import LOWBIT_SETTINGS, PrecisionConfig, lowbit_defaults
 
@@ -44,7 +44,7 @@ def settings_read(spec: ModeSpec) -> frozenset[str]:
     if not spec.lowbit:
         return frozenset()
     read = {"lowbit_bf16_last", *plan_settings_read([spec.lowbit])}
-    if spec.lowbit == "nvfp4":
+    if spec.lowbit == ABLATED:
         read.add("nvfp4_without")
     return frozenset(read)
 
