@@ -76,7 +76,8 @@ def _html_table(study: Study) -> str:
     head = "".join(f"<th>{html.escape(c)}</th>" for c in columns(study.summary))
     body = []
     for row in study.summary:
-        cells = [html.escape(c) for c in _cells(row, study.baseline, study.emulated, study.given)]
+        cells = [html.escape(c) for c in _cells(row, study.baseline, study.emulated,
+                                                 study.given, study.names)]
         p = row["precision"]
         tags = ""
         if p == study.baseline:

@@ -13,7 +13,8 @@ def render_markdown(study: Study) -> str:
     parts = [f"# {_title(study)}", "", f"**{headline}**", "",
              (f"Speedup, memory ratio and Δ {metric} are relative to `{study.baseline}` "
               f"measured in the same invocation. {_config_line(study)}."), "",
-             markdown_table(study.summary, study.baseline, study.emulated, study.given), "",
+             markdown_table(study.summary, study.baseline, study.emulated, study.given,
+                            study.names), "",
              *([f"> ⚠️ {warning}", ""] if (warning := timing_warning(study.summary)) else []),
              *([f"> ⚠️ {weak}", ""] if (weak := seed_warning(study.summary)) else []),
              f"![loss curves, loss scale, throughput, memory and {metric}](compare.png)", ""]
