@@ -373,9 +373,11 @@ class LowBitRecorder:
 
     @property
     def labels(self) -> dict[str, str]:
-        """Format -> the recipe it was measured as, where that has a name of its own
-        (``nvfp4`` -> ``nvfp4 without 2d``)."""
-        return {name: r.name for name, r in self.recipes.items() if r.name != name}
+        """Format -> the recipe it was measured as, where that has a name of its own and
+        counts otherwise than the format's (``nvfp4`` -> ``nvfp4 without 2d``; nvfp4
+        without sr or rht counts as nvfp4, :func:`counted`, and keeps its name)."""
+        return {name: r.name for name, r in self.recipes.items()
+                if r.name != name and counted(r) != counted(RECIPES[name])}
 
     def remove(self) -> None:
         for handle in self._handles:

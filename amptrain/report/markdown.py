@@ -27,7 +27,7 @@ def render_markdown(study: Study) -> str:
         for r in runs:
             same = {True: "yes", False: "**no**"}.get(r.get("same_initial_weights"), "n/a")
             acc = run_metric_cell(r, study.task)
-            parts.append(f"| `{r['precision']}` | {r['seed']} | {acc} | "
+            parts.append(f"| `{study.name_of(r['precision'])}` | {r['seed']} | {acc} | "
                          f"{_num(r.get('val_loss'), '.4f')} | {_num(r.get('final_loss'), '.4f')} | "
                          f"{r.get('skipped_steps', 'n/a')} | {r.get('steps', 'n/a')} | "
                          f"{_num(r.get('wall_s'), '.1f', ' s')} | {same} | `{r['dir']}` |")

@@ -135,4 +135,5 @@ def test_a_compare_gives_each_row_its_options_and_warns_once_about_an_unread_one
         "summary"]] == ["bf16-mixed", "16-mixed", "mxfp4", f"plan:{plan}"]
     report = (out / "report.md").read_text()
     assert "| `mxfp4 rceil` (emulated) |" in report and "| `16-mixed` |" in report
+    assert "| `mxfp4 rceil` | 0 |" in report   # its run, in the table of runs
     assert "mxfp4 rceil (emulated)" in (out / "report.html").read_text()

@@ -206,8 +206,9 @@ def test_a_diagnosis_runs_halt_does_not_send_the_user_to_run_diagnose():
 
 def test_the_low_bit_report_measures_nvfp4_without_the_part_left_out():
     """--nvfp4-without 2d: the report's nvfp4 measures the weight in 1x16 blocks (named
-    "nvfp4 without 2d"), no warning; sr and rht leave the report's counts as they are, and
-    the warning says so for that value only (for --precision nvfp4: its run reads it)."""
+    "nvfp4 without 2d"), no warning; sr and rht leave the report's counts (and its name
+    nvfp4) as they are, and the warning says so for that value only (for --precision
+    nvfp4: its run reads it)."""
     reports, said = {}, {}
     for without, precision in (("none", "auto"), ("2d", "auto"), ("sr", "auto"),
                                ("rht", "nvfp4")):
@@ -225,7 +226,7 @@ def test_the_low_bit_report_measures_nvfp4_without_the_part_left_out():
     assert flushed["sr"] == flushed["rht"] == flushed["none"]
     assert lowbit["2d"]["nvfp4_without"] == "2d"
     assert lowbit["2d"]["labels"] == {"nvfp4": "nvfp4 without 2d"}
-    assert lowbit["none"]["labels"] == {}
+    assert lowbit["none"]["labels"] == lowbit["sr"]["labels"] == lowbit["rht"]["labels"] == {}
     line = next(s for s in summary_lines(reports["2d"]) if s.startswith("low-bit formats"))
     assert "; nvfp4 without 2d " in line and "; nvfp4-plain " in line
     why = ("the report counts the forward GEMM's input and weight and the grad-input GEMM's "
