@@ -80,6 +80,7 @@ def run(args: argparse.Namespace) -> int:
     """Run the study, print the summary table and where the reports are."""
     # deferred: torch loads when the command runs, not for --help
     from ..compare import CompareOptions, run_compare
+    from ..compare.rows import row_names
     from ..compare.summary import data_wait_warning
     from ..precision.modes import as_given
     from ..report import format_table, timing_warning
@@ -94,8 +95,10 @@ def run(args: argparse.Namespace) -> int:
     emulated = emulated_here(config.device) | emulated_plans(
         [r["precision"] for r in result["summary"]], config.device)
     given = as_given([*str(options.precisions).split(","), options.baseline])  # Keras names
-    print(format_table(result["summary"], result["baseline"], emulated, given))
-    marked = [r["precision"] for r in result["summary"] if is_emulated(r["precision"], emulated)]
+    rows = [r["precision"] for r in result["summary"]]
+    names = row_names(config, rows)   # mxfp4 rceil: the low-bit settings a row ran with
+    print(format_table(result["summary"], result["baseline"], emulated, given, names))
+    marked = [names.get(p, p) for p in rows if is_emulated(p, emulated)]
     if marked:
         print(f"(emulated): {', '.join(marked)} {'has' if len(marked) == 1 else 'have'} no "
               f"hardware on this device: for studying that format's numerics here, never "

@@ -17,7 +17,7 @@ from ..common.errors import UserError, flag
 from ..report import write_reports
 from ..tasks import Task, delta_field
 from .options import CURVE_POINTS, CompareOptions, resolve_precisions, resolve_tolerance
-from .rows import warn_unread
+from .rows import row_names, warn_unread
 from .reliability import assess_timing, check_against_training, machine_load, usable_cores
 from .runs import train_runs
 from .seeds import BOOTSTRAP_REPS, BOOTSTRAP_SEED, MIN_SEEDS
@@ -95,6 +95,8 @@ def _study(config: RunConfig, options: CompareOptions, *, command: str | None,
         "duration_s": round(time.time() - started, 1), "device": str(device),
         "config": {k: v for k, v in to_dict(config).items() if k not in ("precision", "out")},
         "options": dataclasses.asdict(options), "seeds": seeds, "speed": speed,
+        # The rows' displayed names, where a low-bit setting sets one apart (mxfp4 rceil).
+        "row_names": row_names(config, precisions),
         # How the verdicts over seeds were computed, for the report to say.
         "seed_method": {"bootstrap_reps": BOOTSTRAP_REPS, "bootstrap_seed": BOOTSTRAP_SEED,
                         "min_seeds": MIN_SEEDS},

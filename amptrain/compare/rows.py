@@ -8,7 +8,9 @@ the loss scaler's (``--init-scale``, ...) where its mode scales the loss, ``--ma
 where it does not (:func:`..trainer.inapplicable.unread_by`). Elsewhere the row runs them at
 their defaults and does not count them as given, so its saved config claims only what it
 ran with and no row warns that an option does nothing in it; the study warns once about an
-option that no row reads (:func:`warn_unread`).
+option that no row reads (:func:`warn_unread`). A row's displayed name adds the low-bit
+settings it runs away from their defaults (:func:`row_names`: ``mxfp4 rceil``); its label,
+by which rows are matched (``--baseline``, compare.json), stays the mode's.
 """
 from __future__ import annotations
 
@@ -20,7 +22,7 @@ from ..common.errors import warn
 from ..common.options import given_options
 from ..config import RunConfig
 from ..precision.hardware.devices import resolve_device
-from ..precision.lowbit_settings import unread_settings, warn_unread_settings
+from ..precision.lowbit_settings import settings_shown, unread_settings, warn_unread_settings
 from ..precision.modes import ModeSpec
 from ..precision.resolve import resolve_precision
 from ..trainer.inapplicable import for_mode, unread_by, unread_note
@@ -38,6 +40,18 @@ def row_config(label: str, config: RunConfig, **changes: Any) -> RunConfig:
     (:func:`..trainer.inapplicable.for_mode`; see the module docstring)."""
     return for_mode(config.with_options(**row_options(label), **changes),
                     _row_spec(label, resolve_device(config.device)))
+
+
+def row_names(config: RunConfig, labels: list[str]) -> dict[str, str]:
+    """Row label -> its displayed name, for the rows whose runs read a low-bit setting that
+    ``config`` gives away from its default (``mxfp4`` -> ``mxfp4 rceil``, ``nvfp4`` ->
+    ``nvfp4 without rht``): two studies with different settings show different names.
+    The other rows are shown by their labels (not in the result)."""
+    device = resolve_device(config.device)
+    names = {label: " ".join([label, *settings_shown(_row_spec(label, device),
+                                                     config.precision)])
+             for label in labels}
+    return {label: name for label, name in names.items() if name != label}
 
 
 def warn_unread(config: RunConfig, labels: list[str], where: str) -> None:

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -25,8 +25,8 @@ from torch import nn
 
 from ..precision.nonfinite import extremes, floating_tensors
 from ..precision.fp8 import plan_float8
-from ..precision.lowbit import RECIPES, format_recipe
-from ..precision.lowbit_operand import loss_counts
+from ..precision.lowbit import RECIPES, Recipe, format_recipe
+from ..precision.lowbit_operand import Quantiser, loss_counts
 
 FP16_MAX = 65504.0
 BF16_MAX = float(torch.finfo(torch.bfloat16).max)
@@ -250,11 +250,12 @@ class RangeRecorder:
     """
 
     def __init__(self, model: nn.Module, lowbit: bool = False,
-                 mx_scale: str = "floor") -> None:
+                 mx_scale: str = "floor", without: str = "none") -> None:
         self.stats = RangeStats()
         #: ``lowbit``: also what the low-bit formats would lose (:class:`LowBitRecorder`,
-        #: the MX formats' block scales chosen by ``mx_scale``)
-        self.lowbit = LowBitRecorder(model, mx_scale=mx_scale) if lowbit else None
+        #: the MX formats' block scales chosen by ``mx_scale``, nvfp4 ``without`` a part)
+        self.lowbit = LowBitRecorder(model, mx_scale=mx_scale, without=without) \
+            if lowbit else None
         self.modules: dict[str, tuple[str, bool]] = {}   # label -> (type, leaf)
         self.order: dict[str, int] = {}
         self._handles: list[Any] = []
@@ -309,6 +310,16 @@ class RangeRecorder:
 LOWBIT_OPERANDS = ("activation", "weight", "gradient")
 
 
+def counted(recipe: Recipe) -> tuple[Quantiser, Quantiser, Quantiser]:
+    """The quantisers :class:`LowBitRecorder` counts ``recipe``'s losses with, as it counts
+    them: the forward GEMM's input and weight and the grad-input GEMM's gradient, rounded
+    to nearest (:func:`~amptrain.precision.lowbit_operand.loss_counts`). Two recipes alike
+    here have the same report: nvfp4 without ``sr`` (rounding) or ``rht`` (a transform
+    on the weight-gradient GEMM's operands only) counts as nvfp4 does."""
+    return (replace(recipe.input, stochastic=False), replace(recipe.weight, stochastic=False),
+            replace(recipe.grad_output, stochastic=False))
+
+
 class LowBitRecorder:
     """Per Linear layer that the low-bit precisions would take (their default rules:
     plain ``nn.Linear``, aligned dimensions, not the first or last), the share of each
@@ -319,12 +330,15 @@ class LowBitRecorder:
     Counts stay on the device and are read once (:meth:`read`)."""
 
     def __init__(self, model: nn.Module, formats: tuple[str, ...] | None = None,
-                 layers: list[str] | None = None, mx_scale: str = "floor") -> None:
+                 layers: list[str] | None = None, mx_scale: str = "floor",
+                 without: str = "none") -> None:
         """``formats``: only these recipes (default: all); ``layers``: these Linear layers
         instead of the low-bit precisions' default choice (``amptrain plan`` asks about
         every aligned Linear, the first and the last too); ``mx_scale``: how the MX
-        formats choose their block scales (``--mx-scale``: floor or rceil)."""
-        self.recipes = {name: format_recipe(name, mx_scale) for name in RECIPES}
+        formats choose their block scales (``--mx-scale``: floor or rceil); ``without``:
+        the part of the NVFP4 training recipe left out (``--nvfp4-without``). Counts stay
+        keyed by the format's name (``nvfp4``); :attr:`labels` names what was measured."""
+        self.recipes = {name: format_recipe(name, mx_scale, without) for name in RECIPES}
         modules = dict(model.named_modules())
         #: label -> the formats that would take it
         self.formats: dict[str, list[str]] = {}
@@ -356,6 +370,14 @@ class LowBitRecorder:
             if isinstance(output, torch.Tensor) and output.requires_grad:
                 output.register_hook(lambda grad: self._add(label, "gradient", grad))
         return hook
+
+    @property
+    def labels(self) -> dict[str, str]:
+        """Format -> the recipe it was measured as, where that has a name of its own and
+        counts otherwise than the format's (``nvfp4`` -> ``nvfp4 without 2d``; nvfp4
+        without sr or rht counts as nvfp4, :func:`counted`, and keeps its name)."""
+        return {name: r.name for name, r in self.recipes.items()
+                if r.name != name and counted(r) != counted(RECIPES[name])}
 
     def remove(self) -> None:
         for handle in self._handles:

@@ -390,12 +390,17 @@ LOWBIT_LOSS = 1e-2
 _EIGHT_BIT = ("fp8", "fp8-rowwise", "mxfp8")
 
 
-def lowbit_advice(shares: dict[str, dict[str, dict[str, dict[str, float]]]]
-                  ) -> dict[str, Any]:
+def lowbit_advice(shares: dict[str, dict[str, dict[str, dict[str, float]]]],
+                  labels: dict[str, str] | None = None) -> dict[str, Any]:
     """What the low-bit formats lose per eligible Linear layer (from
     :class:`~.ranges.LowBitRecorder`) and the advice that follows: rowwise instead of
     tensorwise scales, a format with more mantissa, or keeping a layer out (``--keep-fp32``).
+    ``labels``: a format's name where it was measured as a recipe of its own
+    (:attr:`~.ranges.LowBitRecorder.labels`: ``nvfp4 without 2d``), in the advice and in
+    the result's ``labels``.
     """
+    labels = dict(labels or {})
+
     def lost(module: str, fmt: str, operand: str) -> float:
         s = shares.get(module, {}).get(fmt, {}).get(operand)
         return s["flushed"] + s["saturated"] if s else 0.0
@@ -427,8 +432,8 @@ def lowbit_advice(shares: dict[str, dict[str, dict[str, dict[str, float]]]]
         w = worst.get(fmt)
         if w and w["lost"] > LOWBIT_LOSS and lost(w["module"], "mxfp8", w["operand"]) \
                 < w["lost"] / 4:
-            advice.append(f"a format with more mantissa than {fmt}: it loses "
-                          f"{_pct(w['lost'])} of {w['module']}'s {w['operand']} values "
+            advice.append(f"a format with more mantissa than {labels.get(fmt, fmt)}: it "
+                          f"loses {_pct(w['lost'])} of {w['module']}'s {w['operand']} values "
                           f"(flushed {_pct(w['flushed'])}, saturated {_pct(w['saturated'])});"
                           f" mxfp8 {_pct(lost(w['module'], 'mxfp8', w['operand']))}")
-    return {"modules": shares, "worst": worst, "advice": advice}
+    return {"modules": shares, "worst": worst, "advice": advice, "labels": labels}

@@ -25,9 +25,10 @@ from torch import nn
 from ..config import RunConfig, TrainConfig, replace_options
 from ..data import DataBundle
 from ..precision.hardware.devices import resolve_device
-from ..common.errors import AmptrainWarning, UserError
+from ..common.errors import AmptrainWarning, UserError, flag, warn
 from ..common.forward import LossFn
 from ..precision import NonFiniteHalt, Precision
+from ..precision.lowbit import ABLATED, RECIPES, format_recipe
 from ..precision.lowbit_settings import settings_read, unread_of, warn_unread_settings
 from ..precision.outcome import diagnosing
 from ..precision.resolve import resolve_precision
@@ -38,7 +39,8 @@ from ..workflows.runner import assemble
 from ..tasks import Task
 from ..trainer import Trainer
 from ..trainer.inapplicable import for_mode
-from .ranges import FORMATS, FP16, FP16_MAX, SAMPLE_LIMIT, RangeRecorder, fractions
+from .ranges import (FORMATS, FP16, FP16_MAX, SAMPLE_LIMIT, RangeRecorder, counted,
+                     fractions)
 from .recommend import (
     _bf16_verdict,
     _casts_inputs_to_half,
@@ -130,14 +132,29 @@ def run_steps(config: TrainConfig, data: DataBundle, model: nn.Module, steps: in
 
 def _warn_unread(config: TrainConfig, asked: str) -> None:
     """One warning per low-bit setting given that nothing in the diagnosis reads: the
-    low-bit report reads ``--mx-scale``; the run of ``--precision`` (where one is asked
-    for) reads what its mode reads."""
-    read = {"mx_scale"}
+    low-bit report reads ``--mx-scale`` and ``--nvfp4-without``; the run of
+    ``--precision`` (where one is asked for) reads what its mode reads. A part of nvfp4's
+    recipe left out that the report's counts cannot show (:func:`.ranges.counted`: ``sr``,
+    ``rht``) is warned about too, naming that value."""
+    read = {"mx_scale", "nvfp4_without"}
     if asked not in DIAGNOSED:
         read |= settings_read(resolve_precision(asked, resolve_device(config.device)).spec)
     runs = [*DIAGNOSED[1:], *([asked] if asked not in DIAGNOSED else [])]
-    warn_unread_settings(unread_of(config.precision, read),
-                         f"diagnose's runs ({', '.join(runs)}) and its low-bit report")
+    where = f"diagnose's runs ({', '.join(runs)}) and its low-bit report"
+    warn_unread_settings(unread_of(config.precision, read), where)
+    without = config.precision.nvfp4_without
+    ablated = format_recipe(ABLATED, without=without)
+    if without == "none" or counted(ablated) != counted(RECIPES[ABLATED]):
+        return
+    # the report counts it as the whole recipe; the asked run (nvfp4) may still train so
+    asked_reads = asked not in DIAGNOSED and "nvfp4_without" in settings_read(
+        resolve_precision(asked, resolve_device(config.device)).spec)
+    why = (f"the report counts the forward GEMM's input and weight and the grad-input "
+           f"GEMM's gradient, rounded to nearest, which {ablated.name} quantises as "
+           f"{ABLATED} does")
+    warn(f"{flag('nvfp4_without')} {without} changes the {asked} run only, not diagnose's "
+         f"low-bit report: {why}" if asked_reads else
+         f"{flag('nvfp4_without')} {without} does nothing in {where}: {why}")
 
 
 def part_of(trainer: Trainer, label: str) -> str | None:
@@ -212,8 +229,10 @@ def diagnose(config: TrainConfig, steps: int = 20, *, data: DataBundle | None = 
 
     def record_ranges(trainer: Trainer) -> RangeRecorder:
         assert trainer.model is not None  # attached after setup()
-        # the low-bit report measures the MX formats with the scales --mx-scale chooses
-        return RangeRecorder(trainer.model, lowbit=True, mx_scale=config.precision.mx_scale)
+        # the low-bit report measures the MX formats with the scales --mx-scale chooses,
+        # nvfp4 without the part --nvfp4-without leaves out
+        return RangeRecorder(trainer.model, lowbit=True, mx_scale=config.precision.mx_scale,
+                             without=config.precision.nvfp4_without)
 
     stats_run, recorder = run_steps(config, data, copy.deepcopy(initial), steps, "32-true",
                                     attach=record_ranges, task=task, loss_fn=loss_fn)
@@ -313,8 +332,11 @@ def diagnose(config: TrainConfig, steps: int = 20, *, data: DataBundle | None = 
             "attention": attention_overflow(stats, first, range_safe_choice(device)),
             # the recommended flags train 16-mixed: say so where this device emulates it
             "device_note": emulation_warning("16-mixed", device),
-            "lowbit": {**lowbit_advice(recorder.lowbit.read() if recorder.lowbit else {}),
-                       "mx_scale": config.precision.mx_scale},   # how MX was measured
+            # how MX and nvfp4 were measured, and the names of the recipes measured
+            "lowbit": {**lowbit_advice(recorder.lowbit.read() if recorder.lowbit else {},
+                                       recorder.lowbit.labels if recorder.lowbit else {}),
+                       "mx_scale": config.precision.mx_scale,
+                       "nvfp4_without": config.precision.nvfp4_without},
         },
         "modules": {name: {k: v for k, v in s.items() if k != "_hist"}
                     for name, s in sorted(stats.items(), key=lambda kv: (

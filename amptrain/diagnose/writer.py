@@ -90,11 +90,14 @@ def overflow_lines(recs: dict[str, Any]) -> list[str]:
 
 def lowbit_lines(lowbit: dict[str, Any]) -> list[str]:
     """What each low-bit format loses at worst (flushed to zero / saturated) and the advice;
-    the MX block scales named where ``--mx-scale`` chose rceil."""
+    the MX block scales named where ``--mx-scale`` chose rceil, a format measured as a
+    recipe of its own by that recipe's name (``nvfp4 without 2d``)."""
     worst = lowbit.get("worst") or {}
     if not worst:
         return []
-    cells = [f"{fmt} {_pct(w['flushed'])}/{_pct(w['saturated'])} ({w['module']} {w['operand']})"
+    labels = lowbit.get("labels") or {}
+    cells = [f"{labels.get(fmt, fmt)} {_pct(w['flushed'])}/{_pct(w['saturated'])} "
+             f"({w['module']} {w['operand']})"
              for fmt, w in worst.items()]
     mx_scale = lowbit.get("mx_scale")
     scales = f" (MX block scales: {mx_scale})" if mx_scale not in (None, "floor") else ""

@@ -99,6 +99,9 @@ _ROWWISE = Quantiser("rowwise", "e4m3")
 _TILES = Quantiser("blockwise", "e4m3")
 _NVFP4 = Quantiser("nvfp4", "e2m1")
 
+#: The format whose training recipe ``--nvfp4-without`` ablates (one part left out).
+ABLATED = "nvfp4"
+
 RECIPES: dict[str, Recipe] = {r.name: r for r in (
     Recipe("fp8", Quantiser("tensorwise", "e4m3"), Quantiser("tensorwise", "e4m3"),
            Quantiser("tensorwise", "e5m2"), 16, "fp8", "tensorwise",
@@ -128,23 +131,17 @@ RECIPES: dict[str, Recipe] = {r.name: r for r in (
 )}
 
 
-def format_recipe(fmt: str, mx_scale: str = "floor") -> Recipe:
+def format_recipe(fmt: str, mx_scale: str = "floor", without: str = "none") -> Recipe:
     """Format ``fmt``'s recipe (a key of :data:`RECIPES`) with its MX block scales chosen by
-    ``mx_scale`` (``floor``/``rceil``; a format without MX blocks is as it is): how a
-    precision plan's layer in ``fmt`` computes, and what diagnose and plan's ranking
-    measure it with."""
+    ``mx_scale`` (``floor``/``rceil``; a format without MX blocks is as it is) and, for the
+    NVFP4 training recipe, one part left out (``without``: ``rht``, ``sr``, ``2d``, the
+    ablation; named ``nvfp4 without rht``): how a precision plan's layer in ``fmt``
+    computes (the whole recipe), and what diagnose and plan's ranking measure it with."""
     recipe = RECIPES[fmt]
     if mx_scale != "floor" and recipe.input.scaling == "mx":
         rule = replace(recipe.input, mx_mode=mx_scale)
         recipe = replace(recipe, input=rule, weight=rule, grad_output=rule)
-    return recipe
-
-
-def recipe_for(spec: ModeSpec, mx_scale: str = "floor", without: str = "none") -> Recipe:
-    """``spec``'s recipe, its MX scales computed by ``mx_scale`` (``floor``/``rceil``),
-    and without one part of the NVFP4 recipe (``rht``, ``sr``, ``2d``: the ablation)."""
-    recipe = format_recipe(str(spec.lowbit), mx_scale)
-    if spec.lowbit != "nvfp4":
+    if fmt != ABLATED or without == "none":
         return recipe
     if without == "rht":
         recipe = replace(recipe, hadamard=False)
@@ -152,8 +149,13 @@ def recipe_for(spec: ModeSpec, mx_scale: str = "floor", without: str = "none") -
         recipe = replace(recipe, grad_output=replace(recipe.grad_output, stochastic=False))
     elif without == "2d":
         recipe = replace(recipe, weight=replace(recipe.weight, square=False))
-    return recipe if without == "none" else replace(recipe, name=f"{recipe.name} without "
-                                                                 f"{without}")
+    return replace(recipe, name=f"{recipe.name} without {without}")
+
+
+def recipe_for(spec: ModeSpec, mx_scale: str = "floor", without: str = "none") -> Recipe:
+    """``spec``'s recipe, its MX scales computed by ``mx_scale`` (``floor``/``rceil``),
+    and without one part of the NVFP4 recipe (``rht``, ``sr``, ``2d``: the ablation)."""
+    return format_recipe(str(spec.lowbit), mx_scale, without)
 
 
 def _fp32(tensor: torch.Tensor) -> torch.Tensor:

@@ -9,7 +9,8 @@ precision does not read (:func:`check_lowbit_options`). A workflow that trains s
 precisions (compare's rows) gives each run only the settings its precision reads
 (:func:`settings_for`, the others at their defaults, so a run's saved config claims only
 what it ran with) and warns once about a setting that none of them reads
-(:func:`unread_settings`, :func:`warn_unread_settings`).
+(:func:`unread_settings`, :func:`warn_unread_settings`); a row's name shows the settings
+its run reads away from their defaults (:func:`settings_shown`: ``mxfp4 rceil``).
 """
 from __future__ import annotations
 
@@ -17,7 +18,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from ..common.errors import flag, warn
-from .lowbit import RECIPES
+from .lowbit import ABLATED, RECIPES
 from .modes import ModeSpec
 from .options import LOWBIT_SETTINGS, PrecisionConfig, lowbit_defaults
 
@@ -27,6 +28,10 @@ _PURPOSE = {
     "mx_scale": "it chooses the block scales of mxfp8 and mxfp4",
     "nvfp4_without": "it leaves a part of the nvfp4 training recipe out",
 }
+
+#: How each setting reads in a row's name at a value away from its default
+#: (``nvfp4 without rht``, ``mxfp4 rceil``, ``fp8 bf16-last 2``).
+_SHOWN = {"mx_scale": "{}", "nvfp4_without": "without {}", "lowbit_bf16_last": "bf16-last {}"}
 
 
 def plan_settings_read(formats: Iterable[str]) -> frozenset[str]:
@@ -44,7 +49,7 @@ def settings_read(spec: ModeSpec) -> frozenset[str]:
     if not spec.lowbit:
         return frozenset()
     read = {"lowbit_bf16_last", *plan_settings_read([spec.lowbit])}
-    if spec.lowbit == "nvfp4":
+    if spec.lowbit == ABLATED:
         read.add("nvfp4_without")
     return frozenset(read)
 
@@ -73,6 +78,15 @@ def settings_for(spec: ModeSpec, config: PrecisionConfig) -> dict[str, Any]:
     read = settings_read(spec)
     return {name: getattr(config, name) if name in read else default
             for name, default in lowbit_defaults().items()}
+
+
+def settings_shown(spec: ModeSpec, config: PrecisionConfig) -> list[str]:
+    """The words naming ``config``'s low-bit settings that ``spec`` reads and that differ
+    from their defaults (``["without rht"]``; none for a mode that reads none): what sets a
+    run of ``spec`` apart from another of the same mode in a study's row names."""
+    read, given = settings_read(spec), given_settings(config)
+    return [shown.format(given[name]) for name, shown in _SHOWN.items()   # the format first
+            if name in read and name in given]
 
 
 def unread_warning(name: str, value: Any, where: str) -> str:

@@ -76,7 +76,8 @@ def _html_table(study: Study) -> str:
     head = "".join(f"<th>{html.escape(c)}</th>" for c in columns(study.summary))
     body = []
     for row in study.summary:
-        cells = [html.escape(c) for c in _cells(row, study.baseline, study.emulated, study.given)]
+        cells = [html.escape(c) for c in _cells(row, study.baseline, study.emulated,
+                                                 study.given, study.names)]
         p = row["precision"]
         tags = ""
         if p == study.baseline:
@@ -123,7 +124,8 @@ def _html_runs(study: Study) -> str:
     for r in runs:
         acc = run_metric_cell(r, study.task)
         same = {True: "yes", False: "NO"}.get(r.get("same_initial_weights"), "n/a")
-        cells = [r["precision"], str(r["seed"]), acc, _num(r.get("val_loss"), ".4f"),
+        cells = [study.name_of(r["precision"]), str(r["seed"]), acc,
+                 _num(r.get("val_loss"), ".4f"),
                  _num(r.get("final_loss"), ".4f"), str(r.get("skipped_steps", "n/a")),
                  str(r.get("steps", "n/a")), _num(r.get("wall_s"), ".1f", " s"), same, r["dir"]]
         rows.append("<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in cells[:-1])

@@ -72,6 +72,16 @@ class Study:
         return as_given(names)
 
     @property
+    def names(self) -> dict[str, str]:
+        """Precision -> the name its row is shown by where that is not the precision itself
+        (the low-bit settings it ran with: ``mxfp4 rceil``), from study.json."""
+        return dict(self.details.get("row_names") or {})
+
+    def name_of(self, precision: str) -> str:
+        """Row ``precision``'s displayed name (:attr:`names`; else the precision)."""
+        return self.names.get(precision, precision)
+
+    @property
     def task(self) -> Task:
         """The task the study's runs learnt: study.json's, else told by the summary's
         metric fields (:func:`task_of`)."""

@@ -13,7 +13,8 @@ def render_markdown(study: Study) -> str:
     parts = [f"# {_title(study)}", "", f"**{headline}**", "",
              (f"Speedup, memory ratio and Δ {metric} are relative to `{study.baseline}` "
               f"measured in the same invocation. {_config_line(study)}."), "",
-             markdown_table(study.summary, study.baseline, study.emulated, study.given), "",
+             markdown_table(study.summary, study.baseline, study.emulated, study.given,
+                            study.names), "",
              *([f"> ⚠️ {warning}", ""] if (warning := timing_warning(study.summary)) else []),
              *([f"> ⚠️ {weak}", ""] if (weak := seed_warning(study.summary)) else []),
              f"![loss curves, loss scale, throughput, memory and {metric}](compare.png)", ""]
@@ -26,7 +27,7 @@ def render_markdown(study: Study) -> str:
         for r in runs:
             same = {True: "yes", False: "**no**"}.get(r.get("same_initial_weights"), "n/a")
             acc = run_metric_cell(r, study.task)
-            parts.append(f"| `{r['precision']}` | {r['seed']} | {acc} | "
+            parts.append(f"| `{study.name_of(r['precision'])}` | {r['seed']} | {acc} | "
                          f"{_num(r.get('val_loss'), '.4f')} | {_num(r.get('final_loss'), '.4f')} | "
                          f"{r.get('skipped_steps', 'n/a')} | {r.get('steps', 'n/a')} | "
                          f"{_num(r.get('wall_s'), '.1f', ' s')} | {same} | `{r['dir']}` |")

@@ -59,7 +59,7 @@ def plot_loss(ax: Any, study: Study) -> None:
         colour = study.colour(p)
         # Precisions often agree to the pixel: the baseline is drawn wide and solid, the
         # others narrower and dashed on top, so every curve stays visible.
-        ax.plot(steps, mean, color=colour, label=p, zorder=3 + drawn,
+        ax.plot(steps, mean, color=colour, label=study.name_of(p), zorder=3 + drawn,
                 lw=4.0 if drawn == 0 else 2.0, alpha=0.85 if drawn == 0 else 1.0,
                 ls="-" if drawn == 0 else _DASHES[(drawn - 1) % len(_DASHES)])
         if len(study.curves[p]) > 1:
@@ -98,7 +98,7 @@ def plot_loss_scale(ax: Any, study: Study) -> None:
             count = skipped.get((p, seed))
             note = "" if count is None else f" ({count} skipped)"
             ax.step(steps, scales, where="post", color=study.colour(p), lw=1.8,
-                    ls=["-", "--", ":", "-."][i % 4], label=f"{p} seed {seed}{note}")
+                    ls=["-", "--", ":", "-."][i % 4], label=f"{study.name_of(p)} seed {seed}{note}")
             drawn = True
     if not drawn:
         _no_data(ax, "no loss scaling in these runs\n(only fp16 precisions scale the loss)")
@@ -118,7 +118,8 @@ def _bars(ax: Any, study: Study, values: list[float | None], labels: list[str],
     if errors:
         yerr = [[max(0.0, h - lo) for h, (lo, _) in zip(heights, errors)],
                 [max(0.0, hi - h) for h, (_, hi) in zip(heights, errors)]]
-    bars = ax.bar(names, heights, color=colours, yerr=yerr, capsize=4, ecolor="#333", width=0.6)
+    bars = ax.bar([study.name_of(p) for p in names], heights, color=colours, yerr=yerr,
+                  capsize=4, ecolor="#333", width=0.6)
     tops = [h + (yerr[1][i] if yerr else 0.0) for i, h in enumerate(heights)]
     top = max(tops) if tops and max(tops) > 0 else 1.0
     for bar, label, bar_top in zip(bars, labels, tops):  # labels clear the whiskers
@@ -159,13 +160,14 @@ def _ladder_bars(ax: Any, study: Study) -> None:
     outline around them, labelled with bytes per parameter and the peak's ratio."""
     _style(ax, "Memory: state by kind, peak outlined (MiB)")
     names = study.precisions
+    shown = [study.name_of(p) for p in names]
     bottoms = [0.0] * len(names)
     for key, text, colour in _LADDER:
         heights = [(r.get(key) or 0) / 2 ** 20 for r in study.summary]
-        ax.bar(names, heights, bottom=bottoms, color=colour, width=0.6, label=text)
+        ax.bar(shown, heights, bottom=bottoms, color=colour, width=0.6, label=text)
         bottoms = [b + h for b, h in zip(bottoms, heights)]
     peaks = [(r["peak_mem_bytes"] or 0) / 2 ** 20 for r in study.summary]
-    ax.bar(names, peaks, width=0.72, fill=False, lw=1.8,
+    ax.bar(shown, peaks, width=0.72, fill=False, lw=1.8,
            edgecolor=[study.colour(p) for p in names], label="measured peak")
     top = max(peaks + bottoms) or 1.0
     for x, row in enumerate(study.summary):
@@ -225,7 +227,7 @@ def plot_accuracy(ax: Any, study: Study) -> None:
                     fmt="o", ms=9, color=colour, capsize=6, lw=2)
         seeds = [r[key] * scale for r in runs if r["precision"] == p and r.get(key) is not None]
         ax.scatter([x + 0.15] * len(seeds), seeds, s=18, color=colour, alpha=0.6, zorder=3)
-    ax.set_xticks(range(len(names)), names, fontsize=10)
+    ax.set_xticks(range(len(names)), [study.name_of(p) for p in names], fontsize=10)
     ax.set_xlim(-0.6, len(names) - 0.4)
     ax.set_ylabel(f"{metric.label} (%)" if metric.percent else metric.label)
 

@@ -6,7 +6,6 @@ from collections.abc import Collection, Mapping
 from typing import Any
 
 from ..precision.hardware.advice import base_mode
-from ..precision.modes import label
 from .load import _num, delta_of, human_bytes, metric_cell, task_of
 
 _VERDICT_MARK = {"ok": "✅ ok", "worse": "❌ worse", "better": "⬆️ better",
@@ -211,10 +210,20 @@ def seed_warning(summary: list[dict[str, Any]]) -> str | None:
                 None)
 
 
+def row_name(precision: str, given: Mapping[str, str] | None = None,
+             names: Mapping[str, str] | None = None) -> str:
+    """Row ``precision``'s displayed name: its name in ``names`` (with the low-bit settings
+    it ran with, ``mxfp4 rceil``; else the precision), with the user's spelling beside it
+    where ``given`` has an alias, ``16-mixed (mixed_float16)``."""
+    alias = (given or {}).get(precision)
+    shown = (names or {}).get(precision, precision)
+    return f"{shown} ({alias})" if alias else shown
+
+
 def _cells(row: dict[str, Any], baseline: str, emulated: Collection[str] = (),
-           given: Mapping[str, str] | None = None) -> list[str]:
-    # ``given``: the user's spelling beside amptrain's name, "16-mixed (mixed_float16)".
-    name = label(row["precision"], given)
+           given: Mapping[str, str] | None = None,
+           names: Mapping[str, str] | None = None) -> list[str]:
+    name = row_name(row["precision"], given, names)
     name = f"{name} (emulated)" if is_emulated(row["precision"], emulated) else name
     return [name, _verdict(row, row["verdict"] or "n/a"), metric_cell(row), _delta(row, baseline),
             _num(row["samples_per_s"], ",.0f"), _speedup(row),
@@ -225,11 +234,12 @@ def _cells(row: dict[str, Any], baseline: str, emulated: Collection[str] = (),
 
 
 def format_table(summary: list[dict[str, Any]], baseline: str,
-                 emulated: Collection[str] = (), given: Mapping[str, str] | None = None) -> str:
+                 emulated: Collection[str] = (), given: Mapping[str, str] | None = None,
+                 names: Mapping[str, str] | None = None) -> str:
     """The summary as an aligned plain-text table (for the terminal); precisions the device
-    only emulates are marked."""
+    only emulates are marked; rows are named as :func:`row_name` says."""
     header = columns(summary)
-    rows = [header] + [_cells(r, baseline, emulated, given) for r in summary]
+    rows = [header] + [_cells(r, baseline, emulated, given, names) for r in summary]
     widths = [max(len(r[i]) for r in rows) for i in range(len(header))]
     lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows]
     lines.insert(1, "  ".join("-" * w for w in widths))
@@ -237,16 +247,17 @@ def format_table(summary: list[dict[str, Any]], baseline: str,
 
 
 def markdown_table(summary: list[dict[str, Any]], baseline: str,
-                   emulated: Collection[str] = (), given: Mapping[str, str] | None = None) -> str:
+                   emulated: Collection[str] = (), given: Mapping[str, str] | None = None,
+                   names: Mapping[str, str] | None = None) -> str:
     """The summary as a Markdown table: best speedup in bold, verdicts and emulated
-    precisions marked."""
+    precisions marked; rows are named as :func:`row_name` says."""
     best = fastest(summary)
     header = columns(summary)
     lines = ["| " + " | ".join(header) + " |",
              "|" + "|".join(["---"] + [":---:"] + ["---:"] * (len(header) - 2)) + "|"]
     for row in summary:
         cells = _cells(row, baseline)
-        name = label(row["precision"], given)
+        name = row_name(row["precision"], given, names)
         cells[0] = f"`{name}`" + (" (baseline)" if row["precision"] == baseline
                                    else " (emulated)" if is_emulated(row["precision"], emulated)
                                    else "")

@@ -83,3 +83,27 @@ def test_acceptance_digits_cnn_three_precisions_two_seeds(tmp_path):
     for name in ("report.md", "report.html", "compare.png"):
         assert (out / name).stat().st_size > 1000
     print(f"acceptance study took {elapsed:.0f} s")  # shown with -s; never asserted
+
+
+@pytest.mark.slow
+def test_cli_names_a_row_by_the_low_bit_setting_it_ran_with(tmp_path, capsys):
+    """--nvfp4-without rht: the nvfp4 row is printed (and noted as emulated) as "nvfp4
+    without rht"; bf16-mixed, which does not read it, and compare.json's keys stay as they
+    are."""
+    out = tmp_path / "out"
+    code = cli.main(["compare", "--model", "mlp", "--precisions", "bf16-mixed,nvfp4",
+                     "--baseline", "bf16-mixed", "--nvfp4-without", "rht", "--bench-steps", "1",
+                     "--timing-warmup", "0", "--no-interleave", "--batch-size", "32",
+                     "--device", "cpu", "--out", str(out)])
+    assert code == 0
+    printed = capsys.readouterr().out
+    rows = [line.split("  ")[0] for line in printed.splitlines()[2:4]]
+    # bf16-mixed is emulated on a CPU without bf16 instructions: marked, or not
+    assert rows[0] in ("bf16-mixed", "bf16-mixed (emulated)")
+    assert rows[1] == "nvfp4 without rht (emulated)"
+    note = next(line for line in printed.splitlines() if line.startswith("(emulated): "))
+    assert "nvfp4 without rht ha" in note
+    summary = json.loads((out / "compare.json").read_text())["summary"]
+    assert [r["precision"] for r in summary] == ["bf16-mixed", "nvfp4"]
+    assert json.loads((out / "study.json").read_text())["row_names"] == {
+        "nvfp4": "nvfp4 without rht"}

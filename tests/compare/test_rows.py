@@ -2,6 +2,7 @@
 defaults, not counted as given), and a study warns once about an option no row reads."""
 from __future__ import annotations
 
+import json
 import logging
 import warnings
 
@@ -11,7 +12,7 @@ import yaml
 from amptrain.common.errors import AmptrainWarning, forget_warnings
 from amptrain.common.options import given_options
 from amptrain.compare import CompareOptions, run_compare
-from amptrain.compare.rows import row_config, warn_unread
+from amptrain.compare.rows import row_config, row_names, warn_unread
 from tests.compare.conftest import small_config
 
 LOWBIT_DEFAULTS = {"lowbit_bf16_last": 0, "mx_scale": "floor", "nvfp4_without": "none"}
@@ -34,6 +35,24 @@ def test_each_row_takes_the_low_bit_settings_its_precision_reads(tmp_path):
     assert row_lowbit("nvfp4", config) == dict(LOWBIT_DEFAULTS, lowbit_bf16_last=1,
                                                nvfp4_without="sr")
     assert row_lowbit(f"plan:{plan}", config) == dict(LOWBIT_DEFAULTS, mx_scale="rceil")
+
+
+def test_a_rows_name_shows_the_low_bit_settings_it_reads_away_from_their_defaults(tmp_path):
+    """mxfp4 reads --mx-scale and --lowbit-bf16-last, nvfp4 --nvfp4-without and
+    --lowbit-bf16-last, a plan with an MX layer --mx-scale; bf16 none, and keeps its name."""
+    plan = tmp_path / "p.yaml"
+    plan.write_text("layers:\n  body.3: mxfp4\n")
+    rows = ["bf16-mixed", "mxfp4", "nvfp4", "nvfp4-plain", f"plan:{plan}"]
+    config = small_config(tmp_path / "out", model="mlp:32", mx_scale="rceil",
+                          nvfp4_without="rht")
+    assert row_names(config, rows) == {"mxfp4": "mxfp4 rceil", "nvfp4": "nvfp4 without rht",
+                                       f"plan:{plan}": f"plan:{plan} rceil"}
+    config = small_config(tmp_path / "out", model="mlp:32", nvfp4_without="2d",
+                          lowbit_bf16_last=1)
+    assert row_names(config, rows) == {"mxfp4": "mxfp4 bf16-last 1",
+                                       "nvfp4": "nvfp4 without 2d bf16-last 1",
+                                       "nvfp4-plain": "nvfp4-plain bf16-last 1"}
+    assert row_names(small_config(tmp_path / "out", model="mlp:32"), rows) == {}
 
 
 def test_the_loss_scaler_options_reach_the_rows_that_scale_the_loss_only(tmp_path):
@@ -109,3 +128,12 @@ def test_a_compare_gives_each_row_its_options_and_warns_once_about_an_unread_one
         "16-mixed": ("floor", "none", 1024.0), "bf16-mixed": ("floor", "none", 65536.0),
         "mxfp4": ("rceil", "none", 65536.0),
         f"plan-{str(plan).replace('/', '_')}": ("rceil", "none", 65536.0)}
+    # the rows that read --mx-scale are shown with it; their labels (keys) stay the modes'
+    details = json.loads((out / "study.json").read_text())
+    assert details["row_names"] == {"mxfp4": "mxfp4 rceil", f"plan:{plan}": f"plan:{plan} rceil"}
+    assert [r["precision"] for r in json.loads((out / "compare.json").read_text())[
+        "summary"]] == ["bf16-mixed", "16-mixed", "mxfp4", f"plan:{plan}"]
+    report = (out / "report.md").read_text()
+    assert "| `mxfp4 rceil` (emulated) |" in report and "| `16-mixed` |" in report
+    assert "| `mxfp4 rceil` | 0 |" in report   # its run, in the table of runs
+    assert "mxfp4 rceil (emulated)" in (out / "report.html").read_text()

@@ -41,6 +41,19 @@ def peaked_model(seed: int = 0) -> nn.Module:
     return net
 
 
+def tiled_model() -> nn.Module:
+    """``peaked_model``'s layout, ``mid``'s weight 0.5 in rows 0 and 16 and below 1e-3
+    elsewhere: NVFP4's 16x16 weight tiles scale every row by its tile's 0.5 and flush the
+    small ones (below a quarter of 0.5 / 6); 1x16 blocks (without 2d) give each row its
+    own scale, and only its values near zero flush."""
+    net = peaked_model()
+    with torch.no_grad():
+        weight = (torch.rand(32, 32) * 2 - 1) * 1e-3
+        weight[[0, 16]] = 0.5
+        net.mid.weight.copy_(weight)
+    return net
+
+
 def bundle(n: int = 256) -> DataBundle:
     return DataBundle(tiny_classification(n=n), None, 3, (8,), "features")
 

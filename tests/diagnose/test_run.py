@@ -19,6 +19,7 @@ from tests.diagnose.conftest import (
     lm_bundle,
     peaked_model,
     scaled_model,
+    tiled_model,
     train_16_mixed,
 )
 
@@ -201,3 +202,37 @@ def test_a_diagnosis_runs_halt_does_not_send_the_user_to_run_diagnose():
     assert "amptrain diagnose" not in summary.halted and "diagnose_model" not in \
         summary.halted
     assert "the report of this diagnosis" in summary.halted
+
+
+def test_the_low_bit_report_measures_nvfp4_without_the_part_left_out():
+    """--nvfp4-without 2d: the report's nvfp4 measures the weight in 1x16 blocks (named
+    "nvfp4 without 2d"), no warning; sr and rht leave the report's counts (and its name
+    nvfp4) as they are, and the warning says so for that value only (for --precision
+    nvfp4: its run reads it)."""
+    reports, said = {}, {}
+    for without, precision in (("none", "auto"), ("2d", "auto"), ("sr", "auto"),
+                               ("rht", "nvfp4")):
+        forget_warnings()
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always", AmptrainWarning)
+            reports[without] = diagnose(config(nvfp4_without=without, precision=precision),
+                                        steps=1, data=bundle(n=32), model=tiled_model())
+        said[without] = [str(w.message) for w in caught if "nvfp4_without" in str(w.message)]
+    lowbit = {w: r["recommendations"]["lowbit"] for w, r in reports.items()}
+    flushed = {w: low["modules"]["mid"]["nvfp4"]["weight"]["flushed"]
+               for w, low in lowbit.items()}
+    # 1x16 blocks flush only the values near zero of a row's own range (about 4 %)
+    assert flushed["none"] > 0.9 and flushed["2d"] < 0.1
+    assert flushed["sr"] == flushed["rht"] == flushed["none"]
+    assert lowbit["2d"]["nvfp4_without"] == "2d"
+    assert lowbit["2d"]["labels"] == {"nvfp4": "nvfp4 without 2d"}
+    assert lowbit["none"]["labels"] == lowbit["sr"]["labels"] == lowbit["rht"]["labels"] == {}
+    line = next(s for s in summary_lines(reports["2d"]) if s.startswith("low-bit formats"))
+    assert "; nvfp4 without 2d " in line and "; nvfp4-plain " in line
+    why = ("the report counts the forward GEMM's input and weight and the grad-input GEMM's "
+           "gradient, rounded to nearest, which nvfp4 without {} quantises as nvfp4 does")
+    assert said["none"] == said["2d"] == []
+    assert said["sr"] == [f"nvfp4_without sr does nothing in diagnose's runs (32-true, "
+                          f"16-mixed, bf16-mixed) and its low-bit report: {why.format('sr')}"]
+    assert said["rht"] == [f"nvfp4_without rht changes the nvfp4 run only, not diagnose's "
+                           f"low-bit report: {why.format('rht')}"]

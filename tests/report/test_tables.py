@@ -13,6 +13,7 @@ from amptrain.report.tables import (
     format_table,
     markdown_table,
     recommendation,
+    row_name,
 )
 
 
@@ -156,3 +157,18 @@ def test_rows_judged_by_the_mean_have_no_seed_columns(summary):
     from amptrain.report.tables import columns, seed_warning
 
     assert columns(summary) == _COLUMNS and seed_warning(summary) is None
+
+
+def test_a_row_is_named_with_its_low_bit_settings_and_the_users_alias(summary):
+    """``names`` (study.json's row_names) gives a row's displayed name; ``given`` the
+    alias beside it; the row's key, by which the baseline is matched, does not change."""
+    assert row_name("mxfp4", {}, {"mxfp4": "mxfp4 rceil"}) == "mxfp4 rceil"
+    assert row_name("16-mixed", {"16-mixed": "mixed_float16"}, {"mxfp4": "mxfp4 rceil"}) \
+        == "16-mixed (mixed_float16)"
+    assert row_name("32-true") == "32-true"
+    names = {"16-mixed": "16-mixed shown"}
+    assert format_table(summary, "32-true", names=names).splitlines()[3].startswith(
+        "16-mixed shown  ")
+    lines = markdown_table(summary, "32-true", names=names).splitlines()
+    assert lines[2].startswith("| `32-true` (baseline) |")
+    assert lines[3].startswith("| `16-mixed shown` |")
