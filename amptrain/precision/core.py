@@ -20,7 +20,7 @@ from .islands import (ForwardPatches, cpu_fp32_layers, default_keep_fp32,
                       install_forward_patches, match_modules)
 from .loss_scales import LossScales
 from .lowbit import lowbit_warning, setup_lowbit
-from .lowbit_settings import check_lowbit_options
+from .lowbit_settings import check_lowbit_options, settings_shown
 from .lowbit_scratch import release as release_scratch
 from .lowbit_training import StochasticSeeds
 from .master import check_no_shared_kept, modules_kept_fp32
@@ -141,8 +141,9 @@ class Precision(PrecisionViews):
         format: :mod:`.lowbit`); None when the mode runs natively."""
         if self.mode.plan is not None:
             return plan_emulation_note(self.mode.plan, self.device)
-        return lowbit_warning(self.spec, self.device) if self.spec.lowbit \
-            else emulation_warning(self.name, self.device, fast=self.emulated_fast)
+        if self.spec.lowbit:
+            return lowbit_warning(self.spec, self.device, settings_shown(self.spec, self.config))
+        return emulation_warning(self.name, self.device, fast=self.emulated_fast)
 
     # ----------------------------------------------------------------- setup
     def setup(self, model: nn.Module, optimizer: torch.optim.Optimizer | None = None

@@ -37,7 +37,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass, replace
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 import torch
 from torch import nn
@@ -348,9 +348,12 @@ def setup_lowbit(model: nn.Module, patches: ForwardPatches, spec: ModeSpec,
     return plan, seeds
 
 
-def lowbit_warning(spec: ModeSpec, device: torch.device) -> str | None:
+def lowbit_warning(spec: ModeSpec, device: torch.device, shown: Sequence[str] = ()
+                   ) -> str | None:
     """The warning for training in a low-bit format that ``device`` only emulates (None
-    where it is native): what the emulation computes and what it does not say."""
+    where it is native): what the emulation computes and what it does not say; ``shown``:
+    the low-bit settings the run reads away from their defaults, in words
+    (:func:`~.lowbit_settings.settings_shown`: ``without rht``)."""
     if lowbit_native(spec, device):
         return None
     native = {"fp8": "an NVIDIA GPU of compute capability 8.9+ (Ada, Hopper) with torchao",
@@ -359,7 +362,8 @@ def lowbit_warning(spec: ModeSpec, device: torch.device) -> str | None:
         str(RECIPES[str(spec.lowbit)].native),
         "Blackwell (sm100) GPUs, whose kernels amptrain does not drive yet")
     return (f"{spec.name} is emulated on this {device.type}: each Linear matmul's operands "
-            f"are quantised with {spec.name}'s exact rules ({RECIPES[str(spec.lowbit)].summary}"
+            f"are quantised with {spec.name}'s exact rules "
+            f"({'; '.join([RECIPES[str(spec.lowbit)].summary, *shown])}"
             f") and multiplied in fp32; use it to study {spec.name}'s accuracy, not its speed "
             f"or memory (native: {native})")
 

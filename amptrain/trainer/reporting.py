@@ -17,6 +17,7 @@ from ..common.forward import forward_batch
 from .logs import RunLogger
 from .memory import MemoryMeter
 from ..common.nested import tensors
+from ..precision.lowbit_settings import settings_shown
 from ..precision.nonfinite import first_nonfinite_module
 from ..precision import NonFiniteHalt, Precision, label
 from ..tasks import Task
@@ -114,7 +115,10 @@ class Reporter:
                     if constant_lr else "")
         task = f"; {task_words}" if task_words else ""
         name = label(p.name, p.given)  # the user's spelling beside: 16-mixed (mixed_float16)
-        return (f"amptrain: precision {name}{chosen} [{p.spec.summary}] on {device}; "
+        # what runs: the mode's summary, and the low-bit settings it reads away from their
+        # defaults (nvfp4 ... ; without rht)
+        summary = "; ".join([p.spec.summary, *settings_shown(p.spec, p.config)])
+        return (f"amptrain: precision {name}{chosen} [{summary}] on {device}; "
                 f"{run_length.total_steps} step{'s' * (run_length.total_steps != 1)} "
                 f"({run_length.why}) of {batch_size} samples "
                 f"({micro} x {accumulate} accumulated{processes}){task}{constant}")

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from amptrain.data import TensorData
-from amptrain.common.errors import TrainingHalted
+from amptrain.common.errors import AmptrainWarning, TrainingHalted
 from amptrain.models import MLP
 from amptrain.precision import MODES
 from amptrain.precision.hardware.support import auto_mode
@@ -117,6 +117,24 @@ def test_the_banner_says_what_will_run_before_the_first_step(capsys, precision):
     banner = (f"amptrain: precision {name}{chosen} [{MODES[name].summary}] on cpu; 3 steps "
               f"(max_steps 3; 0.4 epochs of 7 steps) of 32 samples (16 x 2 accumulated)")
     assert banner in capsys.readouterr().err.splitlines()
+
+
+def test_the_banner_and_the_emulation_warning_name_a_left_out_part_of_the_recipe(capsys):
+    # --nvfp4-without rht: the run is not the whole recipe, and its first lines say so
+    trainer = Trainer(precision="nvfp4", nvfp4_without="rht", device="cpu", no_progress=True,
+                      batch_size=32, max_steps=1)
+    with pytest.warns(AmptrainWarning) as caught:
+        trainer.setup(tiny_mlp(), tiny_classification(n=64))
+    banner = next(line for line in capsys.readouterr().err.splitlines()
+                  if line.startswith("amptrain: precision nvfp4 "))
+    assert f"[{MODES['nvfp4'].summary}; without rht] on cpu" in banner
+    note = next(str(w.message) for w in caught if "is emulated on this cpu" in str(w.message))
+    assert "Hadamard transform on the weight-gradient GEMM; without rht)" in note
+    plain = Trainer(precision="nvfp4", device="cpu", no_progress=True, batch_size=32,
+                    max_steps=1)
+    with pytest.warns(AmptrainWarning):
+        plain.setup(tiny_mlp(), tiny_classification(n=64))
+    assert f"[{MODES['nvfp4'].summary}] on cpu" in capsys.readouterr().err
 
 
 def test_the_result_sums_up_the_records():
