@@ -67,9 +67,11 @@ def _fresh_amptrain_logger():
     # cli.main() installs a stderr handler and stops propagation; a test that ran it must
     # not hide later tests' notices from caplog.
     logger = logging.getLogger("amptrain")
-    saved = logger.handlers[:], logger.propagate, logger.level, logger.disabled
+    saved = logger.handlers[:], logger.propagate, logger.disabled
+    level = logger.level
     yield
-    logger.handlers[:], logger.propagate, logger.level, logger.disabled = saved
+    logger.handlers[:], logger.propagate, logger.disabled = saved
+    logger.setLevel(level)   # setLevel clears the isEnabledFor cache; an assignment does not
 
 
 @pytest.fixture(scope="session")

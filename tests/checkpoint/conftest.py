@@ -49,7 +49,8 @@ def run_cli(capsys):
         return code, capsys.readouterr().err
 
     yield run
-    logger.handlers[:], logger.propagate, logger.level = saved
+    logger.handlers[:], logger.propagate, level = saved
+    logger.setLevel(level)   # clears the isEnabledFor cache (an assignment to .level does not)
 
 
 @pytest.fixture

@@ -28,11 +28,15 @@ def test_training_the_feature_network_is_announced_in_one_line(monkeypatch):
     lines = Lines()
     logger = logging.getLogger("amptrain")
     logger.addHandler(lines)
-    monkeypatch.setattr(logger, "level", logging.INFO)
+    # setLevel, not an assignment to .level: it clears the logger's isEnabledFor cache, which
+    # an earlier test in this process may have filled with INFO -> False
+    previous = logger.level
+    logger.setLevel(logging.INFO)
     try:
         net, trained = frechet.train_feature_net(real, torch.device("cpu"))
     finally:
         logger.removeHandler(lines)
+        logger.setLevel(previous)
     assert trained and not net.training
     assert lines.lines == ["val_fd: first training its feature network (a small CNN, 2 steps "
                            "on 40 real training images; once per run)"]
