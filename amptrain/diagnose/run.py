@@ -136,9 +136,10 @@ def _warn_unread(config: TrainConfig, asked: str) -> None:
     ``--precision`` (where one is asked for) reads what its mode reads. A part of nvfp4's
     recipe left out that the report's counts cannot show (:func:`.ranges.counted`: ``sr``,
     ``rht``) is warned about too, naming that value."""
-    read = {"mx_scale", "nvfp4_without"}
-    if asked not in DIAGNOSED:
-        read |= settings_read(resolve_precision(asked, resolve_device(config.device)).spec)
+    # what the run of --precision reads, where it is not one of diagnose's own runs
+    asked_read = settings_read(resolve_precision(asked, resolve_device(config.device)).spec) \
+        if asked not in DIAGNOSED else frozenset()
+    read = {"mx_scale", "nvfp4_without", *asked_read}
     runs = [*DIAGNOSED[1:], *([asked] if asked not in DIAGNOSED else [])]
     where = f"diagnose's runs ({', '.join(runs)}) and its low-bit report"
     warn_unread_settings(unread_of(config.precision, read), where)
@@ -147,8 +148,7 @@ def _warn_unread(config: TrainConfig, asked: str) -> None:
     if without == "none" or counted(ablated) != counted(RECIPES[ABLATED]):
         return
     # the report counts it as the whole recipe; the asked run (nvfp4) may still train so
-    asked_reads = asked not in DIAGNOSED and "nvfp4_without" in settings_read(
-        resolve_precision(asked, resolve_device(config.device)).spec)
+    asked_reads = "nvfp4_without" in asked_read
     why = (f"the report counts the forward GEMM's input and weight and the grad-input "
            f"GEMM's gradient, rounded to nearest, which {ablated.name} quantises as "
            f"{ABLATED} does")
