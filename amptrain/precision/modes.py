@@ -117,7 +117,9 @@ def as_given(names: Iterable[str]) -> dict[str, str]:
     return given
 
 
-def label(name: str, given: str | Mapping[str, str] | None = None) -> str:
-    """``name``, with the user's spelling beside it when that was an alias."""
+def label(name: str, given: str | Mapping[str, str] | None = None,
+          shown: str | None = None) -> str:
+    """``name`` (or ``shown``, the name a table gives it), with the user's spelling beside
+    it when that was an alias."""
     alias = as_given([given]).get(name) if isinstance(given, str) else (given or {}).get(name)
-    return f"{name} ({alias})" if alias else name
+    return f"{shown or name} ({alias})" if alias else shown or name

@@ -6,6 +6,7 @@ from collections.abc import Collection, Mapping
 from typing import Any
 
 from ..precision.hardware.advice import base_mode
+from ..precision.modes import label
 from .load import _num, delta_of, human_bytes, metric_cell, task_of
 
 _VERDICT_MARK = {"ok": "✅ ok", "worse": "❌ worse", "better": "⬆️ better",
@@ -215,9 +216,7 @@ def row_name(precision: str, given: Mapping[str, str] | None = None,
     """Row ``precision``'s displayed name: its name in ``names`` (with the low-bit settings
     it ran with, ``mxfp4 rceil``; else the precision), with the user's spelling beside it
     where ``given`` has an alias, ``16-mixed (mixed_float16)``."""
-    alias = (given or {}).get(precision)
-    shown = (names or {}).get(precision, precision)
-    return f"{shown} ({alias})" if alias else shown
+    return label(precision, given, (names or {}).get(precision))
 
 
 def _cells(row: dict[str, Any], baseline: str, emulated: Collection[str] = (),
